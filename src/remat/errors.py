@@ -1,0 +1,16 @@
+"""Errors raised by remat. Every message starts with `remat:` and says what was
+expected, what was seen, and how to fix it."""
+
+from __future__ import annotations
+
+
+class RematError(Exception):
+    """A user-facing error: bad input, an unsupported model part, an impossible request."""
+
+
+class UnsupportedOp(RematError):
+    """Fake mode met an op it cannot run without real data."""
+
+    def __init__(self, message: str, op: str):
+        super().__init__(message)
+        self.op = op

@@ -1,0 +1,101 @@
+"""Running a step on fake tensors: same shapes, dtypes and storages, no data.
+
+The model's own parameters and buffers are swapped for fake ones for the length of
+the step and put back afterwards (also on error), so the user's model is untouched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+from torch.utils._pytree import tree_map
+
+from remat._torch_compat import FakeTensor, FakeTensorMode, fake_mode_of
+
+
+def existing_fake_mode(model: nn.Module) -> FakeTensorMode | None:
+    """The fake mode a model was built under (its parameters are fake), if any."""
+    for t in list(model.parameters()) + list(model.buffers()):
+        mode = fake_mode_of(t)
+        if mode is not None:
+            return mode
+    return None
+
+
+def _fake_like(t: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
+    if isinstance(t, FakeTensor):
+        return t
+    with mode:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
+
+
+@contextlib.contextmanager
+def fake_model(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> Iterator[dict[int, torch.Tensor]]:
+    """Swap every parameter and buffer of `model` for a fake one; yields {id(real): fake}."""
+    swapped: list[tuple[dict, str, object]] = []
+    table: dict[int, torch.Tensor] = {}
+    try:
+        for mod in model.modules():
+            for store, is_param in ((mod._parameters, True), (mod._buffers, False)):
+                for name, t in list(store.items()):
+                    if t is None:
+                        continue
+                    fake = table.get(id(t))
+                    if fake is None:  # tied weights stay tied
+                        fake = _fake_like(t.detach(), mode, device)
+                        if is_param:
+                            fake = nn.Parameter(fake, requires_grad=t.requires_grad)
+                        table[id(t)] = fake
+                    swapped.append((store, name, t))
+                    store[name] = fake
+        yield table
+    finally:
+        for store, name, t in reversed(swapped):
+            store[name] = t
+
+
+def fake_inputs(obj, mode: FakeTensorMode, device: torch.device):
+    """Fake copies of every tensor in a nest of tuples / lists / dicts (one per real storage)."""
+    storages: dict[int, torch.Tensor] = {}
+    made: dict[tuple, torch.Tensor] = {}
+
+    def conv(t):
+        if not isinstance(t, torch.Tensor) or isinstance(t, FakeTensor):
+            return t
+        st = t.untyped_storage()
+        key = (id(st), tuple(t.shape), t.stride(), t.storage_offset(), t.dtype)
+        if key not in made:
+            base = storages.get(id(st))
+            if base is None:  # the whole storage once, then views of it, so sharing is kept
+                with mode:
+                    base = torch.empty(st.nbytes(), dtype=torch.uint8, device=device)
+                storages[id(st)] = base
+            with mode:
+                f = torch.empty(0, dtype=t.dtype, device=device).set_(
+                    base.untyped_storage(), t.storage_offset(), t.shape, t.stride()
+                )
+            made[key] = f.requires_grad_(t.requires_grad) if t.is_floating_point() else f
+        return made[key]
+
+    return tree_map(conv, obj)
+
+
+def fake_optimizer(opt: torch.optim.Optimizer, table: dict[int, torch.Tensor], mode, device):
+    """A new optimizer of the same class and settings over the fake parameters, state faked too."""
+    groups = []
+    for g in opt.param_groups:
+        groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [table[id(p)] for p in g["params"]]})
+    try:
+        new = type(opt)(groups, **opt.defaults)
+    except TypeError:
+        new = type(opt)(groups)
+    for p, st in opt.state.items():
+        if id(p) in table:
+            new.state[table[id(p)]] = {
+                k: (_fake_like(v, mode, device if v.dim() else v.device) if isinstance(v, torch.Tensor) else v)
+                for k, v in st.items()
+            }
+    return new

@@ -1,0 +1,143 @@
+"""One training step as remat runs it: forward, loss, backward, optimizer step.
+
+The step holds the model output and the loss through backward, as a training
+loop does (`out = model(x); loss = loss_fn(out); loss.backward(); opt.step()`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+
+from remat.errors import RematError
+
+FIX_INPUTS = "Fix: pass a tensor, a tuple of positional arguments, or a dict of keyword arguments."
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    args: tuple
+    kwargs: dict
+
+    def tensors(self) -> list[torch.Tensor]:
+        flat = list(self.args) + list(self.kwargs.values())
+        return [t for t in torch.utils._pytree.tree_flatten(flat)[0] if isinstance(t, torch.Tensor)]
+
+
+def normalize_inputs(inputs: Any) -> StepInputs:
+    """A tensor, a tuple/list of positional args, or a dict of keyword args."""
+    if isinstance(inputs, torch.Tensor):
+        return StepInputs((inputs,), {})
+    if isinstance(inputs, (tuple, list)):
+        return StepInputs(tuple(inputs), {})
+    if isinstance(inputs, dict):
+        bad = [k for k in inputs if not isinstance(k, str)]
+        if bad:
+            raise RematError(f"remat: keyword inputs need string keys; saw {bad[:3]!r}. {FIX_INPUTS}")
+        return StepInputs((), dict(inputs))
+    raise RematError(f"remat: inputs must be a tensor, tuple or dict; saw {type(inputs).__name__}. {FIX_INPUTS}")
+
+
+def check_model(model: Any) -> nn.Module:
+    if not isinstance(model, nn.Module):
+        raise RematError(
+            f"remat: expected a torch.nn.Module, saw {type(model).__name__}. "
+            "Fix: pass the model object itself (not its class, output or state_dict)."
+        )
+    if not any(p.requires_grad for p in model.parameters()):
+        raise RematError(
+            f"remat: {type(model).__name__} has no parameter that requires grad, so there is no "
+            "training step to measure. Fix: unfreeze some parameters (p.requires_grad_(True))."
+        )
+    return model
+
+
+def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
+    """None, an optimizer instance, or a factory `params -> optimizer`."""
+    if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
+        return optimizer
+    if callable(optimizer):
+        opt = optimizer(model.parameters())
+        if not isinstance(opt, torch.optim.Optimizer):
+            raise RematError(
+                f"remat: the optimizer factory returned {type(opt).__name__}, expected a torch.optim.Optimizer. "
+                "Fix: pass e.g. `lambda ps: torch.optim.Adam(ps)`."
+            )
+        return opt
+    raise RematError(
+        f"remat: optimizer must be None, a torch.optim.Optimizer or a factory params -> optimizer; "
+        f"saw {type(optimizer).__name__}. Fix: pass e.g. torch.optim.Adam(model.parameters())."
+    )
+
+
+def compute_loss(out: Any, loss_fn: Callable | None) -> torch.Tensor:
+    """loss_fn(out); by default `out.loss` (Hugging Face) or `out.sum()` for a tensor output."""
+    if loss_fn is not None:
+        loss = loss_fn(out)
+        what = "loss_fn(output)"
+    elif isinstance(out, torch.Tensor):
+        loss = out.sum()
+        what = "output.sum()"
+    elif getattr(out, "loss", None) is not None:
+        loss = out.loss
+        what = "output.loss"
+    else:
+        raise RematError(
+            f"remat: the model returned {_describe(out)}, and no loss_fn was given; expected a tensor "
+            "or an object with a .loss (a Hugging Face output computed with labels). "
+            "Fix: pass loss_fn=lambda out: <a scalar tensor from out>, or give the model labels."
+        )
+    if not isinstance(loss, torch.Tensor):
+        raise RematError(f"remat: {what} returned {_describe(loss)}; expected a scalar tensor. Fix: return a tensor.")
+    if loss.numel() != 1:
+        raise RematError(
+            f"remat: {what} has shape {tuple(loss.shape)}; expected a scalar (one element). "
+            "Fix: reduce it, e.g. loss_fn=lambda out: out.mean()."
+        )
+    if not loss.requires_grad:
+        raise RematError(
+            f"remat: {what} does not require grad, so backward cannot run; expected a loss computed "
+            "from parameters that require grad. Fix: do not compute it under torch.no_grad(), and keep "
+            "model parameters trainable."
+        )
+    return loss
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return f"a tensor of shape {tuple(x.shape)}"
+    return f"a {type(x).__name__}"
+
+
+class StateSnapshot:
+    """Parameters, buffers, grads, optimizer state and RNG, saved so a real step can be undone."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+        self.model, self.optimizer = model, optimizer
+        with torch.no_grad():
+            self.params = [(p, p.detach().clone() if optimizer is not None else None) for p in model.parameters()]
+            self.grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
+            self.buffers = [(b, b.detach().clone()) for b in model.buffers()]
+        self.opt_state = copy.deepcopy(optimizer.state_dict()) if optimizer is not None else None
+        self.rng = torch.get_rng_state()
+        self.cuda_rng = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for p, v in self.params:
+                if v is not None:
+                    p.copy_(v)
+            for p, g in self.grads:
+                p.grad = g
+            for b, v in self.buffers:
+                b.copy_(v)
+        if self.optimizer is not None:
+            self.optimizer.load_state_dict(self.opt_state)
+        torch.set_rng_state(self.rng)
+        if self.cuda_rng is not None:
+            torch.cuda.set_rng_state_all(self.cuda_rng)

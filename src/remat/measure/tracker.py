@@ -1,0 +1,196 @@
+"""A TorchDispatchMode that logs every tensor storage of a training step.
+
+NOTE [What counts as live memory]
+  Rule 1. Memory is counted per *storage*, never per tensor: views and tensors that
+          share a storage count once, with `storage.nbytes()` rounded up to the
+          allocator's granularity (512 bytes for the CUDA caching allocator, 1 on CPU).
+  Rule 2. A storage is live from the op that returns it until its Python object is
+          finalized (PyTorch keeps one Python object per live storage, so a
+          `weakref.finalize` on it fires exactly when the storage is freed).
+  Rule 3. The parameters, buffers, inputs, grads and optimizer state that exist
+          before the step are live from its start.  Any other storage an op reads
+          that no op made (a plain tensor attribute, a `torch.tensor(...)` constant,
+          made without dispatch) is live from that op on.
+  Rule 4. A storage freed between op k and op k+1 is still counted after op k: the
+          allocator needed it and op k's outputs at the same time.
+  Rule 5. Scratch memory a kernel allocates and frees inside one op is not seen; on
+          CUDA that is mainly cuBLAS/cuDNN workspace (see docs/validation.md).
+
+NOTE [When a saved tensor is attributed to a module]
+  A storage belongs to the innermost module running when the op that made it
+  returned (`torch.utils.module_tracker.ModuleTracker`), and to every enclosing
+  module.  It is an *activation* when autograd packs it for backward during the
+  forward or loss phase (seen through `saved_tensors_hooks`); a checkpoint in the
+  user's code installs its own hooks, so what it drops is never packed here and
+  only what it really keeps (its inputs) counts.
+
+NOTE [Recomputation]
+  An op runs as recomputation when the autograd engine is in a backward pass and
+  grad mode is on: the engine turns grad mode off for backward formulas, and both
+  flavours of `torch.utils.checkpoint` turn it back on to re-run the forward.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.module_tracker import ModuleTracker
+
+from remat._torch_compat import in_backward, flops_of
+
+RANDOM_OPS = frozenset(
+    {
+        "native_dropout",
+        "bernoulli",
+        "bernoulli_",
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "uniform_",
+        "normal_",
+        "multinomial",
+    }
+)
+
+
+@dataclass(slots=True)
+class StorageRecord:
+    """One storage seen during the step. Steps are op indices (see NOTE [What counts as live memory])."""
+
+    nbytes: int
+    alloc_step: int
+    """Index of the op that returned it; -1 if it existed before the step."""
+    phase: str
+    module: str
+    """Innermost module at creation (dotted path, "" for the model itself)."""
+    free_step: int | None = None
+    """First op index at which it is no longer live; None if alive at the end."""
+    saved: bool = False
+    """Packed by autograd for backward while forward or loss ran."""
+    category: str = ""
+
+    def live_at(self, k: int) -> bool:
+        return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
+
+
+@dataclass(slots=True)
+class OpRecord:
+    name: str
+    phase: str
+    module: str
+    flops: int
+    seconds: float
+    recompute: bool
+
+
+@dataclass
+class Tracker(TorchDispatchMode):
+    """Logs storages and ops; all interpretation happens afterwards in `remat.measure.profile`."""
+
+    root_type: str
+    rounding: int = 1
+    time_ops: bool = True
+    phase: str = "setup"
+    records: list[StorageRecord] = field(default_factory=list)
+    ops: list[OpRecord] = field(default_factory=list)
+    _live: dict[int, StorageRecord] = field(default_factory=dict)
+    _names: dict[str, str] = field(default_factory=dict)
+    modules: ModuleTracker | None = None
+
+    def __post_init__(self):
+        super().__init__()
+
+    # -- storages ----------------------------------------------------------------
+    def _round(self, n: int) -> int:
+        r = self.rounding
+        return n if r <= 1 else (n + r - 1) // r * r
+
+    def record_of(self, t: torch.Tensor, *, before_step: bool = False) -> StorageRecord | None:
+        """The record of `t`'s storage, creating it (as made now, or pre-existing) if unseen."""
+        if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
+            return None
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+            return None
+        rec = self._live.get(id(st))
+        if rec is not None:
+            return rec
+        step = -1 if before_step else len(self.ops)
+        rec = StorageRecord(self._round(st.nbytes()), step, self.phase, self.current_module())
+        self.records.append(rec)
+        key = id(st)
+        self._live[key] = rec
+        weakref.finalize(st, self._freed, key, rec)
+        return rec
+
+    def _freed(self, key: int, rec: StorageRecord) -> None:
+        rec.free_step = len(self.ops)
+        if self._live.get(key) is rec:
+            del self._live[key]
+
+    def mark_saved(self, t: torch.Tensor) -> torch.Tensor:
+        """Pack hook for `saved_tensors_hooks`: flags the storage, returns the tensor unchanged."""
+        rec = self.record_of(t, before_step=False)
+        if rec is not None:
+            rec.saved = True
+        return t
+
+    # -- modules -------------------------------------------------------------------
+    def module_name(self, tracker_name: str) -> str:
+        """ModuleTracker names modules `RootType.a.b`; remat uses `a.b` ("" for the root)."""
+        name = self._names.get(tracker_name)
+        if name is None:
+            if tracker_name == self.root_type:
+                name = ""
+            elif tracker_name.startswith(self.root_type + "."):
+                name = tracker_name[len(self.root_type) + 1 :]
+            else:  # a module outside the model, e.g. a loss module
+                name = f"<{tracker_name}>"
+            self._names[tracker_name] = name
+        return name
+
+    def current_module(self) -> str:
+        if self.modules is None:
+            return ""
+        best, depth = "", -1
+        for p in self.modules.parents:
+            if p == "Global":
+                continue
+            d = p.count(".")
+            if d > depth:
+                best, depth = p, d
+        return self.module_name(best) if depth >= 0 else ""
+
+    # -- dispatch --------------------------------------------------------------------
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in tree_flatten((args, kwargs))[0]:
+            if isinstance(a, torch.Tensor):
+                self.record_of(a)  # Rule 3: an unseen input counts from this op on
+        t0 = time.perf_counter() if self.time_ops else 0.0
+        out = func(*args, **kwargs)
+        dt = time.perf_counter() - t0 if self.time_ops else 0.0
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.record_of(t)  # made by this op: alloc_step is its index, len(self.ops)
+        self.ops.append(
+            OpRecord(
+                func._overloadpacket.__name__,
+                self.phase,
+                self.current_module(),
+                flops_of(func, args, kwargs, out),
+                dt,
+                in_backward() and torch.is_grad_enabled(),  # NOTE [Recomputation]
+            )
+        )
+        return out

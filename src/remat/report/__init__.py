@@ -1,0 +1,1 @@
+"""Reports: pure functions from remat's data to text and pictures."""

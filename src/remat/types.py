@@ -1,0 +1,222 @@
+"""Plain data produced by the measurement: `StepProfile` and its parts.
+
+Everything here is a frozen dataclass of ints, floats, strings and lists, so a
+profile taken on one machine can be saved as JSON and read, reported or planned
+on another.  Field names carry their units (`*_bytes`, `*_s`, `*_flops`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+
+from remat.errors import RematError
+
+PROFILE_FORMAT = "remat.StepProfile"
+PROFILE_VERSION = 1
+
+PHASES = ("forward", "loss", "backward", "optimizer")
+CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "activations", "temporaries")
+
+
+@dataclass(frozen=True, slots=True)
+class Breakdown:
+    """Live tensor bytes at one moment, split by what the storage is.
+
+    See NOTE [What counts as live memory] in `remat.measure.tracker`.
+    """
+
+    params_bytes: int = 0
+    """Parameters of the model (each shared storage once)."""
+    buffers_bytes: int = 0
+    """Registered buffers (BatchNorm running stats, position ids, ...)."""
+    inputs_bytes: int = 0
+    """The sample inputs given to the step."""
+    grads_bytes: int = 0
+    """Storages that are, or become, a parameter's `.grad`."""
+    optimizer_bytes: int = 0
+    """Optimizer state (Adam's exp_avg / exp_avg_sq, momentum buffers, ...)."""
+    activations_bytes: int = 0
+    """Tensors made in forward or loss and saved by autograd for backward."""
+    temporaries_bytes: int = 0
+    """Everything else: outputs not saved, backward intermediates, workspaces made of tensors."""
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(getattr(self, f.name) for f in dataclasses.fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, f"{name}_bytes") for name in CATEGORIES}
+
+
+@dataclass(frozen=True, slots=True)
+class BlockProfile:
+    """One candidate module for checkpointing, as it ran in the profiled step."""
+
+    name: str
+    """Dotted path in the model (`transformer.h.3`); "" is the model itself."""
+    type: str
+    """Class name of the module."""
+    index: int
+    """Position in execution order among the candidates (first forward entry)."""
+    depth: int
+    """Nesting depth among candidates: 0 for a block inside no other candidate."""
+    parent: str | None
+    """Name of the nearest enclosing candidate, if any."""
+    calls: int
+    """How many times its forward ran in the forward phase (shared modules run more than once)."""
+    saved_bytes: int
+    """Bytes of activations made inside this module and saved for backward (live at end of forward)."""
+    output_bytes: int
+    """Bytes of the module's output tensors (last call)."""
+    output_saved_bytes: int
+    """Part of `output_bytes` that autograd keeps for backward (used by the next op, or a checkpoint input)."""
+    input_bytes: int
+    """Bytes of the module's tensor inputs (last call), what a checkpoint around it would keep."""
+    forward_flops: int
+    """Forward FLOPs (formulas of `torch.utils.flop_counter`)."""
+    backward_flops: int
+    """Backward FLOPs attributed to this module."""
+    recompute_flops: int
+    """Forward FLOPs run again during backward because of checkpointing already in the model."""
+    forward_s: float
+    """Kernel seconds of its forward ops (real mode; 0.0 in fake mode)."""
+    backward_s: float
+    """Kernel seconds of its backward ops (real mode; 0.0 in fake mode)."""
+    peak_bytes: int
+    """Highest live bytes of the step seen while this module ran (forward, backward or recompute)."""
+    checkpointed: bool
+    """True if the user's code already checkpoints it (its forward re-ran in backward, or it is a checkpoint wrapper)."""
+    checkpoint_kind: str = ""
+    """How: "checkpoint_wrapper", "recomputed" (torch.utils.checkpoint or similar in the user's code), or ""."""
+    has_dropout: bool = False
+    """A random op (dropout, ...) ran inside it."""
+    has_batchnorm: bool = False
+    """A BatchNorm in training mode ran inside it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Live tensor bytes after each tracked op, with the phase and module running then.
+
+    Columnar so that the JSON of a large step stays small; `modules` are indices
+    into `module_names`.
+    """
+
+    live_bytes: list[int] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
+    modules: list[int] = field(default_factory=list)
+    module_names: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.live_bytes)
+
+    def module_at(self, i: int) -> str:
+        return self.module_names[self.modules[i]]
+
+    def phase_spans(self) -> list[tuple[str, int, int]]:
+        """[(phase, first index, last index + 1)] in order."""
+        spans: list[tuple[str, int, int]] = []
+        for i, ph in enumerate(self.phases):
+            if spans and spans[-1][0] == ph:
+                spans[-1] = (ph, spans[-1][1], i + 1)
+            else:
+                spans.append((ph, i, i + 1))
+        return spans
+
+
+@dataclass(frozen=True, slots=True)
+class StepProfile:
+    """Where the memory of one training step goes. Returned by `remat.profile`."""
+
+    model: str
+    """Class name of the profiled model."""
+    mode: str
+    """"real" (measured) or "fake" (predicted with fake tensors)."""
+    device: str
+    """Device the figures are for ("cpu", "cuda"). See `simulated_device`."""
+    peak_bytes: int
+    """Peak of live tensor bytes during the whole step."""
+    peak_phase: str
+    """Phase in which the peak happened: forward, loss, backward or optimizer."""
+    peak_module: str
+    """Innermost module running at the peak ("" for the model itself or code outside modules)."""
+    peak_op: str
+    """The op whose output made the peak."""
+    param_bytes: int
+    buffer_bytes: int
+    input_bytes: int
+    grad_bytes: int
+    """Gradient bytes live at the end of backward."""
+    optimizer_bytes: int
+    """Optimizer state bytes live at the end of the step."""
+    activation_bytes: int
+    """Bytes saved for backward, live at the end of forward (and loss)."""
+    at_peak: Breakdown
+    end_of_forward: Breakdown
+    forward_flops: int
+    backward_flops: int
+    recompute_flops: int
+    """Forward FLOPs re-run in backward by checkpointing already in the model."""
+    step_s: float
+    """Wall seconds of the tracked step (includes tracking overhead; 0.0 in fake mode)."""
+    blocks: list[BlockProfile]
+    timeline: Timeline
+    torch_version: str = ""
+    allocation_rounding_bytes: int = 1
+    """Every storage counted rounded up to this (512 for the CUDA caching allocator)."""
+    simulated_device: bool = False
+    """True when `device` is a target this machine does not have (CPU kernels, its allocator's rounding)."""
+    notes: list[str] = field(default_factory=list)
+    """Things the measurement noticed that a reader should know (fallbacks, unsupported parts)."""
+
+    # -- convenience ---------------------------------------------------------
+    def block(self, name: str) -> BlockProfile:
+        for b in self.blocks:
+            if b.name == name:
+                return b
+        known = ", ".join(b.name for b in self.blocks[:8])
+        raise RematError(
+            f"remat: no candidate block named {name!r} in this profile; "
+            f"expected one of: {known}{' ...' if len(self.blocks) > 8 else ''}. "
+            "Fix: pass blocks=[...] to remat.profile to add a module as a candidate."
+        )
+
+    def __str__(self) -> str:
+        from remat.report.text import render_profile
+
+        return render_profile(self)
+
+    # -- JSON ------------------------------------------------------------------
+    def to_json(self, indent: int | None = None) -> str:
+        data = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **dataclasses.asdict(self)}
+        return json.dumps(data, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "StepProfile":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RematError(
+                f"remat: expected a StepProfile JSON document, but it does not parse ({e}). "
+                "Fix: pass the text written by StepProfile.to_json() or `remat profile --json`."
+            ) from e
+        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
+            raise RematError(
+                f"remat: expected JSON with format {PROFILE_FORMAT!r}, saw "
+                f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}. "
+                "Fix: pass the text written by StepProfile.to_json()."
+            )
+        if data.get("version") != PROFILE_VERSION:
+            raise RematError(
+                f"remat: this remat reads StepProfile version {PROFILE_VERSION}, the file is version "
+                f"{data.get('version')!r}. Fix: profile again with this version of remat."
+            )
+        data.pop("format")
+        data.pop("version")
+        data["at_peak"] = Breakdown(**data["at_peak"])
+        data["end_of_forward"] = Breakdown(**data["end_of_forward"])
+        data["blocks"] = [BlockProfile(**b) for b in data["blocks"]]
+        data["timeline"] = Timeline(**data["timeline"])
+        return cls(**data)
