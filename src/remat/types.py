@@ -80,6 +80,9 @@ class BlockProfile:
     """Backward FLOPs attributed to this module."""
     recompute_flops: int
     """Forward FLOPs run again during backward because of checkpointing already in the model."""
+    checkpoint_recompute_flops: int
+    """Forward FLOPs a non-reentrant checkpoint around this module would re-run in backward: its
+    ops up to the last one whose output autograd saves inside it (torch stops recomputing there)."""
     forward_s: float
     """Kernel seconds of its forward ops (real mode; 0.0 in fake mode)."""
     backward_s: float

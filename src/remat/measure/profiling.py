@@ -348,6 +348,15 @@ def _build_profile(model, tracker, io, candidates, mode, target, rounding, simul
     )
 
 
+def _recompute_cost(fwd_ops, block: str) -> int:
+    """FLOPs of `fwd_ops` up to the last op whose output is saved inside `block` (see NOTE [Recomputation])."""
+    last = -1
+    for i, op in enumerate(fwd_ops):
+        if any(within(m, block) for m in op.packed_by):
+            last = i
+    return sum(op.flops for op in fwd_ops[: last + 1])
+
+
 def _blocks(tracker: Tracker, io: _BlockIO, candidates: list[str], live: list[int]) -> list[BlockProfile]:
     ran = [n for n in io.order]
     wrapper = checkpoint_wrapper_type()
@@ -381,6 +390,7 @@ def _blocks(tracker: Tracker, io: _BlockIO, candidates: list[str], live: list[in
                 forward_flops=sum(op.flops for op in fwd),
                 backward_flops=sum(op.flops for op in bwd),
                 recompute_flops=sum(op.flops for op in rec_ops),
+                checkpoint_recompute_flops=_recompute_cost(fwd, name),
                 forward_s=sum(op.seconds for op in fwd),
                 backward_s=sum(op.seconds for op in bwd),
                 peak_bytes=max((live[k] for k in mine), default=0),

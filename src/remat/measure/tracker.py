@@ -28,6 +28,9 @@ NOTE [Recomputation]
   An op runs as recomputation when the autograd engine is in a backward pass and
   grad mode is on: the engine turns grad mode off for backward formulas, and both
   flavours of `torch.utils.checkpoint` turn it back on to re-run the forward.
+  Non-reentrant checkpoint stops re-running as soon as every tensor the region
+  saved is rebuilt, so a checkpoint around a block costs the FLOPs of its ops up to
+  the last one whose output is saved inside the block, not its whole forward.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.module_tracker import ModuleTracker
+from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import in_backward, flops_of
 
@@ -90,6 +94,8 @@ class OpRecord:
     flops: int
     seconds: float
     recompute: bool
+    packed_by: set[str] = field(default_factory=set)
+    """Modules running when autograd packed one of this op's outputs for backward."""
 
 
 @dataclass
@@ -104,6 +110,7 @@ class Tracker(TorchDispatchMode):
     ops: list[OpRecord] = field(default_factory=list)
     _live: dict[int, StorageRecord] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)
+    _made_by: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     modules: ModuleTracker | None = None
 
     def __post_init__(self):
@@ -139,10 +146,13 @@ class Tracker(TorchDispatchMode):
             del self._live[key]
 
     def mark_saved(self, t: torch.Tensor) -> torch.Tensor:
-        """Pack hook for `saved_tensors_hooks`: flags the storage, returns the tensor unchanged."""
-        rec = self.record_of(t, before_step=False)
+        """Pack hook for `saved_tensors_hooks`: flags the storage and the op, returns the tensor unchanged."""
+        rec = self.record_of(t)
         if rec is not None:
             rec.saved = True
+        k = self._made_by.get(t)
+        if k is not None:
+            self.ops[k].packed_by.add(self.current_module())
         return t
 
     # -- modules -------------------------------------------------------------------
@@ -183,6 +193,7 @@ class Tracker(TorchDispatchMode):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.record_of(t)  # made by this op: alloc_step is its index, len(self.ops)
+                self._made_by[t] = len(self.ops)
         self.ops.append(
             OpRecord(
                 func._overloadpacket.__name__,

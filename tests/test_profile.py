@@ -1,0 +1,327 @@
+"""remat.profile: exact bytes on hand-checked models, real vs fake, user checkpoints, errors."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import checkpoint
+from torch.utils.flop_counter import FlopCounterMode
+
+import remat
+from remat import zoo
+from remat._torch_compat import FakeTensorMode
+
+F32 = 4
+
+
+def _mlp(d=64):
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.Linear(d, d))
+
+
+# -- exact bytes ---------------------------------------------------------------------
+
+
+def test_breakdown_of_a_two_layer_mlp_is_exact():
+    d, b = 64, 32
+    model, x = _mlp(d), torch.randn(b, d)
+    prof = remat.profile(model, x)
+    params = 2 * (d * d + d) * F32
+    assert prof.param_bytes == params
+    assert prof.input_bytes == b * d * F32
+    # relu saves its output (b, d); both Linears save x / relu-out and their weights (params)
+    assert prof.end_of_forward.activations_bytes == b * d * F32
+    # the output (b, d) is held by the step, the loss is a 4-byte scalar; the first Linear's output is freed
+    assert prof.end_of_forward.temporaries_bytes == b * d * F32 + F32
+    assert prof.activation_bytes == prof.end_of_forward.activations_bytes
+    assert prof.grad_bytes == params
+    assert prof.optimizer_bytes == 0
+    assert prof.at_peak.total_bytes == prof.peak_bytes
+
+
+def test_params_saved_for_backward_are_not_activations():
+    d, b = 256, 4
+    model, x = nn.Linear(d, d, bias=False), torch.randn(b, d, requires_grad=True)
+    prof = remat.profile(model, x)
+    # Linear saves its input (an input) and its weight (a parameter): no activation at all
+    assert prof.end_of_forward.activations_bytes == 0
+    assert prof.end_of_forward.params_bytes == d * d * F32
+
+
+class _ViewTwice(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+
+    def forward(self, x):
+        h = self.lin(x)  # (B, 64)
+        v = h.view(-1, 8, 8)
+        return (v * v.transpose(1, 2)).sum(-1)  # mul saves two views of h's storage
+
+
+def test_views_of_one_storage_count_once():
+    b = 16
+    prof = remat.profile(_ViewTwice(), torch.randn(b, 64))
+    # saved: h (through two views) once; the mul output is summed (sum saves nothing)
+    assert prof.end_of_forward.activations_bytes == b * 64 * F32
+
+
+def test_tied_weights_count_once():
+    model, inputs = zoo.gpt2(n_layer=1, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)
+    assert model.lm_head.weight is model.transformer.wte.weight
+    unique = {p.untyped_storage().data_ptr(): p.untyped_storage().nbytes() for p in model.parameters()}
+    prof = remat.profile(model, inputs, mode="fake")
+    assert prof.param_bytes == sum(unique.values())
+
+
+def test_adam_state_is_optimizer_bytes_and_peak_includes_it():
+    model, x = _mlp(128), torch.randn(8, 128)
+    prof = remat.profile(model, x, optimizer=lambda ps: torch.optim.Adam(ps))
+    params = sum(p.numel() * F32 for p in model.parameters())
+    step_counters = 4 * len(list(model.parameters()))  # Adam keeps a float32 scalar `step` per parameter
+    assert prof.optimizer_bytes == 2 * params + step_counters
+    assert prof.peak_phase == "optimizer"
+    assert prof.peak_bytes >= params * 4  # params + grads + exp_avg + exp_avg_sq
+
+
+def test_forward_flops_equal_flop_counter_mode():
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    prof = remat.profile(model, inputs)
+    with FlopCounterMode(display=False) as fc:
+        model(**inputs).loss
+    assert prof.forward_flops == fc.get_total_flops()
+    assert sum(b.forward_flops for b in prof.blocks if b.depth == 0) < prof.forward_flops  # lm_head is outside
+
+
+# -- real vs fake ------------------------------------------------------------------------
+
+FIVE_MODELS = {
+    "mlp": lambda: zoo.mlp_report000(),
+    "cnn_bn": lambda: zoo.cnn_bn(),
+    "gpt2": lambda: zoo.gpt2(n_layer=2, n_embd=128, n_head=4, seq=64, batch=4, vocab=1024),
+    "bert": lambda: zoo.bert(n_layer=2, hidden=128, heads=4, seq=64, batch=4, vocab=1024),
+    "skipnet": lambda: zoo.skipnet(),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FIVE_MODELS))
+def test_fake_mode_predicts_real_mode_within_2_percent(name):
+    model, inputs, *rest = FIVE_MODELS[name]()
+    loss_fn = rest[0] if rest else None
+    opt = lambda ps: torch.optim.Adam(ps)  # noqa: E731
+    real = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=opt, mode="real")
+    fake = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=opt, mode="fake")
+    assert fake.peak_bytes == pytest.approx(real.peak_bytes, rel=0.02)
+    for when in ("at_peak", "end_of_forward"):
+        r, f = getattr(real, when).as_dict(), getattr(fake, when).as_dict()
+        for cat in r:
+            assert f[cat] == pytest.approx(r[cat], rel=0.02, abs=4096), (when, cat)
+    assert [b.name for b in fake.blocks] == [b.name for b in real.blocks]
+    assert [b.saved_bytes for b in fake.blocks] == [b.saved_bytes for b in real.blocks]
+
+
+def test_fake_mode_on_a_model_built_under_fake_tensors_allocates_nothing():
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model, x = zoo.mlp_report000(hidden=1024, intermediate=4096, layers=8, seq=1024, batch=128)
+    prof = remat.profile(model, x, mode="fake")
+    assert prof.param_bytes == 8 * (2 * 1024 * 4096 + 4096 + 1024) * F32
+    assert prof.input_bytes == 128 * 1024 * 1024 * F32
+    # Linear 2 of each layer saves its (B, T, 4096) input; layers 1..7 save their (B, T, 1024) input
+    assert prof.activation_bytes == 8 * 2 * 2**30 + 7 * 2**29
+    assert prof.peak_bytes > 22 * 2**30  # a step bigger than this machine, predicted on it
+
+
+def test_simulated_cuda_rounds_every_storage_to_512_bytes():
+    model, x = _mlp(10), torch.randn(3, 10)  # tiny tensors: rounding dominates
+    cpu = remat.profile(model, x, mode="fake")
+    cuda = remat.profile(model, x, mode="fake", device="cuda")
+    assert cuda.simulated_device and cuda.allocation_rounding_bytes == 512 and cuda.device == "cuda"
+    assert cuda.peak_bytes % 512 == 0 and cuda.peak_bytes > cpu.peak_bytes
+    assert cuda.param_bytes == 4 * 512  # two weights (400 B) and two biases (40 B), each one block
+
+
+# -- checkpointing already in the model ------------------------------------------------------
+
+
+class _Layers(nn.Module):
+    def __init__(self, n=4, d=128, mode=None):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(n))
+        self.mode = mode
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = checkpoint(layer, x, use_reentrant=False) if self.mode == "checkpoint" else layer(x)
+        return x
+
+
+def test_user_checkpoint_is_detected_with_its_recompute_flops():
+    x = torch.randn(32, 128, requires_grad=True)
+    plain = remat.profile(_Layers(), x)
+    ckpt = remat.profile(_Layers(mode="checkpoint"), x)
+    for p, c in zip(plain.blocks, ckpt.blocks):
+        if c.depth == 0:
+            assert c.checkpointed and c.checkpoint_kind == "recomputed"
+            # torch re-runs the block up to its last saved tensor (GELU's output): the second Linear is skipped
+            assert c.recompute_flops == p.checkpoint_recompute_flops == p.forward_flops // 2
+            # nothing inside is kept; its output is, as the next checkpoint's input (not the last's: sum saves nothing)
+            assert c.saved_bytes == c.output_saved_bytes == (32 * 128 * F32 if c.name != "layers.3" else 0)
+    assert not any(b.checkpointed for b in plain.blocks)
+    assert ckpt.recompute_flops == sum(b.checkpoint_recompute_flops for b in plain.blocks if b.depth == 0)
+    assert ckpt.activation_bytes < plain.activation_bytes
+
+
+def test_checkpoint_wrapper_blocks_are_candidates_and_marked():
+    model = _Layers()
+    for i, layer in enumerate(model.layers):
+        model.layers[i] = checkpoint_wrapper(layer)
+    prof = remat.profile(model, torch.randn(8, 128, requires_grad=True))
+    top = [b for b in prof.blocks if b.depth == 0]
+    assert [b.name for b in top] == [f"layers.{i}" for i in range(4)]
+    assert all(b.checkpoint_kind == "checkpoint_wrapper" and b.recompute_flops > 0 for b in top)
+
+
+def test_candidates_of_hugging_face_models_are_their_layers():
+    model, inputs = zoo.gpt2(n_layer=3, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)
+    prof = remat.profile(model, inputs, mode="fake")
+    assert [b.name for b in prof.blocks] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    assert all(b.has_dropout for b in prof.blocks)  # GPT-2's dropout defaults to 0.1
+    assert all(b.saved_bytes > 0 and b.output_bytes == 2 * 16 * 32 * F32 for b in prof.blocks)
+
+
+def test_named_blocks_are_added_and_batchnorm_is_flagged():
+    model, x, loss_fn = zoo.cnn_bn(batch=4, size=16)
+    prof = remat.profile(model, x, loss_fn=loss_fn, blocks=["head"], mode="fake")
+    names = [b.name for b in prof.blocks]
+    assert "head" in names and "stages.0" in names and "stages.0.1" in names
+    assert prof.block("stages.0").has_batchnorm and not prof.block("head").has_batchnorm
+    assert prof.block("stages.0.1").parent == "stages.0" and prof.block("stages.0.1").depth == 1
+
+
+# -- the user's model is left as it was ----------------------------------------------------------
+
+
+def _hooks_are_clean(model):
+    from torch.nn.modules import module as m
+
+    return not (m._global_forward_hooks or m._global_forward_pre_hooks) and all(
+        not (mod._forward_hooks or mod._forward_pre_hooks) for mod in model.modules()
+    )
+
+
+def test_real_profile_restores_params_buffers_optimizer_and_rng():
+    model, x, loss_fn = zoo.cnn_bn(batch=4, size=16)
+    opt = torch.optim.Adam(model.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = torch.get_rng_state()
+    remat.profile(model, x, loss_fn=loss_fn, optimizer=opt)
+    after = model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # incl. BN running stats
+    assert all(p.grad is None for p in model.parameters())
+    assert opt.state_dict()["state"] == {}
+    assert torch.equal(torch.get_rng_state(), rng)
+    assert _hooks_are_clean(model)
+
+
+def test_fake_profile_puts_the_real_parameters_back():
+    model, inputs = zoo.gpt2(n_layer=1, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)
+    params = [id(p) for p in model.parameters()]
+    remat.profile(model, inputs, mode="fake", optimizer=torch.optim.AdamW(model.parameters()))
+    assert [id(p) for p in model.parameters()] == params
+    assert not any(type(p).__name__ == "FakeTensor" or p.grad is not None for p in model.parameters())
+    assert model.lm_head.weight is model.transformer.wte.weight
+
+
+# -- JSON --------------------------------------------------------------------------------------
+
+
+def test_json_round_trip_is_exact():
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)
+    prof = remat.profile(model, inputs, optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))
+    again = remat.StepProfile.from_json(prof.to_json())
+    assert again == prof
+    assert prof.step_s > 0 and any(b.forward_s > 0 for b in prof.blocks)
+
+
+def test_from_json_rejects_other_documents():
+    with pytest.raises(remat.RematError, match=r"^remat: expected JSON with format"):
+        remat.StepProfile.from_json('{"format": "other"}')
+    with pytest.raises(remat.RematError, match=r"^remat: expected a StepProfile JSON document"):
+        remat.StepProfile.from_json("not json")
+
+
+# -- bad input -----------------------------------------------------------------------------
+
+
+class _ReturnsDict(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return {"y": self.lin(x)}
+
+
+class _DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.lin(x)
+        return h[h > 0].sum()  # boolean mask: output shape depends on values
+
+
+class _Raises(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return self.lin(x) @ torch.ones(3, 3)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda: remat.profile(nn.Linear(4, 4), "x"), r"^remat: inputs must be a tensor, tuple or dict; saw str"),
+        (lambda: remat.profile("model", torch.ones(1)), r"^remat: expected a torch.nn.Module, saw str"),
+        (lambda: remat.profile(_ReturnsDict(), torch.ones(2, 4)), r"^remat: the model returned a dict.*Fix: pass loss_fn"),
+        (
+            lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), loss_fn=lambda out: out),
+            r"^remat: loss_fn\(output\) has shape \(2, 4\); expected a scalar",
+        ),
+        (lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), mode="fast"), r"^remat: mode must be 'real' or 'fake'"),
+        (
+            lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), device="cuda"),
+            r"^remat: mode='real' measures on the model's device \(cpu\).*mode='fake', device='cuda'",
+        ),
+        (lambda: remat.profile(_mlp(), torch.ones(2, 64), blocks=["9"]), r"^remat: blocks names a module '9'"),
+        (lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), optimizer=3), r"^remat: optimizer must be None"),
+        (
+            lambda: remat.profile(_DataDependent(), torch.ones(2, 4), loss_fn=lambda o: o, mode="fake"),
+            r"^remat: fake mode cannot run op aten.nonzero.default during the model's forward.*Fix: profile with mode='real'",
+        ),
+        (lambda: remat.profile(_Raises(), torch.ones(2, 4)), r"^remat: the model's forward raised RuntimeError"),
+        (
+            lambda: remat.profile(nn.Linear(4, 4).requires_grad_(False), torch.ones(2, 4)),
+            r"^remat: Linear has no parameter that requires grad",
+        ),
+    ],
+)
+def test_bad_input_gets_a_remat_error(call, message):
+    with pytest.raises(remat.RematError, match=message):
+        call()
+
+
+def test_an_error_mid_step_leaves_no_hook_and_no_fake_parameter():
+    model = _DataDependent()
+    with pytest.raises(remat.UnsupportedOp) as info:
+        remat.profile(model, torch.ones(2, 4), loss_fn=lambda o: o, mode="fake")
+    assert info.value.op == "aten.nonzero.default"
+    assert _hooks_are_clean(model)
+    assert type(model.lin.weight).__name__ == "Parameter"
+    out = model(torch.ones(2, 4))  # still a working real model
+    assert isinstance(out, torch.Tensor) and F.relu(out).item() >= 0
