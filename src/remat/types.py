@@ -74,6 +74,15 @@ class BlockProfile:
     """Part of `output_bytes` that autograd keeps for backward (used by the next op, or a checkpoint input)."""
     input_bytes: int
     """Bytes of the module's tensor inputs (last call), what a checkpoint around it would keep."""
+    internal_bytes: int
+    """Activations made inside and saved only by ops inside: what a checkpoint around it frees."""
+    output_kept_by: list[str]
+    """Sibling candidates (same parent) whose ops save its output for backward, itself included if
+    it saves its own output; "*" if code outside every sibling saves it too.  A checkpointed
+    segment of siblings frees the output when all of these are in the segment."""
+    input_unsaved_bytes: int
+    """Part of the inputs that autograd does not keep and that would otherwise be freed: a
+    checkpoint around it keeps them alive until its backward."""
     forward_flops: int
     """Forward FLOPs (formulas of `torch.utils.flop_counter`)."""
     backward_flops: int
@@ -89,6 +98,14 @@ class BlockProfile:
     """Kernel seconds of its backward ops (real mode; 0.0 in fake mode)."""
     peak_bytes: int
     """Highest live bytes of the step seen while this module ran (forward, backward or recompute)."""
+    forward_start_op: int
+    """Timeline index of its first forward op (first call)."""
+    forward_end_op: int
+    """Timeline index of its last forward op."""
+    backward_start_op: int
+    """Timeline index of its first backward op (-1 if it has none)."""
+    backward_end_op: int
+    """Timeline index of its last backward op (-1 if it has none)."""
     checkpointed: bool
     """True if the user's code already checkpoints it (its forward re-ran in backward, or it is a checkpoint wrapper)."""
     checkpoint_kind: str = ""

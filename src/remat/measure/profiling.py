@@ -358,46 +358,72 @@ def _recompute_cost(fwd_ops, block: str) -> int:
 
 
 def _blocks(tracker: Tracker, io: _BlockIO, candidates: list[str], live: list[int]) -> list[BlockProfile]:
-    ran = [n for n in io.order]
+    ran = list(io.order)
+    parents = {n: enclosing(n, ran) for n in ran}
+    siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
+    return [_block(tracker, io, name, i, parents, siblings[name], live) for i, name in enumerate(ran)]
+
+
+def _kept_by(records: list[StorageRecord], siblings: list[str]) -> list[str]:
+    """The siblings whose ops pack any of `records`, "*" for a packer outside all of them."""
+    found: list[str] = []
+    for rec in records:
+        for m in rec.packers:
+            owner = next((s for s in siblings if within(m, s)), "*")
+            if owner not in found:
+                found.append(owner)
+    return sorted(found)
+
+
+def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings: list[str], live) -> BlockProfile:
+    depth, p = 0, parents[name]
+    while p is not None:
+        depth, p = depth + 1, parents[p]
+    ops = tracker.ops
+    mine = [k for k, op in enumerate(ops) if within(op.module, name)]
+    fwd_k = [k for k in mine if ops[k].phase in ("forward", "loss")]
+    bwd_k = [k for k in mine if ops[k].phase == "backward"]
+    fwd = [ops[k] for k in fwd_k]
+    bwd = [ops[k] for k in bwd_k if not ops[k].recompute]
+    rec_ops = [ops[k] for k in bwd_k if ops[k].recompute]
+    outputs, inputs = io.outputs.get(name, []), io.inputs.get(name, [])
+    out_ids = {id(r) for r in outputs}
+    acts = [r for r in tracker.records if r.category == "activations" and within(r.module, name)]
+    mod = io.modules[name]
     wrapper = checkpoint_wrapper_type()
-    out: list[BlockProfile] = []
-    for i, name in enumerate(ran):
-        parent = enclosing(name, ran)
-        depth, p = 0, parent
-        while p is not None:
-            depth, p = depth + 1, enclosing(p, ran)
-        mine = [k for k, op in enumerate(tracker.ops) if within(op.module, name)]
-        fwd = [tracker.ops[k] for k in mine if tracker.ops[k].phase in ("forward", "loss")]
-        bwd = [tracker.ops[k] for k in mine if tracker.ops[k].phase == "backward" and not tracker.ops[k].recompute]
-        rec_ops = [tracker.ops[k] for k in mine if tracker.ops[k].recompute]
-        saved = sum(r.nbytes for r in tracker.records if r.category == "activations" and within(r.module, name))
-        outputs = io.outputs.get(name, [])
-        mod = io.modules[name]
-        is_wrapper = wrapper is not None and isinstance(mod, wrapper)
-        kind = "checkpoint_wrapper" if is_wrapper else ("recomputed" if rec_ops else "")
-        out.append(
-            BlockProfile(
-                name=name,
-                type=type(mod).__name__,
-                index=i,
-                depth=depth,
-                parent=parent,
-                calls=io.calls[name],
-                saved_bytes=saved,
-                output_bytes=sum(r.nbytes for r in outputs),
-                output_saved_bytes=sum(r.nbytes for r in outputs if r.category == "activations"),
-                input_bytes=sum(r.nbytes for r in io.inputs.get(name, [])),
-                forward_flops=sum(op.flops for op in fwd),
-                backward_flops=sum(op.flops for op in bwd),
-                recompute_flops=sum(op.flops for op in rec_ops),
-                checkpoint_recompute_flops=_recompute_cost(fwd, name),
-                forward_s=sum(op.seconds for op in fwd),
-                backward_s=sum(op.seconds for op in bwd),
-                peak_bytes=max((live[k] for k in mine), default=0),
-                checkpointed=bool(kind),
-                checkpoint_kind=kind,
-                has_dropout=any(op.name in RANDOM_OPS for op in fwd),
-                has_batchnorm=any(isinstance(m, _BatchNorm) and m.training for m in mod.modules()),
-            )
-        )
-    return out
+    kind = "checkpoint_wrapper" if wrapper is not None and isinstance(mod, wrapper) else ("recomputed" if rec_ops else "")
+    return BlockProfile(
+        name=name,
+        type=type(mod).__name__,
+        index=i,
+        depth=depth,
+        parent=parents[name],
+        calls=io.calls[name],
+        saved_bytes=sum(r.nbytes for r in acts),
+        output_bytes=sum(r.nbytes for r in outputs),
+        output_saved_bytes=sum(r.nbytes for r in outputs if r.category == "activations"),
+        input_bytes=sum(r.nbytes for r in inputs),
+        internal_bytes=sum(r.nbytes for r in acts if id(r) not in out_ids and _kept_only_in(r, name)),
+        output_kept_by=_kept_by([r for r in outputs if r.category == "activations"], siblings),
+        input_unsaved_bytes=sum(r.nbytes for r in inputs if not r.saved and r.category in ("activations", "temporaries")),
+        forward_flops=sum(op.flops for op in fwd),
+        backward_flops=sum(op.flops for op in bwd),
+        recompute_flops=sum(op.flops for op in rec_ops),
+        checkpoint_recompute_flops=_recompute_cost(fwd, name),
+        forward_s=sum(op.seconds for op in fwd),
+        backward_s=sum(op.seconds for op in bwd),
+        peak_bytes=max((live[k] for k in mine), default=0),
+        forward_start_op=fwd_k[0] if fwd_k else -1,
+        forward_end_op=fwd_k[-1] if fwd_k else -1,
+        backward_start_op=bwd_k[0] if bwd_k else -1,
+        backward_end_op=bwd_k[-1] if bwd_k else -1,
+        checkpointed=bool(kind),
+        checkpoint_kind=kind,
+        has_dropout=any(op.name in RANDOM_OPS for op in fwd),
+        has_batchnorm=any(isinstance(m, _BatchNorm) and m.training for m in mod.modules()),
+    )
+
+
+def _kept_only_in(rec: StorageRecord, block: str) -> bool:
+    """Every op that saved `rec` for backward ran inside `block`."""
+    return bool(rec.packers) and all(within(m, block) for m in rec.packers)

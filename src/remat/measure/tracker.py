@@ -80,6 +80,8 @@ class StorageRecord:
     """First op index at which it is no longer live; None if alive at the end."""
     saved: bool = False
     """Packed by autograd for backward while forward or loss ran."""
+    packers: set[str] = field(default_factory=set)
+    """Innermost modules running when it was packed (who keeps it)."""
     category: str = ""
 
     def live_at(self, k: int) -> bool:
@@ -150,6 +152,7 @@ class Tracker(TorchDispatchMode):
         rec = self.record_of(t)
         if rec is not None:
             rec.saved = True
+            rec.packers.add(self.current_module())
         k = self._made_by.get(t)
         if k is not None:
             self.ops[k].packed_by.add(self.current_module())
