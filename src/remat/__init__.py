@@ -1,12 +1,18 @@
 """remat: activation checkpointing for PyTorch that works the first time."""
 
-from remat.errors import RematError, UnsupportedOp
+from remat.errors import InfeasibleBudget, RematError, UnsupportedOp
 from remat.measure import profile
+from remat.planner import Plan, frontier, load_plan, plan
 from remat.types import BlockProfile, Breakdown, StepProfile, Timeline
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "InfeasibleBudget",
+    "Plan",
+    "frontier",
+    "load_plan",
+    "plan",
     "BlockProfile",
     "Breakdown",
     "RematError",

@@ -17,6 +17,7 @@ from torch._subclasses.fake_tensor import (  # private: fake tensors
 from torch.utils.flop_counter import flop_registry  # module-level table of FLOP formulas
 
 __all__ = [
+    "ModuleTracker",
     "FakeTensor",
     "FakeTensorMode",
     "FAKE_OP_ERRORS",
@@ -54,3 +55,29 @@ def checkpoint_wrapper_type():
     except Exception:  # torch built without distributed
         return None
     return CheckpointWrapper
+
+
+from torch.utils.module_tracker import ModuleTracker as _ModuleTracker  # noqa: E402
+
+
+class ModuleTracker(_ModuleTracker):
+    """`torch.utils.module_tracker.ModuleTracker` that registers no grad hooks for forwards
+    re-run inside backward (checkpoint recomputation).
+
+    torch's tracker hooks every module call's inputs and outputs and keeps the hooks until
+    it exits; for a recomputed forward those hooks keep the recomputed tensors alive to the
+    end of backward (measured: checkpoint_sequential(4) over a 33-module chain, 71 MiB instead
+    of the true 48 MiB).  Overrides two private methods, hence here.
+    """
+
+    def _fw_pre_hook(self, mod, input) -> None:
+        if in_backward():
+            self._get_append_fn(self._get_mod_name(mod), False)()
+        else:
+            super()._fw_pre_hook(mod, input)
+
+    def _fw_post_hook(self, mod, input, output) -> None:
+        if in_backward():
+            self._get_pop_fn(self._get_mod_name(mod), False)()
+        else:
+            super()._fw_post_hook(mod, input, output)

@@ -14,3 +14,12 @@ class UnsupportedOp(RematError):
     def __init__(self, message: str, op: str):
         super().__init__(message)
         self.op = op
+
+
+class InfeasibleBudget(RematError):
+    """No plan reaches the budget. `.min_bytes` is the smallest budget that one does."""
+
+    def __init__(self, message: str, min_bytes: int, budget_bytes: int):
+        super().__init__(message)
+        self.min_bytes = min_bytes
+        self.budget_bytes = budget_bytes

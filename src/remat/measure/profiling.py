@@ -13,9 +13,9 @@ import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 from torch.utils._pytree import tree_flatten
-from torch.utils.module_tracker import ModuleTracker
 
-from remat._torch_compat import FAKE_OP_ERRORS, FakeTensorMode, checkpoint_wrapper_type, in_backward
+
+from remat._torch_compat import FAKE_OP_ERRORS, FakeTensorMode, ModuleTracker, checkpoint_wrapper_type, in_backward
 from remat.errors import RematError, UnsupportedOp
 from remat.measure import fake
 from remat.measure.candidates import enclosing, find_candidates, within

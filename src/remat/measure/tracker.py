@@ -42,10 +42,10 @@ from dataclasses import dataclass, field
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
-from torch.utils.module_tracker import ModuleTracker
+
 from torch.utils.weak import WeakIdKeyDictionary
 
-from remat._torch_compat import in_backward, flops_of
+from remat._torch_compat import ModuleTracker, flops_of, in_backward
 
 RANDOM_OPS = frozenset(
     {

@@ -1,0 +1,51 @@
+"""Reading a memory budget: bytes, a string with units, or a fraction of the peak."""
+
+from __future__ import annotations
+
+import re
+
+from remat.errors import RematError
+
+UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+ACCEPTED = (
+    'an int of bytes (6442450944), a string with binary or decimal units ("6GiB", "6GB", "800MiB", "1.5 GB"), '
+    "or a float 0 < f <= 1 as a fraction of the unplanned peak (0.5)"
+)
+_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+
+
+def parse_budget(budget: int | float | str, peak_bytes: int) -> int:
+    """Bytes for `budget`. "6GB" is 6e9 bytes and "6GiB" is 6*2**30: both accepted, told apart.
+
+    Example: parse_budget("800MiB", prof.peak_bytes) == 838860800
+    """
+    if isinstance(budget, bool):
+        raise _bad(budget)
+    if isinstance(budget, int):
+        if budget <= 0:
+            raise _bad(budget)
+        return budget
+    if isinstance(budget, float):
+        if not 0 < budget <= 1:
+            raise _bad(budget, " (a float is a fraction of the peak, so it must be in (0, 1])")
+        return int(budget * peak_bytes)
+    if isinstance(budget, str):
+        m = _PATTERN.match(budget)
+        if m is None:
+            raise _bad(budget)
+        value = float(m.group(1)) * UNITS[(m.group(2) or "").lower()]
+        if value < 1:
+            raise _bad(budget)
+        return int(value)
+    raise _bad(budget)
+
+
+def _bad(budget, extra: str = "") -> RematError:
+    return RematError(
+        f"remat: cannot read the budget {budget!r}{extra}; expected {ACCEPTED}. "
+        'Fix: write e.g. budget="6GiB" or budget=0.5.'
+    )

@@ -1,0 +1,111 @@
+"""`ilp`: a mixed-integer program over all units of the model tree, solved with HiGHS.
+
+For models that are not one chain (skip connections, nested candidates, several
+groups), every unit of every group is a binary variable and every elementary time
+interval of the step a memory constraint (NOTE [The memory model of a plan]).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from remat.planner.problem import Problem, Unit
+
+
+def solve(problem: Problem, budget_bytes: int, time_limit_s: float = 60.0) -> list[Unit] | None:
+    """The cheapest compatible units that fit the budget (optimal for the model), or None."""
+    target = budget_bytes
+    for _ in range(3):  # HiGHS works in floating point: tighten if it lands a few bytes over
+        chosen = _solve(problem, target, time_limit_s)
+        if chosen is None:
+            return None
+        over = problem.peak(chosen) - budget_bytes
+        if over <= 0:
+            return chosen
+        target -= over
+    return None
+
+
+def min_peak(problem: Problem, time_limit_s: float = 60.0) -> int:
+    """The least peak any compatible set of units reaches."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    n, rows, lbs = len(problem.units), [], []
+    mem = problem.interval_max
+    # [Constraint] memory: sum_u a_uk x_u + z >= L_k for every interval k
+    for k, a in enumerate(_columns(problem)):
+        rows.append(np.append(a, 1.0))
+        lbs.append(mem[k])
+    # [Constraint] exclusivity: a block is inside at most one chosen unit
+    for row in _exclusivity(problem):
+        rows.append(np.append(row, 0.0))
+        lbs.append(-np.inf)
+    ubs = [np.inf] * len(problem.interval_max) + [1.0] * (len(rows) - len(problem.interval_max))
+    c = np.zeros(n + 1)
+    c[-1] = 1.0
+    res = milp(
+        c,
+        constraints=[LinearConstraint(np.array(rows), lbs, ubs)],
+        integrality=np.append(np.ones(n), 0),
+        bounds=Bounds(np.zeros(n + 1), np.append([1.0 if ok else 0.0 for ok in problem.useful], np.inf)),
+        options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
+    )
+    if res.x is None:
+        return max(mem)
+    chosen = [u for u, x in zip(problem.units, res.x[:n]) if x > 0.5]
+    return problem.peak(chosen)
+
+
+def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Unit] | None:
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
+    n = len(problem.units)
+    if n == 0:
+        return [] if max(problem.interval_max) <= budget_bytes else None
+    rows, lbs, ubs = [], [], []
+    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget
+    for k, a in enumerate(_columns(problem)):
+        need = problem.interval_max[k] - budget_bytes
+        if need > 0:
+            if not a.any():
+                return None  # no unit acts on this interval
+            rows.append(a)
+            lbs.append(float(need))
+            ubs.append(np.inf)
+    # [Constraint] exclusivity: a block is inside at most one chosen unit
+    for row in _exclusivity(problem):
+        rows.append(row)
+        lbs.append(-np.inf)
+        ubs.append(1.0)
+    cost = np.array([float(u.cost_flops) for u in problem.units])
+    # prefer, among equal FLOPs, the plan that frees more (a tiny tie-breaker)
+    cost = cost - 1e-9 * np.array([float(u.reduction_bytes) for u in problem.units]) / max(1.0, max(problem.interval_max))
+    res = milp(
+        cost,
+        constraints=[LinearConstraint(np.array(rows), lbs, ubs)] if rows else [],
+        integrality=np.ones(n),
+        bounds=Bounds(0, [1.0 if ok else 0.0 for ok in problem.useful]),
+        options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
+    )
+    if res.x is None:
+        return None
+    return [u for u, x in zip(problem.units, res.x) if x > 0.5]
+
+
+def _columns(problem: Problem) -> list[np.ndarray]:
+    """Row k: bytes each unit frees in interval k."""
+    rows = [np.zeros(len(problem.units)) for _ in problem.interval_max]
+    for i, coef in enumerate(problem.coefficient_table):
+        for k, b in coef.items():
+            rows[k][i] = b
+    return rows
+
+
+def _exclusivity(problem: Problem) -> list[np.ndarray]:
+    blocks = sorted({b for u in problem.units for b in u.covers})
+    out = []
+    for b in blocks:
+        row = np.array([1.0 if b in u.covers else 0.0 for u in problem.units])
+        if row.sum() > 1:
+            out.append(row)
+    return out

@@ -1,0 +1,92 @@
+"""`Plan`: what to do with each candidate module, and what it is predicted to cost."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from remat.errors import RematError
+
+PLAN_FORMAT = "remat.Plan"
+PLAN_VERSION = 1
+ACTIONS = ("keep", "recompute")
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedBlock:
+    """What the plan assumed about a block, so `apply` can tell a plan made for another model."""
+
+    name: str
+    type: str
+    output_bytes: int
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """Decisions for one model's training step, with predicted peak and recomputation."""
+
+    model: str
+    solver: str
+    """Which solver made it: chen, dp, ilp, every-block, checkpoint_sequential(k), keep."""
+    decisions: dict[str, str]
+    """{candidate module: "keep" | "recompute"}; a module inside a recomputed one is "recompute"."""
+    segments: list[list[str]]
+    """Each list: consecutive sibling modules wrapped in one checkpoint."""
+    peak_bytes: int
+    """Predicted peak of the whole step under the plan (NOTE [The memory model of a plan])."""
+    recompute_flops: int
+    """Extra forward FLOPs the plan costs (`FlopCounterMode` formulas)."""
+    recompute_s: float
+    """Extra seconds, from the profiled kernel times of the recomputed ops (0.0 for a fake profile)."""
+    unplanned_peak_bytes: int
+    budget_bytes: int | None
+    blocks: list[PlannedBlock]
+    step_flops: int = 0
+    """Forward + backward FLOPs of the unplanned step, to put `recompute_flops` in proportion."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def recompute_fraction(self) -> float:
+        """Extra FLOPs as a fraction of the unplanned step's FLOPs."""
+        return self.recompute_flops / self.step_flops if self.step_flops else 0.0
+
+    def __str__(self) -> str:
+        from remat.report.plan_text import render_plan
+
+        return render_plan(self)
+
+    # -- JSON -----------------------------------------------------------------------------
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION, **dataclasses.asdict(self)}, indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise RematError(
+                f"remat: expected a plan in JSON, but it does not parse ({e}). Fix: pass a file written by Plan.save."
+            ) from e
+        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT or data.get("version") != PLAN_VERSION:
+            seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else type(data).__name__
+            raise RematError(
+                f"remat: expected a {PLAN_FORMAT} version {PLAN_VERSION} document, saw {seen!r}. "
+                "Fix: pass a file written by Plan.save with this version of remat, or plan again."
+            )
+        data.pop("format")
+        data.pop("version")
+        data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
+        return cls(**data)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan written by `Plan.save`."""
+    p = Path(path)
+    if not p.is_file():
+        raise RematError(f"remat: no plan file at {str(p)!r}. Fix: write one with `remat plan TARGET --out {p}`.")
+    return Plan.from_json(p.read_text())

@@ -1,0 +1,51 @@
+"""A `Plan` as a plain, deterministic text report (pure function of the data)."""
+
+from __future__ import annotations
+
+import io
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from remat.planner.plan import Plan
+from remat.report.text import REPORT_WIDTH, fmt_bytes
+
+
+def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
+    """The decisions and the predicted figures; with `baselines`, the hand recipes beside it."""
+    out = io.StringIO()
+    console = Console(file=out, width=REPORT_WIDTH, force_terminal=False, color_system=None)
+    budget = fmt_bytes(plan.budget_bytes, "auto") if plan.budget_bytes else "none"
+    saved = plan.unplanned_peak_bytes - plan.peak_bytes
+    console.print(
+        f"remat plan for {plan.model} ({plan.solver}): predicted peak {fmt_bytes(plan.peak_bytes, 'auto')} "
+        f"(unplanned {fmt_bytes(plan.unplanned_peak_bytes, 'auto')}, budget {budget}), "
+        f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
+        f"(+{plan.recompute_fraction:.1%} of the step's FLOPs)"
+    )
+    table = Table(box=box.SIMPLE_HEAD, title="checkpoints (one per row)", title_justify="left")
+    table.add_column("#", justify="right")
+    table.add_column("modules wrapped together")
+    if plan.segments:
+        for i, seg in enumerate(plan.segments, 1):
+            table.add_row(str(i), seg[0] if len(seg) == 1 else f"{seg[0]} .. {seg[-1]} ({len(seg)} modules)")
+    else:
+        table.add_row("-", "none: keep every activation")
+    console.print(table)
+    if baselines:
+        console.print(_baseline_table(plan, baselines))
+    for note in plan.notes:
+        console.print(f"note: {note}")
+    return out.getvalue().rstrip() + "\n"
+
+
+def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
+    table = Table(box=box.SIMPLE_HEAD, title="the same step with hand recipes (predicted)", title_justify="left")
+    for col, just in (("strategy", "left"), ("peak", "right"), ("extra GFLOP", "right"), ("fits budget", "left")):
+        table.add_column(col, justify=just)
+    rows = {"remat": plan, **baselines}
+    for name, p in rows.items():
+        fits = "-" if plan.budget_bytes is None else ("yes" if p.peak_bytes <= plan.budget_bytes else "no")
+        table.add_row(name, fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits)
+    return table
