@@ -31,7 +31,7 @@ def gpt2(n_layer: int = 4, n_embd: int = 256, n_head: int = 4, seq: int = 256, b
     torch.manual_seed(0)
     cfg = tf.GPT2Config(
         n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=seq, vocab_size=vocab,
-        bos_token_id=0, eos_token_id=0,
+        bos_token_id=0, eos_token_id=0, use_cache=False,  # training: no KV cache
     )
     model = tf.GPT2LMHeadModel(cfg)
     ids = torch.randint(0, vocab, (batch, seq))

@@ -130,7 +130,7 @@ def _check_profile(profile) -> None:
 def _pick(problem: Problem, solver: str) -> str:
     if solver != "auto":
         return solver
-    if len(problem.groups) == 1:
+    if len(problem.groups) == 1 and any(problem.useful):
         try:
             dp._slots(problem, *dp._chain_units(problem, next(iter(problem.groups))))
             return "dp"
@@ -140,7 +140,7 @@ def _pick(problem: Problem, solver: str) -> str:
 
 
 def _solve(problem: Problem, solver: str, budget: int, time_limit_s: float) -> list[Unit] | None:
-    if not problem.units:
+    if not any(problem.useful):  # no unit frees anything: only keep-everything exists
         return [] if max(problem.live) <= budget else None
     if solver == "ilp":
         return ilp.solve(problem, budget, time_limit_s)
@@ -158,7 +158,7 @@ def _solve(problem: Problem, solver: str, budget: int, time_limit_s: float) -> l
 
 
 def _min_bytes(problem: Problem, solver: str, time_limit_s: float) -> int:
-    if not problem.units:
+    if not any(problem.useful):
         return max(problem.live)
     if solver == "ilp":
         return ilp.min_peak(problem, time_limit_s)

@@ -29,11 +29,11 @@ class _State:
 
 
 def chain_group(problem: Problem) -> str:
-    """The group planned by `dp`: the one whose units free the most bytes."""
+    """The group planned by `dp`: the one whose best unit frees the most bytes."""
     best: dict[str, int] = {}
     for u in problem.units:
-        if len(u.blocks) == 1 and problem.is_useful(u):
-            best[u.group] = best.get(u.group, 0) + u.reduction_bytes
+        if problem.is_useful(u):
+            best[u.group] = max(best.get(u.group, 0), u.reduction_bytes)
     if not best:
         raise NotAChain("no block frees memory when checkpointed")
     return max(best, key=best.__getitem__)
@@ -73,7 +73,8 @@ def solve(problem: Problem, budget_bytes: int, group: str | None = None) -> list
 
 def min_peak(problem: Problem, group: str | None = None) -> int:
     """The least peak any segmentation of the chain reaches (binary search on feasibility)."""
-    lo, hi = 1, max(problem.interval_max)
+    hi = max(problem.interval_max)
+    lo = min(0, min(problem.interval_max) - sum(max(0, u.reduction_bytes) for u in problem.units))
     while lo < hi:
         mid = (lo + hi) // 2
         if solve(problem, mid, group) is None:

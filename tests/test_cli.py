@@ -1,0 +1,268 @@
+"""The `remat` command line, called through `remat.cli.main` (no subprocess, CPU only)."""
+
+from __future__ import annotations
+
+import logging
+import textwrap
+
+import pytest
+import torch
+
+import remat
+from remat._torch_compat import FakeTensor
+from remat.cli import main
+from remat.errors import RematError
+from remat.target import load_target
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+TARGET_SOURCE = '''
+import torch
+import torch.nn as nn
+
+SIZE = 32
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(SIZE, 64), nn.ReLU(), nn.Linear(64, SIZE))
+
+    def forward(self, x):
+        return self.layers(x)
+
+
+def make():
+    torch.manual_seed(0)
+    return Net(), torch.randn(16, SIZE)
+
+
+def make_with_loss():
+    torch.manual_seed(0)
+    y = torch.randn(16, SIZE)
+    return Net(), torch.randn(16, SIZE), lambda out: ((out - y) ** 2).mean()
+
+
+def bare():
+    return Net()
+
+
+def four():
+    return Net(), torch.randn(2, SIZE), None, 1
+
+
+def not_a_module():
+    return torch.randn(2), torch.randn(2)
+
+
+def bad_loss():
+    return Net(), torch.randn(2, SIZE), "mse"
+
+
+def boom():
+    raise ValueError("no weights here")
+
+
+def needs_arg(n):
+    return Net(), torch.randn(n, SIZE)
+
+
+def data_dependent():  # fake tensors have no values, so this needs a real build
+    torch.manual_seed(0)
+    scale = float(torch.rand(1)) + 1.0
+    return Net(), torch.randn(16, SIZE) * scale
+'''
+
+
+@pytest.fixture
+def target_file(tmp_path):
+    path = tmp_path / "target.py"
+    path.write_text(textwrap.dedent(TARGET_SOURCE))
+    (tmp_path / "syntax_error.py").write_text("x = (\n")
+    (tmp_path / "bad_import.py").write_text("import remat_no_such_package_xyz\n\ndef make():\n    pass\n")
+    return path
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+# -- remat profile ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("factory", ["make", "make_with_loss"])
+def test_profile_a_file_target(capsys, target_file, factory):
+    code, out, err = run(capsys, "profile", f"{target_file}:{factory}")
+    assert code == 0, err
+    assert out.startswith("remat profile of Net: real mode on cpu")
+    assert "Memory by category" in out and "layers.0" in out
+
+
+def test_profile_a_module_target(capsys):
+    code, out, err = run(capsys, "profile", "remat.zoo:mlp_report000", "--top", "3")
+    assert code == 0, err
+    assert "remat profile of FeedForward" in out
+    assert "Top 3 of" in out
+
+
+def test_profile_json_round_trips(capsys, target_file, tmp_path):
+    path = tmp_path / "profile.json"
+    code, out, _ = run(capsys, "profile", f"{target_file}:make", "--json", path)
+    assert code == 0
+    assert f"wrote the profile as JSON to {path}" in out
+    text = path.read_text()
+    prof = remat.StepProfile.from_json(text)
+    assert prof.to_json() == text
+    assert out.startswith(str(prof))
+
+
+def test_profile_json_equals_the_library_result_in_fake_mode(capsys, target_file, tmp_path):
+    path = tmp_path / "profile.json"
+    code, _, _ = run(capsys, "profile", f"{target_file}:make", "--mode", "fake", "--json", path)
+    assert code == 0
+    model, inputs, loss_fn = load_target(f"{target_file}:make", fake=True)
+    expected = remat.profile(model, inputs, loss_fn, optimizer=lambda ps: torch.optim.Adam(ps), mode="fake")
+    assert remat.StepProfile.from_json(path.read_text()) == expected
+
+
+def test_profile_fake_mode(capsys, target_file):
+    code, out, err = run(capsys, "profile", f"{target_file}:make", "--mode", "fake")
+    assert code == 0, err
+    assert "fake mode on cpu" in out
+    assert err == ""
+
+
+def test_profile_fake_simulated_cuda(capsys):
+    code, out, _ = run(capsys, "profile", "remat.zoo:mlp_report000", "--mode", "fake", "--device", "cuda")
+    assert code == 0
+    assert "fake mode on cuda" in out
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message of a machine without CUDA")
+def test_profile_real_on_cuda_without_a_gpu_is_an_error(capsys, target_file):
+    code, out, err = run(capsys, "profile", f"{target_file}:make", "--device", "cuda")
+    assert code == 2 and out == ""
+    assert err.startswith("remat: --device cuda with --mode real") and "--mode fake --device cuda" in err
+
+
+@pytest.mark.parametrize("optimizer, has_state", [("adam", True), ("sgd", False), ("none", False)])
+def test_profile_optimizer_choice(capsys, target_file, tmp_path, optimizer, has_state):
+    path = tmp_path / "p.json"
+    code, _, _ = run(capsys, "profile", f"{target_file}:make", "--mode", "fake", "--optimizer", optimizer, "--json", path)
+    assert code == 0
+    prof = remat.StepProfile.from_json(path.read_text())
+    assert (prof.optimizer_bytes > 0) == has_state
+    assert ("optimizer" in prof.timeline.phases) == (optimizer != "none")
+
+
+def test_profile_plot(capsys, target_file, tmp_path):
+    path = tmp_path / "timeline.png"
+    code, out, _ = run(capsys, "profile", f"{target_file}:make", "--plot", path)
+    assert code == 0
+    assert f"wrote the memory timeline plot to {path}" in out
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_unwritable_output_is_a_remat_error(capsys, target_file, tmp_path):
+    code, _, err = run(capsys, "profile", f"{target_file}:make", "--json", tmp_path / "no" / "such" / "p.json")
+    assert code == 2
+    assert err.startswith("remat: could not write the profile as JSON")
+
+
+BAD_TARGETS = [
+    ("{dir}/target.py", "no colon"),
+    ("{dir}/target.py:", "nothing on one side of the colon"),
+    ("{dir}/missing.py:make", "does not exist"),
+    ("remat_no_such_module_xyz:make", "cannot be imported: ModuleNotFoundError"),
+    ("{dir}/syntax_error.py:make", "SyntaxError"),
+    ("{dir}/bad_import.py:make", "ModuleNotFoundError: No module named 'remat_no_such_package_xyz'"),
+    ("{dir}/target.py:nope", "Callables it defines: make, make_with_loss"),
+    ("remat.zoo:nope", "Callables it defines: gpt2"),
+    ("{dir}/target.py:SIZE", "is not callable (its type is int)"),
+    ("{dir}/target.py:needs_arg", "requires arguments (n)"),
+    ("{dir}/target.py:boom", "raised ValueError: no weights here (at target.py:"),
+    ("{dir}/target.py:bare", "returned a bare model (Net)"),
+    ("{dir}/target.py:four", "returned a 4-tuple"),
+    ("{dir}/target.py:not_a_module", "a tensor of shape (2,) as its first element"),
+    ("{dir}/target.py:bad_loss", "a str as loss_fn"),
+]
+
+
+@pytest.mark.parametrize("spec, expected", BAD_TARGETS, ids=[s for s, _ in BAD_TARGETS])
+def test_bad_target_exits_2_with_a_remat_message(capsys, target_file, spec, expected):
+    code, out, err = run(capsys, "profile", spec.format(dir=target_file.parent))
+    assert code == 2
+    assert out == ""
+    assert err.startswith("remat:") and "Traceback" not in err
+    assert expected in err
+    assert "Fix:" in err
+
+
+@pytest.mark.parametrize("argv", [["profile"], ["profile", "x:y", "--mode", "imaginary"], ["profile", "x:y", "--top", "-1"],
+                                  ["profile", "x:y", "--device", "not-a-device"], []])
+def test_argparse_errors_exit_2(capsys, argv):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.startswith(f"remat {remat.__version__}")
+
+
+def test_main_leaves_no_logging_handler_behind(capsys, target_file):
+    before = list(logging.getLogger("remat").handlers)
+    run(capsys, "profile", f"{target_file}:boom")
+    assert logging.getLogger("remat").handlers == before
+
+
+# -- load_target ------------------------------------------------------------------------------
+
+
+def test_load_target_fake_allocates_nothing(target_file):
+    model, inputs, loss_fn = load_target(f"{target_file}:make", fake=True)
+    assert all(isinstance(p, FakeTensor) for p in model.parameters())
+    assert isinstance(inputs, FakeTensor) and loss_fn is None
+
+
+def test_load_target_returns_the_loss_fn(target_file):
+    model, inputs, loss_fn = load_target(f"{target_file}:make_with_loss")
+    assert callable(loss_fn) and loss_fn(model(inputs)).item() > 0
+
+
+def test_load_target_falls_back_to_a_real_build(target_file, caplog):
+    with caplog.at_level(logging.WARNING, logger="remat.target"):
+        model, inputs, _ = load_target(f"{target_file}:data_dependent", fake=True)
+    assert not isinstance(next(model.parameters()), FakeTensor)
+    assert "built it for real instead" in caplog.text
+
+
+def test_fake_fallback_is_shown_by_the_cli(capsys, target_file):
+    code, out, err = run(capsys, "profile", f"{target_file}:data_dependent", "--mode", "fake")
+    assert code == 0 and "fake mode" in out
+    assert err.startswith("remat: building") and "built it for real instead" in err
+
+
+def test_load_target_error_type(target_file):
+    with pytest.raises(RematError, match=r"^remat: "):
+        load_target("no-colon")
+
+
+# -- remat demo -------------------------------------------------------------------------------
+
+
+def test_demo(capsys, tmp_path):
+    path = tmp_path / "demo.json"
+    code, out, err = run(capsys, "demo", "--json", path)
+    assert code == 0, err
+    assert "[1/3] Profile one training step of remat.zoo:demo" in out
+    assert "remat profile of GPT2LMHeadModel: real mode on cpu" in out
+    assert "[2/3] In plain words" in out and "The step peaks at" in out
+    assert "The block that saves the most is transformer.h." in " ".join(out.split())
+    prof = remat.StepProfile.from_json(path.read_text())
+    assert prof.model == "GPT2LMHeadModel" and prof.optimizer_bytes > 0

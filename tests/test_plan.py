@@ -1,0 +1,286 @@
+"""remat.plan: optimality against brute force, predictions against measurement, budgets, errors."""
+
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils.checkpoint import checkpoint_sequential
+
+import remat
+from remat import zoo
+from remat.planner import dp, ilp
+from remat.planner.api import baseline_plans
+from remat.planner.problem import Effect, Problem, Unit
+
+MIB = 2**20
+
+
+# -- synthetic problems -----------------------------------------------------------------------
+
+
+@st.composite
+def chains(draw):
+    """A chain of n blocks: forward spans in order, backward in reverse, random sizes and costs."""
+    n = draw(st.integers(2, 6))
+    t = 0
+    fend = []
+    for _ in range(n):
+        t += draw(st.integers(1, 3))
+        fend.append(t)
+    t += draw(st.integers(1, 3))
+    bstart = []
+    for _ in range(n):
+        bstart.append(t)
+        t += draw(st.integers(1, 3))
+    bstart = bstart[::-1]  # block n-1's backward starts first
+    live = [draw(st.integers(0, 100)) for _ in range(t + 2)]
+    freed = [draw(st.integers(0, 30)) for _ in range(n)]
+    boundary = [draw(st.integers(0, 10)) for _ in range(n)]
+    extra = [draw(st.integers(0, 10)) for _ in range(n)]
+    flops = [draw(st.integers(0, 20)) for _ in range(n)]
+    units = []
+    names = [f"b{i}" for i in range(n)]
+    for i in range(n):
+        for j in range(i, n):
+            effects = [Effect(fend[c], bstart[j], freed[c] + (boundary[c] if c < j else 0)) for c in range(i, j + 1)]
+            effects.append(Effect(fend[i], bstart[j], -extra[i]))
+            cost = sum(flops[i : j + 1])
+            units.append(Unit(tuple(names[i : j + 1]), "g", i, frozenset(names[i : j + 1]), cost, 0.0, tuple(effects)))
+    spans = {names[m]: (fend[m], bstart[m]) for m in range(n)}
+    return Problem(live, units, {"g": names}, spans)
+
+
+@st.composite
+def graphs(draw):
+    """Arbitrary units with arbitrary effect spans, some nested in others (not a chain)."""
+    t = draw(st.integers(4, 12))
+    live = [draw(st.integers(0, 100)) for _ in range(t)]
+    n = draw(st.integers(1, 6))
+    units = []
+    for i in range(n):
+        start = draw(st.integers(0, t - 1))
+        end = draw(st.integers(start + 1, t))
+        nested = draw(st.booleans()) and i > 0
+        covers = {f"u{i}"} | ({f"u{i - 1}"} if nested else set())
+        effects = (Effect(start, end, draw(st.integers(-5, 40))),)
+        units.append(Unit((f"u{i}",), f"g{i}", 0, frozenset(covers), draw(st.integers(0, 20)), 0.0, effects))
+    return Problem(live, units, {u.group: list(u.blocks) for u in units}, {})
+
+
+def _brute_force(problem: Problem, candidates, budget):
+    best = None
+    for r in range(len(candidates) + 1):
+        for combo in itertools.combinations(candidates, r):
+            combo = list(combo)
+            if problem.compatible(combo) and problem.peak(combo) <= budget:
+                if best is None or problem.cost(combo) < best:
+                    best = problem.cost(combo)
+    return best
+
+
+def _least_peak(problem: Problem, candidates):
+    return min(
+        problem.peak(list(c))
+        for r in range(len(candidates) + 1)
+        for c in itertools.combinations(candidates, r)
+        if problem.compatible(list(c))
+    )
+
+
+@settings(max_examples=60, deadline=None)
+@given(chains(), st.integers(0, 130))
+def test_dp_and_ilp_equal_brute_force_on_chains(problem, budget):
+    expected = _brute_force(problem, problem.units, budget)
+    for solve in (lambda: dp.solve(problem, budget, "g"), lambda: ilp.solve(problem, budget)):
+        chosen = solve()
+        if expected is None:
+            assert chosen is None
+        else:
+            assert chosen is not None and problem.compatible(chosen)
+            assert problem.peak(chosen) <= budget
+            assert problem.cost(chosen) == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(chains())
+def test_min_peak_equals_brute_force_on_chains(problem):
+    least = _least_peak(problem, problem.units)
+    assert dp.min_peak(problem, "g") == least
+    assert ilp.min_peak(problem) == least
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs(), st.integers(0, 130))
+def test_ilp_equals_brute_force_on_graphs(problem, budget):
+    expected = _brute_force(problem, problem.units, budget)
+    chosen = ilp.solve(problem, budget)
+    if expected is None:
+        assert chosen is None
+    else:
+        assert chosen is not None and problem.compatible(chosen) and problem.peak(chosen) <= budget
+        assert problem.cost(chosen) == expected
+
+
+# -- real models ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def chain_profile():
+    model, x = zoo.chain_report001(width=256, blocks=16, batch=2048)
+    return model, x, remat.profile(model, x)
+
+
+@pytest.fixture(scope="module")
+def hetero_profile():
+    """A chain whose stages differ: widths 64..1024 and back, so where to cut matters."""
+    torch.manual_seed(0)
+    widths = [64, 256, 1024, 1024, 256, 512, 64, 1024, 128]
+    layers = []
+    for a, b in zip(widths, widths[1:]):
+        layers += [nn.Linear(a, b), nn.GELU()]
+    model, x = nn.Sequential(*layers), torch.randn(8192, widths[0])
+    return model, x, remat.profile(model, x, mode="fake", optimizer=lambda ps: torch.optim.SGD(ps, lr=0.1))
+
+
+class _Sequential(nn.Module):
+    def __init__(self, seq, segments):
+        super().__init__()
+        self.seq, self.segments = seq, segments
+
+    def forward(self, x):
+        return checkpoint_sequential(self.seq, self.segments, x, use_reentrant=False)
+
+
+@pytest.mark.parametrize("segments", [2, 4, 8, 16])
+def test_predicted_peak_and_flops_match_checkpoint_sequential_measured(chain_profile, segments):
+    model, x, prof = chain_profile
+    predicted = baseline_plans(prof)[f"checkpoint_sequential({segments})"]
+    measured = remat.profile(_Sequential(model, segments), x)
+    assert predicted.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.05)
+    assert predicted.recompute_flops == measured.recompute_flops
+
+
+def test_predicted_peak_and_flops_match_per_layer_checkpoint_on_gpt2():
+    model, inputs = zoo.gpt2(n_layer=4, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
+    prof = remat.profile(model, inputs)
+    predicted = baseline_plans(prof)["every-block"]
+    for i, layer in enumerate(model.transformer.h):
+        model.transformer.h[i] = checkpoint_wrapper(layer)
+    measured = remat.profile(model, inputs)
+    assert predicted.peak_bytes == pytest.approx(measured.peak_bytes, rel=0.05)
+    assert predicted.recompute_flops == measured.recompute_flops
+
+
+@pytest.mark.parametrize("fraction", [0.3, 0.5, 0.7, 0.9])
+def test_remat_needs_no_more_flops_than_the_hand_recipes_that_fit(hetero_profile, fraction):
+    _, _, prof = hetero_profile
+    recipes = baseline_plans(prof)
+    budget = int(fraction * prof.peak_bytes)
+    try:
+        mine = remat.plan(prof, budget)
+    except remat.InfeasibleBudget as e:
+        assert all(r.peak_bytes > budget for r in recipes.values())
+        assert e.min_bytes <= min(r.peak_bytes for r in recipes.values())
+        return
+    assert mine.peak_bytes <= budget
+    fitting = [r.recompute_flops for r in recipes.values() if r.peak_bytes <= budget]
+    assert all(mine.recompute_flops <= f for f in fitting)
+
+
+def test_dp_and_ilp_agree_on_a_real_chain(hetero_profile):
+    _, _, prof = hetero_profile
+    for fraction in (0.5, 0.7, 0.9):
+        a, b = remat.plan(prof, fraction, solver="dp"), remat.plan(prof, fraction, solver="ilp")
+        assert a.recompute_flops == b.recompute_flops
+        assert a.peak_bytes <= int(fraction * prof.peak_bytes) and b.peak_bytes <= int(fraction * prof.peak_bytes)
+
+
+def test_auto_says_which_solver_and_uses_ilp_for_nested_candidates():
+    model, x = zoo.mlp_report000(batch=64)
+    prof = remat.profile(model, x, mode="fake")
+    p = remat.plan(prof, 0.6)
+    assert p.solver == "ilp"  # layers.N and layers.N.M: not one chain
+    gpt = remat.profile(*zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=2, vocab=512), mode="fake")
+    assert remat.plan(gpt, 0.8).solver == "dp"
+
+
+def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):
+    _, _, prof = chain_profile
+    plans = remat.frontier(prof)
+    assert plans[0].segments == [] and plans[0].peak_bytes == prof.peak_bytes
+    peaks = [p.peak_bytes for p in plans]
+    costs = [p.recompute_flops for p in plans]
+    assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
+    assert costs == sorted(costs)
+    with pytest.raises(remat.InfeasibleBudget) as info:
+        remat.plan(prof, peaks[-1] - 1)
+    assert info.value.min_bytes == peaks[-1]
+
+
+# -- budgets and errors ---------------------------------------------------------------------------
+
+
+def test_infeasible_budget_names_the_least_budget_and_that_one_fits(chain_profile):
+    _, _, prof = chain_profile
+    with pytest.raises(remat.InfeasibleBudget, match=r"^remat: no plan fits the budget of 1\.0 MiB") as info:
+        remat.plan(prof, "1MiB")
+    least = info.value.min_bytes
+    assert f"the least any dp plan reaches is {least / MIB:,.1f} MiB ({least} bytes)" in str(info.value)
+    assert remat.plan(prof, least).peak_bytes <= least
+
+
+def test_infeasible_when_weights_dominate_says_checkpointing_cannot_help():
+    model, x, loss_fn = zoo.cnn_report002()
+    prof = remat.profile(model, x, loss_fn=loss_fn, optimizer=lambda ps: torch.optim.Adam(ps), mode="fake")
+    with pytest.raises(remat.InfeasibleBudget, match="checkpointing cannot go lower; see sharding, mixed precision"):
+        remat.plan(prof, 0.3)
+
+
+def test_budget_above_the_peak_keeps_everything_and_says_so(chain_profile):
+    _, _, prof = chain_profile
+    p = remat.plan(prof, 1.0)
+    assert p.segments == [] and p.recompute_flops == 0 and p.peak_bytes == prof.peak_bytes
+    assert "nothing to recompute" in p.notes[0]
+    assert set(p.decisions.values()) == {"keep"}
+
+
+@pytest.mark.parametrize(
+    "budget, expected",
+    [("6GiB", 6 * 2**30), ("6GB", 6 * 10**9), ("800MiB", 800 * 2**20), ("1.5 GB", 1_500_000_000), (0.5, None)],
+)
+def test_budget_forms(chain_profile, budget, expected):
+    from remat.planner.budget import parse_budget
+
+    _, _, prof = chain_profile
+    assert parse_budget(budget, prof.peak_bytes) == (expected or prof.peak_bytes // 2)
+
+
+@pytest.mark.parametrize("budget", ["6 gigs", -1, 0, 1.5, "6XB", None, True])
+def test_unreadable_budgets_name_the_accepted_forms(chain_profile, budget):
+    _, _, prof = chain_profile
+    with pytest.raises(remat.RematError, match=r"^remat: cannot read the budget .*expected an int of bytes"):
+        remat.plan(prof, budget)
+
+
+def test_unknown_solver_and_wrong_profile_type():
+    with pytest.raises(remat.RematError, match=r"^remat: expected a StepProfile"):
+        remat.plan({"peak": 1}, "1GiB")
+    prof = remat.profile(nn.Sequential(nn.Linear(4, 4), nn.ReLU()), torch.randn(2, 4), mode="fake")
+    with pytest.raises(remat.RematError, match=r"^remat: unknown solver 'rotor'"):
+        remat.plan(prof, 0.5, solver="rotor")
+
+
+def test_plan_saves_and_loads(tmp_path, chain_profile):
+    _, _, prof = chain_profile
+    p = remat.plan(prof, 0.7)
+    p.save(tmp_path / "plan.json")
+    assert remat.load_plan(tmp_path / "plan.json") == p
+    (tmp_path / "bad.json").write_text('{"format": "remat.Plan", "version": 99}')
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 1 document"):
+        remat.load_plan(tmp_path / "bad.json")
+    with pytest.raises(remat.RematError, match=r"^remat: no plan file at"):
+        remat.load_plan(tmp_path / "missing.json")
