@@ -47,7 +47,7 @@ def chains(draw):
     for i in range(n):
         for j in range(i, n):
             effects = [Effect(fend[c], bstart[j], freed[c] + (boundary[c] if c < j else 0)) for c in range(i, j + 1)]
-            effects.append(Effect(fend[i], bstart[j], -extra[i]))
+            effects.append(Effect(fend[i], bstart[i] + 1, -extra[i]))  # inputs held to the end of its backward
             cost = sum(flops[i : j + 1])
             units.append(Unit(tuple(names[i : j + 1]), "g", i, frozenset(names[i : j + 1]), cost, 0.0, tuple(effects)))
     spans = {names[m]: (fend[m], bstart[m]) for m in range(n)}

@@ -3,11 +3,18 @@
 from remat.errors import InfeasibleBudget, RematError, UnsupportedOp
 from remat.measure import profile
 from remat.planner import Plan, frontier, load_plan, plan
+from remat.rewrite import VerifyReport, apply, auto, checkpoint, remove, verify
 from remat.types import BlockProfile, Breakdown, StepProfile, Timeline
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "VerifyReport",
+    "apply",
+    "auto",
+    "checkpoint",
+    "remove",
+    "verify",
     "InfeasibleBudget",
     "Plan",
     "frontier",

@@ -114,6 +114,9 @@ class BlockProfile:
     """A random op (dropout, ...) ran inside it."""
     has_batchnorm: bool = False
     """A BatchNorm in training mode ran inside it."""
+    container: str = ""
+    """Class of the module holding it ("Sequential", "ModuleList", ...): remat can checkpoint a run of
+    several siblings as one segment only inside an nn.Sequential, whose forward chains them."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -222,6 +222,7 @@ class _BlockIO:
         mods = dict(model.named_modules(remove_duplicate=True))
         self.by_module = {id(mods[n]): n for n in candidates}
         self.modules = {n: mods[n] for n in candidates}
+        self.containers = {n: mods.get(n.rsplit(".", 1)[0] if "." in n else "") for n in candidates}
         self.order: list[str] = []
         self.calls: dict[str, int] = {}
         self.inputs: dict[str, list[StorageRecord]] = {}
@@ -421,6 +422,7 @@ def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings:
         checkpoint_kind=kind,
         has_dropout=any(op.name in RANDOM_OPS for op in fwd),
         has_batchnorm=any(isinstance(m, _BatchNorm) and m.training for m in mod.modules()),
+        container=type(io.containers[name]).__name__ if io.containers.get(name) is not None else "",
     )
 
 

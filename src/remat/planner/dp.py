@@ -96,7 +96,7 @@ class _Slots:
     head: list[int]
     """Between the last block's forward and its backward: every segment is held."""
     const: list[int]
-    """Before the first block finishes forward or after the first block's backward starts."""
+    """Before the first block finishes forward: no unit acts there."""
 
 
 def _chain_units(problem: Problem, group: str) -> tuple[list[str], dict[tuple[int, int], Unit]]:
@@ -114,8 +114,10 @@ def _slots(problem: Problem, names: list[str], units) -> _Slots:
     for k, p in enumerate(problem.breakpoints[:-1]):
         f = sum(1 for m in range(n) if fend[m] <= p)  # blocks whose forward is over at p
         g = sum(1 for m in range(n) if bstart[m] > p)  # blocks whose backward has not started
-        if f == 0 or g == 0:
+        if f == 0:
             slots.const.append(k)
+        elif g == 0:  # after every block's backward started: only the first unit's held inputs remain
+            slots.backward[0].append(k)
         elif f < n:
             slots.forward[f - 1].append(k)
         elif g == n:
@@ -145,8 +147,8 @@ def _need(problem: Problem, slots: _Slots, i: int, j: int, unit: Unit | None) ->
     for m in range(i, j + 1):
         for k in slots.forward[m]:
             need = max(need, problem.interval_max[k] - coef.get(k, 0))
-        for k in slots.backward[m]:
-            need = max(need, problem.interval_max[k])
+        for k in slots.backward[m]:  # only this unit's own held inputs can act here
+            need = max(need, problem.interval_max[k] - coef.get(k, 0))
     return need
 
 

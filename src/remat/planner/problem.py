@@ -9,7 +9,8 @@ NOTE [The memory model of a plan]
             step): r_c = c's internal activations + its saved output if every op that
             saves that output is inside U.
     Rule 2. The checkpoint keeps U's inputs: the part autograd would not have kept
-            (`input_unsaved_bytes` of c_1) is held over the same span.
+            (`input_unsaved_bytes` of c_1) is held from the end of c_1's forward until
+            c_1's backward is over (the checkpoint releases its inputs last).
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
@@ -53,6 +54,8 @@ class Unit:
     cost_flops: int
     cost_s: float
     effects: tuple[Effect, ...]
+    appliable: bool = True
+    """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential."""
 
     @property
     def reduction_bytes(self) -> int:
@@ -91,7 +94,8 @@ class Problem:
         for group, names in groups.items():
             for i in range(len(names)):
                 for j in range(i, min(len(names), i + max_segment)):
-                    units.append(_make_unit([by_name[n] for n in names[i : j + 1]], group, i, blocks))
+                    run = [by_name[n] for n in names[i : j + 1]]
+                    units.append(_make_unit(run, group, i, blocks, len(run) == 1 or run[0].container == "Sequential"))
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         return cls(list(prof.timeline.live_bytes), units, groups, spans, prof.model)
 
@@ -124,8 +128,8 @@ class Problem:
 
     @cached_property
     def useful(self) -> list[bool]:
-        """Per unit: it frees bytes at some moment (the only units solvers consider)."""
-        return [any(b > 0 for b in coef.values()) for coef in self.coefficient_table]
+        """Per unit: apply can build it and it frees bytes at some moment (the only units solvers consider)."""
+        return [u.appliable and any(b > 0 for b in coef.values()) for u, coef in zip(self.units, self.coefficient_table)]
 
     def is_useful(self, unit: Unit) -> bool:
         return self.useful[self.index[unit.blocks]]
@@ -159,7 +163,7 @@ def _group_of(b: BlockProfile) -> str:
     return f"{b.parent or ''}|{container}"
 
 
-def _make_unit(run: list[BlockProfile], group: str, position: int, everything: list[BlockProfile]) -> Unit:
+def _make_unit(run: list[BlockProfile], group: str, position: int, everything: list[BlockProfile], appliable: bool) -> Unit:
     """The unit for `run` (also one that frees nothing or costs memory: the hand recipes use those)."""
     names = {b.name for b in run}
     last, first = run[-1], run[0]
@@ -171,12 +175,12 @@ def _make_unit(run: list[BlockProfile], group: str, position: int, everything: l
             freed += b.output_saved_bytes
         if freed:
             effects.append(Effect(b.forward_end_op + 1, end, freed))
-    if first.input_unsaved_bytes:
-        effects.append(Effect(first.forward_end_op + 1, end, -first.input_unsaved_bytes))
+    if first.input_unsaved_bytes:  # Rule 2: held until the checkpoint's backward is over
+        effects.append(Effect(first.forward_end_op + 1, max(end, first.backward_end_op + 1), -first.input_unsaved_bytes))
     effects = [e for e in effects if e.start < e.end]
     covers = frozenset(c.name for c in everything if any(c.name == n or c.name.startswith(n + ".") for n in names))
     cost = sum(b.forward_flops for b in run[:-1]) + last.checkpoint_recompute_flops
     cost_s = sum(b.forward_s for b in run[:-1]) + (
         last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
     )
-    return Unit(tuple(b.name for b in run), group, position, covers, cost, cost_s, tuple(effects))
+    return Unit(tuple(b.name for b in run), group, position, covers, cost, cost_s, tuple(effects), appliable)

@@ -49,3 +49,35 @@ def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
         fits = "-" if plan.budget_bytes is None else ("yes" if p.peak_bytes <= plan.budget_bytes else "no")
         table.add_row(name, fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits)
     return table
+
+
+def render_verify(report) -> str:
+    """A `VerifyReport` as text: gradients, buffers, FLOPs and peak, each with its verdict."""
+    out = io.StringIO()
+    console = Console(file=out, width=REPORT_WIDTH, force_terminal=False, color_system=None)
+    worst = max(report.grad_max_abs_diff.values(), default=0.0)
+    table = Table(box=box.SIMPLE_HEAD, title="verify: the step with and without the plan", title_justify="left")
+    for col, just in (("check", "left"), ("measured", "right"), ("expected", "right"), ("", "left")):
+        table.add_column(col, justify=just)
+    ok = lambda flag: "ok" if flag else "MISMATCH"  # noqa: E731
+    table.add_row(
+        "gradients (max |diff|)", f"{worst:.3g}", f"<= {report.tolerance:g}", ok(report.grads_equal)
+    )
+    table.add_row("buffers (BatchNorm stats)", "equal" if report.buffers_equal else "differ", "equal", ok(report.buffers_equal))
+    table.add_row(
+        "extra FLOPs (FlopCounterMode)",
+        f"{report.measured_recompute_flops / 1e9:,.3f} G",
+        f"{report.predicted_recompute_flops / 1e9:,.3f} G",
+        ok(report.measured_recompute_flops == report.predicted_recompute_flops),
+    )
+    table.add_row(
+        "peak (tracked, real mode)",
+        fmt_bytes(report.measured_peak_bytes, "auto"),
+        fmt_bytes(report.predicted_peak_bytes, "auto"),
+        f"{report.peak_error:+.1%} " + ok(abs(report.peak_error) <= 0.05),
+    )
+    table.add_row("peak without the plan", fmt_bytes(report.unplanned_peak_bytes, "auto"), "", "")
+    console.print(table)
+    for note in report.notes:
+        console.print(f"note: {note}")
+    return out.getvalue().rstrip() + "\n"

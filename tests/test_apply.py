@@ -1,0 +1,267 @@
+"""remat.apply / remove / auto / checkpoint / verify on every model kind: nothing but memory changes."""
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import remat
+from remat import zoo
+
+
+def _hf():
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def llama():
+    tf = _hf()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=1024, max_position_embeddings=128, use_cache=False,
+    )
+    ids = torch.randint(0, 1024, (4, 64))
+    return tf.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
+
+
+def vit():
+    tf = _hf()
+    torch.manual_seed(0)
+    cfg = tf.ViTConfig(
+        image_size=64, patch_size=8, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
+        intermediate_size=256, num_labels=10, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+    )
+    return tf.ViTForImageClassification(cfg), {"pixel_values": torch.randn(8, 3, 64, 64), "labels": torch.arange(8)}
+
+
+MODELS = {
+    "gpt2 (dropout)": lambda: zoo.gpt2(n_layer=4, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048),
+    "bert (dropout)": lambda: zoo.bert(n_layer=3, hidden=128, heads=4, seq=128, batch=4, vocab=2048),
+    "llama": llama,
+    "vit (dropout)": vit,
+    "chain (segments)": lambda: zoo.chain_report001(width=256, blocks=16, batch=2048),
+    "mlp (nested)": lambda: zoo.mlp_report000(batch=32),
+    "cnn with batchnorm": lambda: zoo.cnn_bn(batch=32, size=32),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_plan_changes_nothing_but_memory(name):
+    model, inputs, *rest = MODELS[name]()
+    loss_fn = rest[0] if rest else None
+    prof = remat.profile(model, inputs, loss_fn=loss_fn)
+    plan = remat.plan(prof, (prof.peak_bytes + remat.frontier(prof)[-1].peak_bytes) // 2)
+    assert plan.segments, "the budget should need some recomputation"
+    report = remat.verify(model, inputs, plan, loss_fn=loss_fn)
+    assert report.grads_equal, report.grad_max_abs_diff  # bit-exact: deterministic CPU kernels
+    assert report.buffers_equal  # BatchNorm running statistics updated once
+    assert report.measured_recompute_flops == plan.recompute_flops
+    assert abs(report.peak_error) <= 0.05
+    assert report.measured_peak_bytes <= plan.budget_bytes * 1.05
+    assert report.ok and "MISMATCH" not in str(report)
+
+
+def test_apply_keeps_state_dict_keys_and_remove_restores_the_forwards():
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    keys = list(model.state_dict())
+    forwards = {n: m.forward for n, m in model.named_modules()}
+    remat.apply(model, "every-block")
+    assert list(model.state_dict()) == keys
+    assert "forward" in model.transformer.h[0].__dict__
+    remat.remove(model)
+    assert list(model.state_dict()) == keys
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert {n: m.forward for n, m in model.named_modules()} == forwards
+
+
+def test_a_checkpoint_saved_from_a_planned_model_loads_into_an_unplanned_one(tmp_path):
+    model, _ = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    remat.apply(model, "every-block")
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    fresh, _ = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    fresh.load_state_dict(torch.load(tmp_path / "w.pt"))  # strict: same keys
+
+
+def test_every_block_recomputes_each_layer_once_measured_with_flop_counter():
+    model, inputs = zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=64, batch=2, vocab=512)
+    prof = remat.profile(model, inputs)
+    remat.apply(model, "every-block")
+    planned = remat.profile(model, inputs)
+    assert [b.name for b in planned.blocks if b.checkpointed] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    assert planned.recompute_flops == sum(b.checkpoint_recompute_flops for b in prof.blocks)
+    assert planned.activation_bytes < prof.activation_bytes
+
+
+def test_chen_recipe_segments_a_sequential_and_refuses_a_module_list():
+    model, x = zoo.chain_report001(width=64, blocks=8, batch=16)
+    remat.apply(model, "chen")
+    assert sum("forward" in m.__dict__ for m in model) == 17  # every child of the chain is in a segment
+    gpt, _ = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
+    with pytest.raises(remat.RematError, match=r"^remat: the 'chen' recipe .* inside an nn.Sequential"):
+        remat.apply(gpt, "chen")
+
+
+class _Twice(nn.Module):
+    """One block used twice per step, keyword arguments, a tuple and a dataclass as outputs."""
+
+    @dataclasses.dataclass
+    class Out:
+        y: torch.Tensor
+        aux: torch.Tensor
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(64, 256)
+        self.block = nn.Sequential(nn.Linear(256, 256), nn.Dropout(0.2), nn.GELU())
+        self.pair = _Pair()
+        self.head = nn.Linear(256, 8)
+
+    def forward(self, x, *, scale=1.0):
+        h = self.embed(x)
+        h = self.block(h) * scale
+        h = self.block(h)  # the same module again
+        a, b = self.pair(h, bias=0.5)
+        return _Twice.Out(self.head(a + b), b.mean())
+
+
+class _Pair(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(256, 256)
+
+    def forward(self, h, bias=0.0):
+        z = torch.tanh(self.lin(h)) + bias
+        return z, z * 2
+
+
+def test_kwargs_tuples_dataclasses_and_a_module_called_twice():
+    torch.manual_seed(0)
+    model = _Twice()
+    inputs = {"x": torch.randn(4096, 64), "scale": 2.0}
+    loss_fn = lambda out: out.y.square().mean() + out.aux  # noqa: E731
+    prof = remat.profile(model, inputs, loss_fn=loss_fn, blocks=["block", "pair"])
+    plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
+    assert plan.segments
+    report = remat.verify(model, inputs, plan, loss_fn=loss_fn)
+    assert report.grads_equal and report.measured_recompute_flops == plan.recompute_flops
+
+
+def test_frozen_parameters_and_inputs_without_grad_still_get_gradients():
+    """The reentrant pitfall: no input requires grad. Non-reentrant checkpoint has none."""
+    model, x = zoo.chain_report001(width=64, blocks=6, batch=64)
+    model[0].requires_grad_(False)  # frozen first layer: the checkpointed blocks' inputs need no grad
+    remat.apply(model, "every-block")
+    model(x).sum().backward()
+    assert all(p.grad is not None for p in model.parameters() if p.requires_grad)
+
+
+def test_eval_mode_and_no_grad_run_the_original_forward():
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=8)
+    expected = model(x)
+    remat.apply(model, "every-block")
+    model.eval()
+    with torch.no_grad():
+        assert torch.equal(model(x), expected)
+
+
+def test_batchnorm_running_stats_equal_after_a_planned_step():
+    model, x, loss_fn = zoo.cnn_bn(batch=16, size=16)
+    ref = [b.clone() for b in model.buffers()]
+    torch.manual_seed(1)
+    loss_fn(model(x)).backward()
+    expected = [b.clone() for b in model.buffers()]
+    with torch.no_grad():
+        for b, r in zip(model.buffers(), ref):
+            b.copy_(r)
+    remat.apply(model, "every-block")  # the stages: Conv, BN, ReLU x2 each, all recomputed
+    torch.manual_seed(1)
+    loss_fn(model(x)).backward()
+    assert all(torch.equal(a, b) for a, b in zip(model.buffers(), expected))
+
+
+def test_hugging_face_gradient_checkpointing_is_not_doubled():
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    with pytest.warns(UserWarning, match=r"remat: transformer.h.0, transformer.h.1 already checkpointed by Hugging Face"):
+        remat.apply(model, "every-block")
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+def test_auto_profiles_plans_and_applies():
+    model, x = zoo.chain_report001(width=256, blocks=8, batch=1024)
+    before = remat.profile(model, x)
+    plan = remat.auto(model, x, budget=0.8)
+    after = remat.profile(model, x)
+    assert plan.solver == "dp" and after.peak_bytes <= int(0.8 * before.peak_bytes)
+    assert after.peak_bytes == pytest.approx(plan.peak_bytes, rel=0.05)
+
+
+def test_remat_checkpoint_marks_one_module():
+    model, x = zoo.chain_report001(width=128, blocks=4, batch=64)
+    block = nn.Sequential(*list(model)[:4])
+    wrapped = nn.Sequential(block, *list(model)[4:])
+    remat.checkpoint(block)
+    prof = remat.profile(wrapped, x, blocks=["0"])
+    assert prof.block("0").checkpointed and prof.recompute_flops == prof.block("0").recompute_flops > 0
+    with pytest.raises(remat.RematError, match=r"^remat: Sequential is already checkpointed by remat"):
+        remat.checkpoint(block)
+    remat.remove(wrapped)
+    assert "forward" not in block.__dict__
+
+
+def test_torch_compile_of_a_planned_model_gives_the_same_gradients():
+    torch._dynamo.reset()
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    model(x).sum().backward()
+    expected = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    remat.apply(model, "every-block")
+    compiled = torch.compile(model, backend="aot_eager")
+    compiled(x).sum().backward()
+    for p, g in zip(model.parameters(), expected):
+        torch.testing.assert_close(p.grad, g)
+
+
+# -- bad input: a remat error naming the modules, and the model as it was ------------------------
+
+
+def _forwards(model):
+    return {n: m.__dict__.get("forward") for n, m in model.named_modules()}
+
+
+def test_a_plan_for_another_model_is_refused_and_nothing_changes():
+    chain, x = zoo.chain_report001(width=64, blocks=4, batch=4096)
+    plan = remat.plan(remat.profile(chain, x), 0.9)
+    gpt, _ = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
+    before = _forwards(gpt)
+    with pytest.raises(remat.RematError, match=r"^remat: the plan names modules this GPT2LMHeadModel does not have: 0, 1"):
+        remat.apply(gpt, plan)
+    assert _forwards(gpt) == before
+
+
+def test_a_plan_whose_module_types_differ_is_refused():
+    chain, x = zoo.chain_report001(width=64, blocks=4, batch=4096)
+    plan = remat.plan(remat.profile(chain, x), 0.9)
+    other = nn.Sequential(*[nn.Tanh() for _ in range(9)])
+    with pytest.raises(remat.RematError, match=r"^remat: the plan was made for a different model: 0 \(Linear in the plan, Tanh here\)"):
+        remat.apply(other, plan)
+    assert all("forward" not in m.__dict__ for m in other.modules())
+
+
+def test_applying_twice_and_removing_from_an_unplanned_model():
+    model, _ = zoo.chain_report001(width=64, blocks=4, batch=8)
+    with pytest.raises(remat.RematError, match=r"^remat: Sequential follows no remat plan"):
+        remat.remove(model)
+    remat.apply(model, "every-block")
+    before = _forwards(model)
+    with pytest.raises(remat.RematError, match=r"^remat: Sequential already follows a plan \(recipe 'every-block'\)"):
+        remat.apply(model, "every-block")
+    assert _forwards(model) == before
+    with pytest.raises(remat.RematError, match=r"^remat: unknown recipe 'all'"):
+        remat.apply(zoo.chain_report001(width=8, blocks=2, batch=2)[0], "all")
