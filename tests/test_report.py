@@ -25,6 +25,8 @@ def _block(name: str, index: int, saved_mib: float, **kw) -> BlockProfile:
         input_bytes=2 * MiB, internal_bytes=int(saved_mib * MiB) - 2 * MiB, output_kept_by=[name],
         input_unsaved_bytes=0, forward_flops=1_500_000_000, backward_flops=3_000_000_000,
         recompute_flops=0, checkpoint_recompute_flops=1_500_000_000, forward_s=0.0125, backward_s=0.025,
+        selective_free_bytes=int(saved_mib * MiB) // 2, selective_extra_bytes=0, selective_recompute_flops=0,
+        selective_recompute_s=0.001,
         peak_bytes=100 * MiB, forward_start_op=index, forward_end_op=index + 1,
         backward_start_op=8 - index, backward_end_op=9 - index, checkpointed=False,
     )

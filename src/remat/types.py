@@ -92,10 +92,20 @@ class BlockProfile:
     checkpoint_recompute_flops: int
     """Forward FLOPs a non-reentrant checkpoint around this module would re-run in backward: its
     ops up to the last one whose output autograd saves inside it (torch stops recomputing there)."""
+    selective_free_bytes: int
+    """Part of `internal_bytes` that selective checkpointing frees: outputs of ops other than matmuls,
+    convolutions and attention (those it keeps)."""
+    selective_extra_bytes: int
+    """Outputs of its matmul-like ops that autograd does not keep but selective checkpointing caches
+    until the block's backward."""
+    selective_recompute_flops: int
+    """Forward FLOPs selective checkpointing re-runs: the ops it does not keep, up to the last saved one."""
     forward_s: float
     """Kernel seconds of its forward ops (real mode; 0.0 in fake mode)."""
     backward_s: float
     """Kernel seconds of its backward ops (real mode; 0.0 in fake mode)."""
+    selective_recompute_s: float
+    """Kernel seconds of the ops selective checkpointing re-runs (real mode; 0.0 in fake mode)."""
     peak_bytes: int
     """Highest live bytes of the step seen while this module ran (forward, backward or recompute)."""
     forward_start_op: int

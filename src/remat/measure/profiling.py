@@ -26,7 +26,7 @@ from remat.measure.step import (
     make_optimizer,
     normalize_inputs,
 )
-from remat.measure.tracker import RANDOM_OPS, StorageRecord, Tracker
+from remat.measure.tracker import RANDOM_OPS, SAVE_OPS, StorageRecord, Tracker
 from remat.types import BlockProfile, Breakdown, StepProfile, Timeline
 
 log = logging.getLogger(__name__)
@@ -349,13 +349,14 @@ def _build_profile(model, tracker, io, candidates, mode, target, rounding, simul
     )
 
 
-def _recompute_cost(fwd_ops, block: str) -> int:
-    """FLOPs of `fwd_ops` up to the last op whose output is saved inside `block` (see NOTE [Recomputation])."""
+def _recomputed_ops(fwd_ops, block: str, selective: bool = False) -> list:
+    """The ops a checkpoint around `block` re-runs: up to the last one whose output is saved inside it
+    (see NOTE [Recomputation]); selective checkpointing takes the SAVE_OPS from its cache instead."""
     last = -1
     for i, op in enumerate(fwd_ops):
         if any(within(m, block) for m in op.packed_by):
             last = i
-    return sum(op.flops for op in fwd_ops[: last + 1])
+    return [op for op in fwd_ops[: last + 1] if not (selective and op.name in SAVE_OPS)]
 
 
 def _blocks(tracker: Tracker, io: _BlockIO, candidates: list[str], live: list[int]) -> list[BlockProfile]:
@@ -390,6 +391,7 @@ def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings:
     outputs, inputs = io.outputs.get(name, []), io.inputs.get(name, [])
     out_ids = {id(r) for r in outputs}
     acts = [r for r in tracker.records if r.category == "activations" and within(r.module, name)]
+    internal = [r for r in acts if id(r) not in out_ids and _kept_only_in(r, name)]
     mod = io.modules[name]
     wrapper = checkpoint_wrapper_type()
     kind = "checkpoint_wrapper" if wrapper is not None and isinstance(mod, wrapper) else ("recomputed" if rec_ops else "")
@@ -404,13 +406,20 @@ def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings:
         output_bytes=sum(r.nbytes for r in outputs),
         output_saved_bytes=sum(r.nbytes for r in outputs if r.category == "activations"),
         input_bytes=sum(r.nbytes for r in inputs),
-        internal_bytes=sum(r.nbytes for r in acts if id(r) not in out_ids and _kept_only_in(r, name)),
+        internal_bytes=sum(r.nbytes for r in internal),
         output_kept_by=_kept_by([r for r in outputs if r.category == "activations"], siblings),
         input_unsaved_bytes=sum(r.nbytes for r in inputs if not r.saved and r.category in ("activations", "temporaries")),
         forward_flops=sum(op.flops for op in fwd),
         backward_flops=sum(op.flops for op in bwd),
         recompute_flops=sum(op.flops for op in rec_ops),
-        checkpoint_recompute_flops=_recompute_cost(fwd, name),
+        checkpoint_recompute_flops=sum(op.flops for op in _recomputed_ops(fwd, name)),
+        selective_free_bytes=sum(r.nbytes for r in internal if r.op not in SAVE_OPS),
+        selective_extra_bytes=sum(
+            r.nbytes for r in tracker.records
+            if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward" and within(r.module, name)
+        ),
+        selective_recompute_flops=sum(op.flops for op in _recomputed_ops(fwd, name, selective=True)),
+        selective_recompute_s=sum(op.seconds for op in _recomputed_ops(fwd, name, selective=True)),
         forward_s=sum(op.seconds for op in fwd),
         backward_s=sum(op.seconds for op in bwd),
         peak_bytes=max((live[k] for k in mine), default=0),

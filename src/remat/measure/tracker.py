@@ -66,6 +66,25 @@ RANDOM_OPS = frozenset(
 )
 
 
+# Ops whose outputs selective checkpointing keeps (the expensive ones, as in torchtitan's policy)
+SAVE_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "_convolution",
+        "mkldnn_convolution",
+        "cudnn_convolution",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    }
+)
+
+
 @dataclass(slots=True)
 class StorageRecord:
     """One storage seen during the step. Steps are op indices (see NOTE [What counts as live memory])."""
@@ -83,6 +102,8 @@ class StorageRecord:
     packers: set[str] = field(default_factory=set)
     """Innermost modules running when it was packed (who keeps it)."""
     category: str = ""
+    op: str = ""
+    """The aten op (packet name) that returned it; "" if no op made it."""
 
     def live_at(self, k: int) -> bool:
         return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
@@ -123,8 +144,8 @@ class Tracker(TorchDispatchMode):
         r = self.rounding
         return n if r <= 1 else (n + r - 1) // r * r
 
-    def record_of(self, t: torch.Tensor, *, before_step: bool = False) -> StorageRecord | None:
-        """The record of `t`'s storage, creating it (as made now, or pre-existing) if unseen."""
+    def record_of(self, t: torch.Tensor, *, before_step: bool = False, op: str = "") -> StorageRecord | None:
+        """The record of `t`'s storage, creating it (as made now by `op`, or pre-existing) if unseen."""
         if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
             return None
         try:
@@ -135,7 +156,7 @@ class Tracker(TorchDispatchMode):
         if rec is not None:
             return rec
         step = -1 if before_step else len(self.ops)
-        rec = StorageRecord(self._round(st.nbytes()), step, self.phase, self.current_module())
+        rec = StorageRecord(self._round(st.nbytes()), step, self.phase, self.current_module(), op=op)
         self.records.append(rec)
         key = id(st)
         self._live[key] = rec
@@ -195,7 +216,7 @@ class Tracker(TorchDispatchMode):
         dt = time.perf_counter() - t0 if self.time_ops else 0.0
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                self.record_of(t)  # made by this op: alloc_step is its index, len(self.ops)
+                self.record_of(t, op=func._overloadpacket.__name__)  # made by this op: alloc_step = len(self.ops)
                 self._made_by[t] = len(self.ops)
         self.ops.append(
             OpRecord(

@@ -35,8 +35,11 @@ def plan(
     activations, temporaries).  Raises `remat.InfeasibleBudget` when no plan fits;
     its `.min_bytes` is the smallest budget that does.
 
-    Known limitations: decisions are keep or recompute (one checkpoint per unit);
-    offload and selective recomputation are not planned yet.
+    Decisions are keep, recompute (a checkpoint around one module or a run of
+    nn.Sequential children) or selective (matmul-like outputs kept, the rest recomputed).
+
+    Known limitations: offload to CPU memory is not planned yet; FLOPs are the cost, so
+    elementwise ops (which `FlopCounterMode` counts as 0) look free to recompute.
     """
     _check_profile(profile)
     if solver not in SOLVERS:
@@ -89,15 +92,16 @@ def baseline_plans(profile: StepProfile) -> dict[str, Plan]:
 
 
 def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver: str, budget: int | None) -> Plan:
-    recomputed = {b for u in chosen for b in u.covers}
+    decided = {b: u.action for u in chosen for b in u.covers}
     notes = []
     if any(profile.block(b).has_batchnorm for u in chosen for b in u.blocks):
         notes.append("a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact")
     return Plan(
         model=profile.model,
         solver=solver,
-        decisions={b.name: ("recompute" if b.name in recomputed else "keep") for b in profile.blocks},
-        segments=[list(u.blocks) for u in chosen],
+        decisions={b.name: decided.get(b.name, "keep") for b in profile.blocks},
+        segments=[list(u.blocks) for u in chosen if u.action == "recompute"],
+        selective=[u.blocks[0] for u in chosen if u.action == "selective"],
         peak_bytes=problem.peak(chosen),
         recompute_flops=problem.cost(chosen),
         recompute_s=sum(u.cost_s for u in chosen),

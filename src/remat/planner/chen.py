@@ -30,5 +30,9 @@ def segments_every_block(n: int) -> list[tuple[int, int]]:
 
 def units_for(problem: Problem, group: str, segments: list[tuple[int, int]]) -> list[Unit]:
     """The units for these (first, last) runs of the group; runs that free nothing are left kept."""
-    by_span = {(u.position, u.position + len(u.blocks) - 1): u for u in problem.units if u.group == group}
+    by_span = {
+        (u.position, u.position + len(u.blocks) - 1): u
+        for u in problem.units
+        if u.group == group and u.action == "recompute"
+    }
     return [by_span[s] for s in segments if s in by_span]

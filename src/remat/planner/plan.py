@@ -11,7 +11,7 @@ from remat.errors import RematError
 
 PLAN_FORMAT = "remat.Plan"
 PLAN_VERSION = 1
-ACTIONS = ("keep", "recompute")
+ACTIONS = ("keep", "recompute", "selective")
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,9 +31,9 @@ class Plan:
     solver: str
     """Which solver made it: chen, dp, ilp, every-block, checkpoint_sequential(k), keep."""
     decisions: dict[str, str]
-    """{candidate module: "keep" | "recompute"}; a module inside a recomputed one is "recompute"."""
+    """{candidate module: "keep" | "recompute" | "selective"}; a module inside one inherits its decision."""
     segments: list[list[str]]
-    """Each list: consecutive sibling modules wrapped in one checkpoint."""
+    """Each list: consecutive sibling modules wrapped in one checkpoint (recomputed in backward)."""
     peak_bytes: int
     """Predicted peak of the whole step under the plan (NOTE [The memory model of a plan])."""
     recompute_flops: int
@@ -43,6 +43,8 @@ class Plan:
     unplanned_peak_bytes: int
     budget_bytes: int | None
     blocks: list[PlannedBlock]
+    selective: list[str] = field(default_factory=list)
+    """Modules checkpointed selectively: matmul, convolution and attention outputs kept, the rest recomputed."""
     step_flops: int = 0
     """Forward + backward FLOPs of the unplanned step, to put `recompute_flops` in proportion."""
     notes: list[str] = field(default_factory=list)

@@ -15,6 +15,13 @@ NOTE [The memory model of a plan]
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
             recomputing after the last saved tensor).
+    Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
+            not the output of a matmul, convolution or attention op), and holds
+            `selective_extra_bytes` (those outputs autograd would have dropped but the
+            selective cache keeps) until the block's backward is over; it costs
+            `selective_recompute_flops`.
+    Rule 5. Solvers only use units that remat.apply can build (a run of several blocks
+            only inside an nn.Sequential) and that free bytes at some moment.
   The model is conservative inside a checkpointed block's own forward (its
   intermediate tensors are counted as if saved) and ignores the recompute's
   short-lived temporaries; docs/benchmarks.md compares it with measurements.
@@ -56,6 +63,12 @@ class Unit:
     effects: tuple[Effect, ...]
     appliable: bool = True
     """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential."""
+    action: str = "recompute"
+    """"recompute" (a checkpoint) or "selective" (keep matmul outputs, recompute the rest)."""
+
+    @property
+    def key(self) -> tuple:
+        return (self.action, *self.blocks)
 
     @property
     def reduction_bytes(self) -> int:
@@ -81,7 +94,7 @@ class Problem:
         self.block_spans = block_spans
         """{block: (first op after its forward, first op of its backward)}"""
         self.model = model
-        self.index = {u.blocks: i for i, u in enumerate(units)}
+        self.index = {u.key: i for i, u in enumerate(units)}
 
     @classmethod
     def from_profile(cls, prof: StepProfile, max_segment: int = MAX_SEGMENT) -> "Problem":
@@ -96,6 +109,9 @@ class Problem:
                 for j in range(i, min(len(names), i + max_segment)):
                     run = [by_name[n] for n in names[i : j + 1]]
                     units.append(_make_unit(run, group, i, blocks, len(run) == 1 or run[0].container == "Sequential"))
+                selective = _make_selective_unit(by_name[names[i]], group, i, blocks)
+                if selective is not None:
+                    units.append(selective)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         return cls(list(prof.timeline.live_bytes), units, groups, spans, prof.model)
 
@@ -132,13 +148,16 @@ class Problem:
         return [u.appliable and any(b > 0 for b in coef.values()) for u, coef in zip(self.units, self.coefficient_table)]
 
     def is_useful(self, unit: Unit) -> bool:
-        return self.useful[self.index[unit.blocks]]
+        return self.useful[self.index[unit.key]]
+
+    def unit(self, *blocks: str, action: str = "recompute") -> Unit:
+        return self.units[self.index[(action, *blocks)]]
 
     def memory(self, chosen: list[Unit]) -> list[int]:
         """Predicted max live bytes in each elementary interval under `chosen`."""
         mem = list(self.interval_max)
         for u in chosen:
-            for k, b in self.coefficient_table[self.index[u.blocks]].items():
+            for k, b in self.coefficient_table[self.index[u.key]].items():
                 mem[k] -= b
         return mem
 
@@ -184,3 +203,20 @@ def _make_unit(run: list[BlockProfile], group: str, position: int, everything: l
         last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
     )
     return Unit(tuple(b.name for b in run), group, position, covers, cost, cost_s, tuple(effects), appliable)
+
+
+def _make_selective_unit(b: BlockProfile, group: str, position: int, everything: list[BlockProfile]) -> Unit | None:
+    """Selective checkpointing of one block (Rule 4): frees what is not a matmul-like output,
+    caches the matmul-like outputs autograd would have dropped, keeps the inputs."""
+    if b.selective_free_bytes <= 0:
+        return None
+    held_end = max(b.backward_start_op, b.backward_end_op + 1)
+    effects = [Effect(b.forward_end_op + 1, b.backward_start_op, b.selective_free_bytes)]
+    if b.selective_extra_bytes:
+        effects.append(Effect(b.forward_end_op + 1, held_end, -b.selective_extra_bytes))
+    if b.input_unsaved_bytes:
+        effects.append(Effect(b.forward_end_op + 1, held_end, -b.input_unsaved_bytes))
+    covers = frozenset(c.name for c in everything if c.name == b.name or c.name.startswith(b.name + "."))
+    effects = tuple(e for e in effects if e.start < e.end)
+    return Unit((b.name,), group, position, covers, b.selective_recompute_flops, b.selective_recompute_s, effects,
+                True, "selective")

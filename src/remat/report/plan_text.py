@@ -27,10 +27,11 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     table = Table(box=box.SIMPLE_HEAD, title="checkpoints (one per row)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("modules wrapped together")
-    if plan.segments:
-        for i, seg in enumerate(plan.segments, 1):
-            table.add_row(str(i), seg[0] if len(seg) == 1 else f"{seg[0]} .. {seg[-1]} ({len(seg)} modules)")
-    else:
+    rows = [seg[0] if len(seg) == 1 else f"{seg[0]} .. {seg[-1]} ({len(seg)} modules)" for seg in plan.segments]
+    rows += [f"{name} (selective: matmul outputs kept)" for name in plan.selective]
+    for i, row in enumerate(rows, 1):
+        table.add_row(str(i), row)
+    if not rows:
         table.add_row("-", "none: keep every activation")
     console.print(table)
     if baselines:

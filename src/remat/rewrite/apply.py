@@ -28,7 +28,8 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
         >>> remat.apply(model, "every-block")      # or "chen": the classic recipes
 
     Each of `plan.segments` becomes one non-reentrant checkpoint (RNG preserved,
-    BatchNorm statistics kept exact); state dict keys do not change, and
+    BatchNorm statistics kept exact), each of `plan.selective` a selective one (matmul
+    outputs kept, the rest recomputed); state dict keys do not change, and
     `remat.remove(model)` restores the original forwards.
 
     Known limitations: a segment of several modules must be consecutive children of
@@ -42,16 +43,18 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
             f"remat: {type(model).__name__} already follows a plan ({_describe(model.__dict__[APPLIED])}); "
             "applying a second one would checkpoint twice. Fix: call remat.remove(model) first."
         )
+    selective: list[str] = []
     if isinstance(plan, str):
         segments, what = _recipe(model, plan), plan
     elif isinstance(plan, Plan):
         segments, what = _check_plan(model, plan), plan
+        selective = list(plan.selective)
     else:
         raise RematError(
             f"remat: apply expects a remat.Plan or one of {RECIPES}, saw {type(plan).__name__}. "
             "Fix: pass remat.plan(profile, budget) or 'every-block'."
         )
-    skipped = _wrap_all(model, segments)
+    skipped = _wrap_all(model, segments, selective)
     object.__setattr__(model, APPLIED, what)
     if skipped:
         warnings.warn(
@@ -110,7 +113,7 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
     """The plan's segments, after checking that it was made for this model (nothing is changed yet)."""
     modules = dict(model.named_modules())
     missing = [b.name for b in plan.blocks if b.name not in modules]
-    named = [n for seg in plan.segments for n in seg]
+    named = [n for seg in plan.segments for n in seg] + list(plan.selective)
     missing += [n for n in named if n not in modules and n not in missing]
     if missing:
         raise RematError(
@@ -186,15 +189,15 @@ def _chain_of_blocks(model: nn.Module) -> list[str]:
     return max(groups.values(), key=len)
 
 
-def _wrap_all(model: nn.Module, segments: list[list[str]]) -> list[str]:
+def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str]) -> list[str]:
     modules = dict(model.named_modules())
     skipped = []
-    for seg in segments:
+    for seg, is_selective in [(s, False) for s in segments] + [([n], True) for n in selective]:
         mods = [modules[n] for n in seg]
         if any(getattr(m, "gradient_checkpointing", False) is True for m in mods):
             skipped += seg  # Hugging Face already checkpoints these: no double checkpointing
             continue
-        wrap_segment(mods)
+        wrap_segment(mods, selective=is_selective)
     return skipped
 
 

@@ -15,20 +15,25 @@ NOTE [How a module is checkpointed in place]
   Rule 4. A segment of several consecutive children of an `nn.Sequential` is one
           checkpoint: the first child's forward runs the whole segment, and the others
           pass their input through for that one call of the parent.
+  Rule 5. A selective checkpoint is the same checkpoint with torch's selective policy:
+          outputs of SAVE_OPS (matmuls, convolutions, attention) are kept, every other
+          op is recomputed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat._torch_compat import in_backward
+from remat.measure.tracker import SAVE_OPS
 
 MARK = "_remat_forward"  # attribute holding the WrapInfo of a wrapped module
 
@@ -77,19 +82,25 @@ def _chain(originals: list[Callable], args, kwargs):
     return out
 
 
-def wrap_segment(segment: list[nn.Module]) -> None:
+def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+    """Rule 5's policy."""
+    return CheckpointPolicy.MUST_SAVE if op._overloadpacket.__name__ in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
     """Checkpoint `segment` (one module, or consecutive children of an nn.Sequential) in place."""
     originals = [type(m).forward.__get__(m) if "forward" not in m.__dict__ else m.__dict__["forward"] for m in segment]
     run = _run_segment(originals, segment)
     head = segment[0]
     pending = [0]
+    options = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)} if selective else {}
 
     def head_forward(*args, **kwargs):
         if not (head.training and torch.is_grad_enabled()):  # Rule 2
             out = _chain(originals[:1], args, kwargs)
             return out
         pending[0] = len(segment) - 1
-        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
 
     _install(head, head_forward, segment, "head", pending)
     for m, original in zip(segment[1:], originals[1:]):
