@@ -246,9 +246,9 @@ def test_json_round_trip_is_exact():
 
 
 def test_from_json_rejects_other_documents():
-    with pytest.raises(remat.RematError, match=r"^remat: expected JSON with format"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 1 document, saw \('other', None\)"):
         remat.StepProfile.from_json('{"format": "other"}')
-    with pytest.raises(remat.RematError, match=r"^remat: expected a StepProfile JSON document"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"):
         remat.StepProfile.from_json("not json")
 
 

@@ -8,9 +8,9 @@ on another.  Field names carry their units (`*_bytes`, `*_s`, `*_flops`).
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 
+from remat import _jsondoc
 from remat.errors import RematError
 
 PROFILE_FORMAT = "remat.StepProfile"
@@ -223,31 +223,13 @@ class StepProfile:
 
     # -- JSON ------------------------------------------------------------------
     def to_json(self, indent: int | None = None) -> str:
-        data = {"format": PROFILE_FORMAT, "version": PROFILE_VERSION, **dataclasses.asdict(self)}
-        return json.dumps(data, indent=indent)
+        return _jsondoc.dump(self, PROFILE_FORMAT, PROFILE_VERSION, indent)
 
     @classmethod
     def from_json(cls, text: str) -> "StepProfile":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RematError(
-                f"remat: expected a StepProfile JSON document, but it does not parse ({e}). "
-                "Fix: pass the text written by StepProfile.to_json() or `remat profile --json`."
-            ) from e
-        if not isinstance(data, dict) or data.get("format") != PROFILE_FORMAT:
-            raise RematError(
-                f"remat: expected JSON with format {PROFILE_FORMAT!r}, saw "
-                f"{data.get('format') if isinstance(data, dict) else type(data).__name__!r}. "
-                "Fix: pass the text written by StepProfile.to_json()."
-            )
-        if data.get("version") != PROFILE_VERSION:
-            raise RematError(
-                f"remat: this remat reads StepProfile version {PROFILE_VERSION}, the file is version "
-                f"{data.get('version')!r}. Fix: profile again with this version of remat."
-            )
-        data.pop("format")
-        data.pop("version")
+        data = _jsondoc.load(
+            text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`"
+        )
         data["at_peak"] = Breakdown(**data["at_peak"])
         data["end_of_forward"] = Breakdown(**data["end_of_forward"])
         data["blocks"] = [BlockProfile(**b) for b in data["blocks"]]

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from remat import _jsondoc
 from remat.errors import RematError
 
 PLAN_FORMAT = "remat.Plan"
@@ -61,24 +60,11 @@ class Plan:
 
     # -- JSON -----------------------------------------------------------------------------
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps({"format": PLAN_FORMAT, "version": PLAN_VERSION, **dataclasses.asdict(self)}, indent=indent)
+        return _jsondoc.dump(self, PLAN_FORMAT, PLAN_VERSION, indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise RematError(
-                f"remat: expected a plan in JSON, but it does not parse ({e}). Fix: pass a file written by Plan.save."
-            ) from e
-        if not isinstance(data, dict) or data.get("format") != PLAN_FORMAT or data.get("version") != PLAN_VERSION:
-            seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else type(data).__name__
-            raise RematError(
-                f"remat: expected a {PLAN_FORMAT} version {PLAN_VERSION} document, saw {seen!r}. "
-                "Fix: pass a file written by Plan.save with this version of remat, or plan again."
-            )
-        data.pop("format")
-        data.pop("version")
+        data = _jsondoc.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again")
         data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
         return cls(**data)
 

@@ -1,0 +1,28 @@
+"""Versioned JSON documents: the one place that writes and checks their header."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from remat.errors import RematError
+
+
+def dump(obj, fmt: str, version: int, indent: int | None) -> str:
+    """`obj` (a dataclass) as JSON headed by its format name and version."""
+    return json.dumps({"format": fmt, "version": version, **dataclasses.asdict(obj)}, indent=indent)
+
+
+def load(text: str, fmt: str, version: int, fix: str) -> dict:
+    """The fields of a document written by `dump`, header removed; a `remat:` error otherwise."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise RematError(f"remat: expected a {fmt} JSON document, but it does not parse ({e}). Fix: {fix}.") from e
+    seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else type(data).__name__
+    if seen != (fmt, version):
+        raise RematError(
+            f"remat: expected a {fmt} version {version} document, saw {seen!r}. Fix: {fix} with this version of remat."
+        )
+    del data["format"], data["version"]
+    return data
