@@ -81,3 +81,123 @@ class ModuleTracker(_ModuleTracker):
             self._get_pop_fn(self._get_mod_name(mod), False)()
         else:
             super()._fw_post_hook(mod, input, output)
+
+
+# -- intercepting torch.utils.checkpoint (used by remat.lint) ------------------------------------
+
+import contextlib  # noqa: E402
+import functools  # noqa: E402
+import inspect  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from typing import Any, Callable, ContextManager  # noqa: E402
+
+import torch.utils.checkpoint as _tuc  # noqa: E402
+
+
+@dataclass(frozen=True)
+class CheckpointCall:
+    """One call of `torch.utils.checkpoint.checkpoint`, as `intercept_checkpoints` sees it."""
+
+    function: Callable
+    args: tuple
+    kwargs: dict
+    reentrant: bool
+    preserve_rng_state: bool
+
+
+# on_call(call) -> (keep, scope): keep=False runs the function without checkpointing; the
+# forward run of the function happens inside the context manager `scope`.
+CheckpointHandler = Callable[[CheckpointCall], "tuple[bool, ContextManager]"]
+
+
+@contextlib.contextmanager
+def intercept_checkpoints(on_call: CheckpointHandler):
+    """Route every `torch.utils.checkpoint.checkpoint` call made in forward through `on_call`.
+
+    `checkpoint` binds early (`from torch.utils.checkpoint import checkpoint`, the partial
+    inside `checkpoint_wrapper`), so the patch is one level down, where every call goes:
+    the module globals `CheckpointFunction` (use_reentrant=True) and
+    `_checkpoint_without_reentrant_generator` (use_reentrant=False), both looked up at call
+    time.  Calls made during backward (a nested checkpoint being recomputed) go to torch
+    unchanged.  Both globals are restored on exit, also after an error.
+    """
+    reentrant_orig = _tuc.CheckpointFunction
+    generator_orig = _tuc._checkpoint_without_reentrant_generator
+    n_fixed = _positional_before_varargs(generator_orig)
+
+    class _Reentrant:
+        @staticmethod
+        def apply(function, preserve, *args):
+            if in_backward():
+                return reentrant_orig.apply(function, preserve, *args)
+            keep, scope = on_call(CheckpointCall(function, args, {}, True, bool(preserve)))
+            with scope:
+                return reentrant_orig.apply(function, preserve, *args) if keep else function(*args)
+
+    def _non_reentrant(*fixed_and_args, **kwargs):
+        function = fixed_and_args[0]
+        preserve = fixed_and_args[1] if len(fixed_and_args) > 1 else True
+        args = fixed_and_args[n_fixed:]
+        if in_backward():
+            yield from generator_orig(*fixed_and_args, **kwargs)
+            return
+        keep, scope = on_call(CheckpointCall(function, args, kwargs, False, bool(preserve)))
+        with scope:  # `checkpoint` runs the function between the generator's two steps
+            if keep:
+                yield from generator_orig(*fixed_and_args, **kwargs)
+            else:
+                yield
+
+    _tuc.CheckpointFunction = _Reentrant
+    _tuc._checkpoint_without_reentrant_generator = _non_reentrant
+    try:
+        yield
+    finally:
+        _tuc.CheckpointFunction = reentrant_orig
+        _tuc._checkpoint_without_reentrant_generator = generator_orig
+
+
+def _positional_before_varargs(fn) -> int:
+    """How many parameters precede `*args` (fn, preserve_rng_state, context_fn, ... vary by release)."""
+    params = list(inspect.signature(fn).parameters.values())
+    return next(i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL)
+
+
+def sequential_segment(function) -> tuple[int, int, list[Any]] | None:
+    """(start, end, functions) if `function` is one segment made by `checkpoint_sequential`, else None.
+
+    `checkpoint_sequential` checkpoints closures `run_function(start, end, functions)`; their
+    free variables say which slice of the sequence each one runs.
+    """
+    if not getattr(function, "__qualname__", "").startswith("checkpoint_sequential."):
+        return None
+    try:
+        free = inspect.getclosurevars(function).nonlocals
+        return int(free["start"]), int(free["end"]), list(free["functions"])
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def unwrap_callable(function) -> Any:
+    """The module a checkpointed callable runs, if it is one: `mod`, `mod.__call__`, `mod.forward`,
+    `partial(Cls.forward, mod, ...)` (Hugging Face's layers); otherwise the function, partials unwrapped."""
+    while isinstance(function, functools.partial):
+        if function.args and isinstance(function.args[0], torch.nn.Module) and _is_forward(function.func):
+            return function.args[0]
+        function = function.func
+    owner = getattr(function, "__self__", None)
+    return owner if isinstance(owner, torch.nn.Module) and _is_forward(function) else function
+
+
+def _is_forward(fn) -> bool:
+    return getattr(fn, "__name__", "") in ("__call__", "forward", "_call_impl", "_wrapped_call_impl")
+
+
+def rng_fingerprint() -> bytes:
+    """The CPU (and initialised CUDA) random generators' states, read with Python dispatch off, so
+    that neither a profiling TorchDispatchMode nor a FakeTensorMode sees the read."""
+    with torch._C._DisableTorchDispatch():
+        states = [torch.get_rng_state()]
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states += torch.cuda.get_rng_state_all()
+        return b"".join(s.numpy().tobytes() for s in states)

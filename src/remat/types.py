@@ -124,6 +124,10 @@ class BlockProfile:
     """A random op (dropout, ...) ran inside it."""
     has_batchnorm: bool = False
     """A BatchNorm in training mode ran inside it."""
+    checkpoint_recompute_ops: int = 0
+    """How many ops a checkpoint around it re-runs (the deterministic tie-break among equal FLOPs)."""
+    selective_recompute_ops: int = 0
+    """How many ops selective checkpointing re-runs."""
     container: str = ""
     """Class of the module holding it ("Sequential", "ModuleList", ...): remat can checkpoint a run of
     several siblings as one segment only inside an nn.Sequential, whose forward chains them."""

@@ -85,7 +85,7 @@ def profile(
 
     if mode == "real":
         opt = make_optimizer(optimizer, model)
-        snapshot = StateSnapshot(model, opt)
+        snapshot = StateSnapshot(model, opt, step_inputs.tensors())
         try:
             return _measure(model, step_inputs, loss_fn, opt, candidates, "real", target, rounding, False, notes, progress)
         finally:
@@ -431,6 +431,8 @@ def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings:
         checkpoint_kind=kind,
         has_dropout=any(op.name in RANDOM_OPS for op in fwd),
         has_batchnorm=any(isinstance(m, _BatchNorm) and m.training for m in mod.modules()),
+        checkpoint_recompute_ops=len(_recomputed_ops(fwd, name)),
+        selective_recompute_ops=len(_recomputed_ops(fwd, name, selective=True)),
         container=type(io.containers[name]).__name__ if io.containers.get(name) is not None else "",
     )
 

@@ -117,8 +117,9 @@ def _describe(x: Any) -> str:
 class StateSnapshot:
     """Parameters, buffers, grads, optimizer state and RNG, saved so a real step can be undone."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, inputs: list | None = None):
         self.model, self.optimizer = model, optimizer
+        self.input_grads = [(t, t.grad) for t in inputs or [] if t.requires_grad]
         with torch.no_grad():
             self.params = [(p, p.detach().clone() if optimizer is not None else None) for p in model.parameters()]
             self.grads = [(p, None if p.grad is None else p.grad.detach().clone()) for p in model.parameters()]
@@ -136,6 +137,8 @@ class StateSnapshot:
                 p.grad = g
             for b, v in self.buffers:
                 b.copy_(v)
+            for t, g in self.input_grads:
+                t.grad = g
         if self.optimizer is not None:
             self.optimizer.load_state_dict(self.opt_state)
         torch.set_rng_state(self.rng)

@@ -154,10 +154,10 @@ def _need(problem: Problem, slots: _Slots, i: int, j: int, unit: Unit | None) ->
 
 
 def _cost(unit: Unit | None) -> int:
-    """FLOPs first; among equal FLOPs, fewer profiled microseconds (elementwise ops count 0 FLOPs)."""
+    """FLOPs first; among equal FLOPs, fewer ops re-run (elementwise ops count 0 FLOPs)."""
     if unit is None:
         return 0
-    return unit.cost_flops * 2**32 + min(2**32 - 1, round(unit.cost_s * 1e6))
+    return unit.cost_flops * 2**32 + min(2**32 - 1, unit.cost_ops)
 
 
 def _pareto(states: list[_State]) -> list[_State]:

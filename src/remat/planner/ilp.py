@@ -78,10 +78,10 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
         lbs.append(-np.inf)
         ubs.append(1.0)
     cost = np.array([float(u.cost_flops) for u in problem.units])
-    # among equal FLOPs prefer less profiled time (elementwise ops count 0 FLOPs), then more bytes freed
-    seconds = np.array([u.cost_s for u in problem.units])
+    # among equal FLOPs prefer fewer ops re-run (elementwise ops count 0 FLOPs), then more bytes freed
+    ops = np.array([float(u.cost_ops) for u in problem.units])
     freed = np.array([float(u.reduction_bytes) for u in problem.units]) / max(1.0, max(problem.interval_max))
-    cost = cost + 1e-3 * seconds / max(1e-12, seconds.sum()) - 1e-6 * freed
+    cost = cost + 1e-3 * ops / max(1.0, ops.sum()) - 1e-6 * freed
     res = milp(
         cost,
         constraints=[LinearConstraint(np.array(rows), lbs, ubs)] if rows else [],

@@ -65,6 +65,8 @@ class Unit:
     """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential."""
     action: str = "recompute"
     """"recompute" (a checkpoint) or "selective" (keep matmul outputs, recompute the rest)."""
+    cost_ops: int = 0
+    """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
 
     @property
     def key(self) -> tuple:
@@ -103,13 +105,15 @@ class Problem:
         for b in blocks:
             groups.setdefault(_group_of(b), []).append(b.name)
         by_name = {b.name: b for b in blocks}
+        nested = {b.name: frozenset(c.name for c in blocks if c.name == b.name or c.name.startswith(b.name + "."))
+                  for b in blocks}
         units: list[Unit] = []
         for group, names in groups.items():
             for i in range(len(names)):
                 for j in range(i, min(len(names), i + max_segment)):
                     run = [by_name[n] for n in names[i : j + 1]]
-                    units.append(_make_unit(run, group, i, blocks, len(run) == 1 or run[0].container == "Sequential"))
-                selective = _make_selective_unit(by_name[names[i]], group, i, blocks)
+                    units.append(_make_unit(run, group, i, nested, len(run) == 1 or run[0].container == "Sequential"))
+                selective = _make_selective_unit(by_name[names[i]], group, i, nested)
                 if selective is not None:
                     units.append(selective)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
@@ -182,7 +186,7 @@ def _group_of(b: BlockProfile) -> str:
     return f"{b.parent or ''}|{container}"
 
 
-def _make_unit(run: list[BlockProfile], group: str, position: int, everything: list[BlockProfile], appliable: bool) -> Unit:
+def _make_unit(run: list[BlockProfile], group: str, position: int, nested: dict[str, frozenset], appliable: bool) -> Unit:
     """The unit for `run` (also one that frees nothing or costs memory: the hand recipes use those)."""
     names = {b.name for b in run}
     last, first = run[-1], run[0]
@@ -197,15 +201,17 @@ def _make_unit(run: list[BlockProfile], group: str, position: int, everything: l
     if first.input_unsaved_bytes:  # Rule 2: held until the checkpoint's backward is over
         effects.append(Effect(first.forward_end_op + 1, max(end, first.backward_end_op + 1), -first.input_unsaved_bytes))
     effects = [e for e in effects if e.start < e.end]
-    covers = frozenset(c.name for c in everything if any(c.name == n or c.name.startswith(n + ".") for n in names))
+    covers = frozenset().union(*(nested[n] for n in names))
     cost = sum(b.forward_flops for b in run[:-1]) + last.checkpoint_recompute_flops
     cost_s = sum(b.forward_s for b in run[:-1]) + (
         last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
     )
-    return Unit(tuple(b.name for b in run), group, position, covers, cost, cost_s, tuple(effects), appliable)
+    ops = sum(_forward_ops(b) for b in run[:-1]) + last.checkpoint_recompute_ops
+    return Unit(tuple(b.name for b in run), group, position, covers, cost, cost_s, tuple(effects), appliable,
+                "recompute", ops)
 
 
-def _make_selective_unit(b: BlockProfile, group: str, position: int, everything: list[BlockProfile]) -> Unit | None:
+def _make_selective_unit(b: BlockProfile, group: str, position: int, nested: dict[str, frozenset]) -> Unit | None:
     """Selective checkpointing of one block (Rule 4): frees what is not a matmul-like output,
     caches the matmul-like outputs autograd would have dropped, keeps the inputs."""
     if b.selective_free_bytes <= 0:
@@ -216,7 +222,12 @@ def _make_selective_unit(b: BlockProfile, group: str, position: int, everything:
         effects.append(Effect(b.forward_end_op + 1, held_end, -b.selective_extra_bytes))
     if b.input_unsaved_bytes:
         effects.append(Effect(b.forward_end_op + 1, held_end, -b.input_unsaved_bytes))
-    covers = frozenset(c.name for c in everything if c.name == b.name or c.name.startswith(b.name + "."))
+    covers = nested[b.name]
     effects = tuple(e for e in effects if e.start < e.end)
     return Unit((b.name,), group, position, covers, b.selective_recompute_flops, b.selective_recompute_s, effects,
-                True, "selective")
+                True, "selective", b.selective_recompute_ops)
+
+
+def _forward_ops(b: BlockProfile) -> int:
+    """Ops of a whole forward of `b` (a segment re-runs its non-last blocks entirely)."""
+    return max(b.checkpoint_recompute_ops, b.forward_end_op - b.forward_start_op + 1)

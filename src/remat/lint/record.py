@@ -1,0 +1,187 @@
+"""What the model's own checkpoint calls are: recorded while `remat.profile` runs the step.
+
+NOTE [Recording the user's checkpoints]
+  Rule 1. Every `torch.utils.checkpoint.checkpoint` call made in forward goes through
+          `intercept_checkpoints` (also those of `checkpoint_sequential` and
+          `checkpoint_wrapper`, and names imported early).  Calls are numbered in
+          forward order; the forward of a model runs the same calls in the same order
+          each time, so call i of one run is call i of the next.
+  Rule 2. A `Policy` says which calls keep their checkpoint; the others run their
+          function directly.  Keep-all is the model as written, keep-none is the same
+          model without checkpointing, keep-one measures one checkpoint alone.
+  Rule 3. A call's region is what ran between the start and the end of its forward:
+          the modules whose forward was entered (global module hooks) and whether the
+          CPU or CUDA random generator moved (it does for dropout, not in fake mode).
+  Rule 4. A module whose forward runs again during backward with grad enabled is being
+          recomputed (NOTE [Recomputation] in `remat.measure.tracker`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.utils._pytree import tree_flatten
+
+from remat._torch_compat import (
+    CheckpointCall,
+    checkpoint_wrapper_type,
+    in_backward,
+    intercept_checkpoints,
+    rng_fingerprint,
+    sequential_segment,
+    unwrap_callable,
+)
+
+Policy = Callable[[int], bool]
+"""index of a checkpoint call -> keep its checkpoint (True) or run the function directly."""
+
+
+@dataclass(slots=True)
+class RecordedCall:
+    """One checkpoint call as it ran (see NOTE [Recording the user's checkpoints])."""
+
+    index: int
+    label: str
+    """What was checkpointed, for people: `checkpoint(conv2)`, `checkpoint(F.relu)`, `checkpoint_wrapper(layers.0)`."""
+    module: str
+    """The checkpointed module's dotted name; for a plain function, the module that called checkpoint."""
+    kind: str
+    """"module" (a module of the model), "sequential" (a checkpoint_sequential segment) or "function"."""
+    via: str
+    """"checkpoint", "checkpoint_wrapper" or "checkpoint_sequential"."""
+    reentrant: bool
+    preserve_rng_state: bool
+    input_requires_grad: bool
+    """Some tensor argument requires grad (only top-level tensors count for the reentrant variant)."""
+    depth: int
+    """How many other checkpoint calls were open when it started."""
+    sequence: tuple[str, ...] = ()
+    """checkpoint_sequential: the names of all its functions ("?" for one that is not a module of the model)."""
+    start: int = 0
+    end: int = 0
+    """checkpoint_sequential: the segment is sequence[start..end]."""
+    modules: dict[str, None] = field(default_factory=dict)
+    """Modules of the model whose forward ran inside the call, in order, each once (an ordered set)."""
+    draws_random: bool = False
+
+
+class Recorder:
+    """Intercepts checkpoint calls and module calls for one profiled step; see the NOTE above."""
+
+    def __init__(self, model: nn.Module, policy: Policy):
+        self.policy = policy
+        self.names = {id(m): n for n, m in model.named_modules(remove_duplicate=True)}
+        self.calls: list[RecordedCall] = []
+        self.recomputed: set[str] = set()
+        """Modules whose forward ran again during backward (Rule 4)."""
+        self._stack: list[nn.Module] = []
+        self._open: list[RecordedCall] = []
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[Recorder]:
+        h1 = register_module_forward_pre_hook(self._pre)
+        h2 = register_module_forward_hook(self._post)
+        try:
+            with intercept_checkpoints(self._on_call):
+                yield self
+        finally:
+            h1.remove()
+            h2.remove()
+
+    # -- module calls ---------------------------------------------------------------------
+    def _pre(self, mod, args):
+        name = self.names.get(id(mod))
+        if in_backward():
+            if name is not None and torch.is_grad_enabled():
+                self.recomputed.add(name)
+            return
+        self._stack.append(mod)
+        if name is not None:
+            for call in self._open:
+                call.modules[name] = None
+
+    def _post(self, mod, args, out):
+        if not in_backward() and self._stack and self._stack[-1] is mod:
+            self._stack.pop()
+
+    # -- checkpoint calls ---------------------------------------------------------------------
+    def _on_call(self, call: CheckpointCall):
+        rec = self._describe(call)
+        self.calls.append(rec)
+        return self.policy(rec.index), self._scope(rec)
+
+    @contextlib.contextmanager
+    def _scope(self, rec: RecordedCall):
+        before = rng_fingerprint()
+        self._open.append(rec)
+        try:
+            yield
+        finally:
+            self._open.remove(rec)
+            rec.draws_random = before != rng_fingerprint()
+
+    def _describe(self, call: CheckpointCall) -> RecordedCall:
+        caller = self._stack[-1] if self._stack else None
+        caller_name = self.names.get(id(caller), "") if caller is not None else ""
+        common = dict(
+            index=len(self.calls), reentrant=call.reentrant, preserve_rng_state=call.preserve_rng_state,
+            input_requires_grad=_requires_grad(call), depth=len(self._open),
+        )
+        segment = sequential_segment(call.function)
+        if segment is not None:
+            return self._segment(segment, caller_name, common)
+        wrapper = checkpoint_wrapper_type()
+        if wrapper is not None and isinstance(caller, wrapper):  # the wrapper is the block: same ops, and a candidate
+            label = f"checkpoint_wrapper({_show(caller_name)})"
+            return RecordedCall(label=label, module=caller_name, kind="module", via="checkpoint_wrapper", **common)
+        target = unwrap_callable(call.function)
+        if isinstance(target, nn.Module) and id(target) in self.names:
+            name = self.names[id(target)]
+            label = f"checkpoint({_show(name)})"
+            return RecordedCall(label=label, module=name, kind="module", via="checkpoint", **common)
+        label = f"checkpoint({self._function_label(target)})"
+        return RecordedCall(label=label, module=caller_name, kind="function", via="checkpoint", **common)
+
+    def _segment(self, segment, caller_name: str, common: dict) -> RecordedCall:
+        start, end, functions = segment
+        names = tuple(self.names.get(id(f), "?") if isinstance(f, nn.Module) else "?" for f in functions)
+        module = _common_parent(names) if "?" not in names else caller_name
+        label = f"checkpoint_sequential({_show(module)})[{start}..{end}]"
+        return RecordedCall(
+            label=label, module=module, kind="sequential", via="checkpoint_sequential", sequence=names, start=start,
+            end=end, **common,
+        )
+
+    def _function_label(self, fn) -> str:
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, nn.Module) and id(owner) in self.names:
+            return f"{_show(self.names[id(owner)], 'self')}.{getattr(fn, '__name__', '?')}"
+        where = getattr(fn, "__module__", None) or ""
+        name = getattr(fn, "__name__" if where == "torch" else "__qualname__", None) or type(fn).__name__
+        where = _SHORT.get(where, where)
+        return f"{where}.{name}" if where else name
+
+
+_SHORT = {"torch.nn.functional": "F", "builtins": ""}
+
+
+def _requires_grad(call: CheckpointCall) -> bool:
+    """Reentrant checkpoint looks only at top-level tensor arguments; non-reentrant at all of them."""
+    if call.reentrant:
+        return any(isinstance(a, torch.Tensor) and a.requires_grad for a in call.args)
+    flat = tree_flatten((call.args, call.kwargs))[0]
+    return any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
+
+
+def _show(name: str, root: str = "model") -> str:
+    return name if name else root
+
+
+def _common_parent(names: tuple[str, ...]) -> str:
+    parents = {n.rsplit(".", 1)[0] if "." in n else "" for n in names}
+    return parents.pop() if len(parents) == 1 else ""

@@ -1,0 +1,496 @@
+"""The findings of `remat.explain`, one function per finding code.
+
+Each rule reads the `Evidence` (measured profiles, the model's checkpoint calls and what
+each does alone, the planner's predictions) and returns zero or more `Finding`s.  A rule
+only states numbers it was given: "measured" ones come from profiled steps, "predicted"
+ones from the memory model of `remat.plan` (NOTE [How explain gets its numbers]).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.dropout import _DropoutNd
+
+from remat.lint.finding import CheckpointRegion, Finding
+from remat.planner import chen
+from remat.planner.plan import Plan
+from remat.planner.problem import Problem, Unit
+from remat.report.text import fmt_bytes, fmt_flops, fmt_share, summarize_profile
+from remat.types import StepProfile
+
+MARGIN = 0.05
+"""A predicted alternative counts as better when it lowers the peak by at least this fraction."""
+BIG_REGION = 0.5
+"""A checkpoint freeing at least this fraction of the step's activations is one big region."""
+FIXED_SHARE = 0.5
+"""Parameters, gradients and optimizer state above this share of the peak: activations are not dominant."""
+RESERVE_MARGIN = 0.10
+"""An observed figure this much above the measured peak looks like reserved memory."""
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the rules read (see `remat.lint.api`)."""
+
+    modules: dict[str, nn.Module]
+    plain: StepProfile
+    """The step without the model's checkpoints (measured)."""
+    written: StepProfile | None
+    """The step as written (measured); None if it cannot run."""
+    written_error: str
+    regions: list[CheckpointRegion]
+    recomputed: set[str]
+    """Modules whose forward ran again in backward, as written."""
+    problem: Problem
+    """The planner's problem on `plain`."""
+    plan: Plan
+    least_peak_bytes: int
+    """The lowest peak any plan reaches (predicted)."""
+    kv_cache: tuple[int, int] | None
+    """(peak with the KV cache, peak with use_cache=False), measured; None if no cache is built."""
+    observed_bytes: int | None
+    reserved_bytes: int | None
+
+
+def _b(n: int) -> str:
+    return fmt_bytes(n, "auto")
+
+
+def _gflop(flops: int) -> str:
+    return f"{fmt_flops(flops)} GFLOP"
+
+
+def _few(names, n: int = 3) -> str:
+    """The first `n` names, "..." for the rest."""
+    names = list(names)
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+
+
+def _peak(ev: Evidence) -> int:
+    return ev.written.peak_bytes if ev.written is not None else ev.plain.peak_bytes
+
+
+# -- whole-model-checkpoint ---------------------------------------------------------------------
+
+
+def whole_model_checkpoint(ev: Evidence) -> list[Finding]:
+    """One checkpoint around (nearly) the whole model: backward rebuilds everything at once (report 000)."""
+    out = []
+    for r in ev.regions:
+        if r.depth or r.freed_bytes is None or r.freed_bytes < BIG_REGION * ev.plain.activation_bytes:
+            continue
+        group = _inner_group(ev, r)
+        if group is None:
+            continue
+        every_block = chen.segments_every_block(len(ev.problem.groups[group]))
+        per_layer = ev.problem.peak(chen.units_for(ev.problem, group, every_block))
+        if r.peak_bytes - per_layer >= MARGIN * r.peak_bytes:
+            out.append(_whole_model(ev, r, group, per_layer))
+    return out
+
+
+def _inner_group(ev: Evidence, r: CheckpointRegion) -> str | None:
+    """The largest run of sibling blocks inside the region (its layers), if it has two or more."""
+    inside = [g for g, names in ev.problem.groups.items() if len(names) >= 2 and all(n in r.modules for n in names)]
+    return max(inside, key=lambda g: len(ev.problem.groups[g]), default=None)
+
+
+def _whole_model(ev: Evidence, r: CheckpointRegion, group: str, per_layer: int) -> Finding:
+    plain, layers = ev.plain, ev.problem.groups[group]
+    fwd_without = plain.end_of_forward.total_bytes
+    fwd_with = fwd_without - r.freed_bytes
+    worse = r.peak_bytes - plain.peak_bytes
+    change = f": {_b(worse)} more" if worse > 0 else (f": {_b(-worse)} less" if worse < 0 else "")
+    if worse > 0 and r.reentrant:
+        change += ", as a reentrant checkpoint rebuilds its output beside the one the forward returned"
+    message = (
+        f"{r.label} wraps all {len(layers)} blocks of {_container(layers)} in one checkpoint. It does lower the end of "
+        f"forward ({_b(fwd_with)} live instead of {_b(fwd_without)}), but backward recomputes all of them at once, so "
+        f"the step's peak is {_b(r.peak_bytes)} with it and {_b(plain.peak_bytes)} without it ({r.source}){change}. "
+        f"With one checkpoint per block, the peak would be {_b(per_layer)} (predicted)."
+    )
+    seq = _in_code(_parent(layers))
+    fix = (
+        f"Checkpoint each block of {_container(layers)} separately, not the model: e.g. "
+        f"`for i, layer in enumerate({seq}): {seq}[i] = checkpoint_wrapper(layer)`, or "
+        f"`x = checkpoint(layer, x, use_reentrant=False)` inside the loop; or apply remat's plan below."
+    )
+    figures = dict(
+        peak_with_bytes=r.peak_bytes, peak_without_bytes=plain.peak_bytes, peak_per_layer_bytes=per_layer,
+        forward_live_with_bytes=fwd_with, forward_live_without_bytes=fwd_without, blocks=len(layers),
+    )
+    at_stake = max(0, r.peak_bytes - per_layer)
+    return Finding("whole-model-checkpoint", r.module, message, at_stake, fix, "memory", figures)
+
+
+def _in_code(path: str) -> str:
+    """A module path as the user's code reaches it, before checkpoint_wrapper: `model.layers`."""
+    path = path.replace("_checkpoint_wrapped_module.", "").replace("_checkpoint_wrapped_module", "")
+    return f"model.{path}" if path else "model"
+
+
+def _container(names: list[str]) -> str:
+    """The module holding these sibling blocks, for people."""
+    return _parent(names) or "the model"
+
+
+# -- checkpoint-too-small -------------------------------------------------------------------------------
+
+
+def checkpoint_too_small(ev: Evidence) -> list[Finding]:
+    """A checkpoint around one op or a tiny block: frees nothing, costs time (report 002).
+
+    checkpoint_sequential segments are left to too-many-segments: their size is the number of segments.
+    """
+    return [
+        _too_small(ev, r) for r in ev.regions
+        if r.freed_bytes is not None and r.freed_bytes <= 0 and r.kind != "sequential"
+    ]
+
+
+def _too_small(ev: Evidence, r: CheckpointRegion) -> Finding:
+    if r.freed_bytes == 0:
+        keeps = "what its ops save for backward is its input, kept anyway, so it frees nothing"
+    else:
+        keeps = (
+            "it frees nothing, and keeps its input until backward, a tensor autograd would have freed: "
+            f"{_b(-r.freed_bytes)} more saved for backward"
+        )
+    message = (
+        f"{_who(ev, r)} wraps {_region_words(ev, r)}; {keeps} ({r.source}, this checkpoint alone). {_cost_words(r)}"
+    )
+    fix = (
+        "Remove this checkpoint. A checkpoint pays off around a block of several ops whose intermediate tensors it "
+        "drops (conv + ReLU + conv together, a whole layer); see remat's plan below for which blocks."
+    )
+    figures = dict(freed_bytes=r.freed_bytes, recompute_flops=r.recompute_flops or 0)
+    return Finding("checkpoint-too-small", r.module, message, max(0, -r.freed_bytes), fix, "memory", figures)
+
+
+def _who(ev: Evidence, r: CheckpointRegion) -> str:
+    """The checkpoint by its label and call number (and caller, for a plain function)."""
+    where = f", in {r.module or '<' + ev.plain.model + '>'}" if r.kind == "function" else ""
+    return f"{r.label} (call #{r.index}{where})"
+
+
+def _region_words(ev: Evidence, r: CheckpointRegion) -> str:
+    if not r.modules:
+        return "a function that runs no module (one op or a few cheap ones)"
+    mod = ev.modules.get(r.modules[0])
+    if len(r.modules) == 1 and mod is not None and not list(mod.children()):
+        return f"a single layer ({type(mod).__name__})"
+    return f"{len(r.modules)} modules ({_few(r.modules)})"
+
+
+def _cost_words(r: CheckpointRegion) -> str:
+    flops = r.recompute_flops or 0
+    if r.reentrant and flops == 0:
+        return "Being reentrant, it re-runs the function in backward (elementwise work, which FLOP counts leave out)."
+    if r.reentrant:
+        return f"Being reentrant, it re-runs the whole function in backward: {_gflop(flops)} more work."
+    if flops == 0:
+        return "Non-reentrant checkpoint stops before re-running it, so it costs only the checkpoint's bookkeeping."
+    return f"It re-runs {_gflop(flops)} in backward."
+
+
+# -- too-many-segments -------------------------------------------------------------------------------------------
+
+
+def too_many_segments(ev: Evidence) -> list[Finding]:
+    """More checkpoints than the sweet spot: their stored inputs cost more than they free (report 001)."""
+    out = []
+    for group, units in _user_units(ev).items():
+        n = len(ev.problem.groups[group])
+        if len(units) < 3:
+            continue
+        peaks = _sequential_peaks(ev.problem, group, n)
+        best = min(peaks, key=lambda k: (peaks[k], k))
+        mine = ev.problem.peak(units)
+        if best - 1 < len(units) and mine - peaks[best] >= MARGIN * mine:
+            out.append(_too_many(ev, group, units, peaks, best, mine))
+    return out
+
+
+def _user_units(ev: Evidence) -> dict[str, list[Unit]]:
+    """The model's checkpoints that are planner units, by group (depth 0, predicted)."""
+    by_group: dict[str, list[Unit]] = {}
+    for r in ev.regions:
+        unit = _unit_of(ev, r)
+        if unit is not None and r.depth == 0:
+            by_group.setdefault(unit.group, []).append(unit)
+    return by_group
+
+
+def _unit_of(ev: Evidence, r: CheckpointRegion) -> Unit | None:
+    try:
+        return ev.problem.unit(*r.blocks) if r.blocks else None
+    except KeyError:
+        return None
+
+
+def _sequential_peaks(problem: Problem, group: str, n: int) -> dict[int, int]:
+    """Predicted peak of checkpoint_sequential(k) over the group, for k = 2..n."""
+    cuts = {k: chen.segments_checkpoint_sequential(n, k) for k in range(2, n + 1)}
+    return {k: problem.peak(chen.units_for(problem, group, segments)) for k, segments in cuts.items()}
+
+
+def _too_many(ev: Evidence, group: str, units: list[Unit], peaks: dict[int, int], best: int, mine: int) -> Finding:
+    names = ev.problem.groups[group]
+    boundaries = sum(ev.plain.block(u.blocks[0]).input_bytes for u in units)
+    only_these = len(ev.regions) == len(units)  # the step as written has no other checkpoint
+    measured = f"{_b(ev.written.peak_bytes)} measured, " if only_these and ev.written is not None else ""
+    shown = sorted({k for k in (2, 4, 8, 16, 32, 64, best, len(units) + 1) if k in peaks})
+    table = ", ".join(f"{k}: {_b(peaks[k])}" for k in shown)
+    message = (
+        f"{_segments_words(ev, units, names)}. Each checkpoint keeps its input through backward ({_b(boundaries)} of "
+        f"segment boundaries in all), and segments this small free little else, so the peak is {measured}"
+        f"{_b(mine)} predicted. Predicted peak of checkpoint_sequential by number of segments: {table}. "
+        f"The sweet spot is {best} segments: {_b(peaks[best])}."
+    )
+    fix = (
+        f"Use fewer, longer segments: checkpoint_sequential(seq, {best}, x, use_reentrant=False) (about the square "
+        "root of the number of blocks), or remat's plan below, which also picks where to cut."
+    )
+    figures = dict(
+        checkpoints=len(units), best_segments=best, peak_predicted_bytes=mine, best_peak_bytes=peaks[best],
+        boundaries_bytes=boundaries,
+    )
+    if measured:
+        figures["peak_measured_bytes"] = ev.written.peak_bytes
+    return Finding("too-many-segments", _parent(names), message, mine - peaks[best], fix, "memory", figures)
+
+
+def _segments_words(ev: Evidence, units: list[Unit], names: list[str]) -> str:
+    """How the checkpoints cut the blocks; checkpoint_sequential leaves its last segment without one."""
+    where = f"the {len(names)} blocks of {_container(names)}"
+    if not all(r.kind == "sequential" for r in ev.regions if r.blocks in {u.blocks for u in units}):
+        return f"{len(units)} checkpoints over {where}"
+    size, rest = len(units[0].blocks), len(names) - sum(len(u.blocks) for u in units)
+    return (
+        f"checkpoint_sequential with {len(units) + 1} segments over {where}: {len(units)} checkpoints of {size} "
+        f"blocks, and the last {rest} blocks without one (checkpoint_sequential never checkpoints its last segment)"
+    )
+
+
+def _parent(names: list[str]) -> str:
+    return names[0].rsplit(".", 1)[0] if "." in names[0] else ""
+
+
+# -- activations-not-dominant ----------------------------------------------------------------------------------
+
+
+def activations_not_dominant(ev: Evidence) -> list[Finding]:
+    """Parameters, gradients and optimizer state dominate the peak: checkpointing cannot save much (report 002)."""
+    p = ev.plain
+    at = p.at_peak
+    fixed = at.params_bytes + at.grads_bytes + at.optimizer_bytes + at.buffers_bytes
+    if fixed < FIXED_SHARE * p.peak_bytes:
+        return []
+    most = p.peak_bytes - ev.least_peak_bytes
+    message = (
+        f"At the step's peak ({_b(p.peak_bytes)}, in {p.peak_phase}), parameters ({_b(at.params_bytes)}), gradients "
+        f"({_b(at.grads_bytes)}) and optimizer state ({_b(at.optimizer_bytes)}) are {fmt_share(fixed, p.peak_bytes)}; "
+        f"activations saved for backward are {_b(at.activations_bytes)}. Checkpointing acts only on activations: "
+        f"the best plan reaches {_b(ev.least_peak_bytes)} (predicted), {_b(most)} or {fmt_share(most, p.peak_bytes)} "
+        f"less, and no checkpointing can do more."
+    )
+    fix = (
+        f"Act on that state instead: mixed precision (bf16 weights and gradients: about "
+        f"{_b((at.params_bytes + at.grads_bytes) // 2)} less); {_optimizer_words(p, at.params_bytes)}; sharding "
+        "over N GPUs (FSDP, ZeRO) divides parameters, gradients and optimizer state by N."
+    )
+    figures = dict(peak_bytes=p.peak_bytes, fixed_bytes=fixed, params_bytes=at.params_bytes, grads_bytes=at.grads_bytes,
+                   optimizer_bytes=at.optimizer_bytes, least_peak_bytes=ev.least_peak_bytes, most_saved_bytes=most)
+    return [Finding("activations-not-dominant", "", message, fixed, fix, "memory", figures)]
+
+
+def _optimizer_words(p: StepProfile, params_bytes: int) -> str:
+    if p.optimizer_bytes:
+        return (
+            f"a lighter optimizer (its state is {_b(p.optimizer_bytes)} here; Adam keeps two values per parameter, "
+            "SGD with momentum one, 8-bit Adam a quarter of Adam's)"
+        )
+    return f"keep the optimizer light (none was counted here; Adam would add {_b(2 * params_bytes)})"
+
+
+# -- correctness: reentrant without grad input, RNG, BatchNorm ---------------------------------------------------
+
+
+def reentrant_no_grad_input(ev: Evidence) -> list[Finding]:
+    """Reentrant checkpoint whose inputs do not require grad: the parameters inside get no gradient."""
+    out = []
+    for r in ev.regions:
+        params = _params(ev, r.modules)
+        if r.reentrant and not r.input_requires_grad and params:
+            out.append(_no_grad(ev, r, params))
+    return out
+
+
+def _params(ev: Evidence, names) -> list:
+    seen: dict[int, object] = {}
+    for name in names:
+        for p in ev.modules[name].parameters() if name in ev.modules else ():
+            if p.requires_grad:
+                seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _no_grad(ev: Evidence, r: CheckpointRegion, params: list) -> Finding:
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    failed = ""
+    if ev.written_error:
+        failed = f" Here no gradient reaches the loss at all, and the step fails ({_first_clause(ev.written_error)})."
+    message = (
+        f"{r.label} uses the reentrant checkpoint (use_reentrant=True, or not given: torch then picks it) and none of "
+        f"its tensor inputs requires grad, so its output does not either: the {len(params)} parameter tensors inside "
+        f"({_b(nbytes)}, in {_few(r.modules)}) get no gradient and "
+        f"silently stop training.{failed}"
+    )
+    fix = (
+        "Pass use_reentrant=False (torch recommends it, and it has no such requirement); or make an input require "
+        "grad before the checkpoint (x.requires_grad_(); Hugging Face: model.enable_input_require_grads())."
+    )
+    return Finding("reentrant-no-grad-input", r.module, message, nbytes, fix, "correctness",
+                   dict(params=len(params), params_bytes=nbytes))
+
+
+def _first_clause(error: str) -> str:
+    """`remat: x does not require grad; expected ...` -> `x does not require grad`."""
+    return error.removeprefix("remat: ").split(";")[0].split(". ")[0]
+
+
+def rng_not_preserved(ev: Evidence) -> list[Finding]:
+    """preserve_rng_state=False around dropout: the recomputation draws another mask."""
+    return [_rng(ev, r) for r in ev.regions if not r.preserve_rng_state and (r.draws_random or _dropouts(ev, r))]
+
+
+def _dropouts(ev: Evidence, r: CheckpointRegion) -> list[str]:
+    return [n for n in r.modules if isinstance(m := ev.modules.get(n), _DropoutNd) and m.training and m.p > 0]
+
+
+def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
+    where = f"dropout: {_few(_dropouts(ev, r))}" if _dropouts(ev, r) else "dropout or another random op"
+    message = (
+        f"{r.label} runs with preserve_rng_state=False and its forward draws random numbers ({where}). When "
+        "backward recomputes it, dropout draws a new mask, so the gradients belong to a different network than "
+        "the one that produced the loss; nothing fails, training is silently off."
+    )
+    fix = (
+        "Drop preserve_rng_state=False: the default saves the RNG state (a few KB) and replays it in the "
+        "recomputation."
+    )
+    return Finding("rng-not-preserved", r.module, message, 0, fix, "correctness")
+
+
+def batchnorm_recomputed(ev: Evidence) -> list[Finding]:
+    """BatchNorm in training mode recomputed: its running statistics are updated twice per step."""
+    out = []
+    for r in ev.regions:
+        bns = [n for n in r.modules if n in ev.recomputed and _tracks_stats(ev.modules.get(n))]
+        if bns and r.depth == 0:
+            out.append(_batchnorm(ev, r, bns))
+    return out
+
+
+def _tracks_stats(m) -> bool:
+    return isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+
+
+def _batchnorm(ev: Evidence, r: CheckpointRegion, bns: list[str]) -> Finding:
+    nbytes = sum(b.numel() * b.element_size() for n in bns for b in ev.modules[n].buffers())
+    message = (
+        f"{len(bns)} BatchNorm module{'s' if len(bns) > 1 else ''} in training mode ({_few(bns)}) run again "
+        f"when backward recomputes {r.label}: the running mean and "
+        "variance are updated twice per step (momentum applied twice, num_batches_tracked counts 2), so the "
+        "statistics used in eval drift from those of plain training."
+    )
+    fix = (
+        "Keep BatchNorm out of the checkpointed function (checkpoint conv blocks, call the norm outside), or save and "
+        "restore the running statistics around the recomputation (remat's plan, when applied, does)."
+    )
+    return Finding("batchnorm-recomputed", r.module, message, nbytes, fix, "correctness", dict(batchnorms=len(bns)))
+
+
+# -- measurement advice, KV cache, no checkpointing ------------------------------------------------------------------
+
+
+def measured_with_reserved_memory(ev: Evidence) -> list[Finding]:
+    """The user's figure looks like nvidia-smi or memory_reserved, not the tensors' peak."""
+    peak = _peak(ev)
+    if ev.observed_bytes:
+        seen, source = ev.observed_bytes, "You saw"
+    else:
+        seen, source = ev.reserved_bytes, "The caching allocator reserved"
+    if not seen or seen < (1 + RESERVE_MARGIN) * peak:
+        return []
+    message = (
+        f"{source} {_b(seen)}; the step's tensors peak at {_b(peak)} (measured: what torch.cuda.max_memory_allocated() "
+        f"reports). The other {_b(seen - peak)} is not tensors: the CUDA caching allocator keeps freed blocks "
+        "reserved for reuse (torch.cuda.memory_reserved()), and nvidia-smi adds the CUDA context (hundreds of MiB). "
+        "That reserve does not shrink when checkpointing frees tensors, so such figures barely move."
+    )
+    fix = (
+        "Measure the tensors' peak: torch.cuda.reset_peak_memory_stats() before the step, "
+        "torch.cuda.max_memory_allocated() after it; not nvidia-smi or memory_reserved() (the reserve), and not "
+        "memory_allocated() after the step (what is left then, not the peak)."
+    )
+    return [Finding("measured-with-reserved-memory", "", message, seen - peak, fix, "advice",
+                    dict(seen_bytes=seen, peak_bytes=peak))]
+
+
+def kv_cache_in_training(ev: Evidence) -> list[Finding]:
+    """A Hugging Face model trained with use_cache=True keeps every layer's keys and values through the step."""
+    if ev.kv_cache is None or ev.kv_cache[0] <= ev.kv_cache[1]:
+        return []
+    with_cache, without = ev.kv_cache
+    again = ""
+    if ev.recomputed:
+        again = ", and each checkpoint recomputation appends the layer's keys and values to it again"
+    message = (
+        "use_cache is True (the Hugging Face default), so the forward also builds every layer's key/value cache and "
+        f"returns it with the output, which the training step holds to its end{again}. Peak {_b(with_cache)} with "
+        f"the cache, {_b(without)} with use_cache=False (measured): {_b(with_cache - without)} for a cache training "
+        "never reads."
+    )
+    fix = (
+        "Train with use_cache=False: model.config.use_cache = False, or pass use_cache=False to forward. Hugging "
+        "Face's gradient_checkpointing_enable() switches it off for this reason; torch.utils.checkpoint and "
+        "checkpoint_wrapper do not."
+    )
+    return [Finding("kv-cache-in-training", "", message, with_cache - without, fix, "memory",
+                    dict(peak_with_cache_bytes=with_cache, peak_without_cache_bytes=without))]
+
+
+def no_checkpointing(ev: Evidence) -> list[Finding]:
+    """No checkpoint in the model: the profile in plain words and the plan that would help."""
+    if ev.regions or ev.plain.recompute_flops:
+        return []
+    summary = " ".join(summarize_profile(ev.plain).split())
+    saved = ev.plain.peak_bytes - ev.plan.peak_bytes
+    if saved > 0:
+        fix = (
+            f"Checkpoint as remat's plan below says: predicted peak {_b(ev.plan.peak_bytes)} ({_b(saved)} less) for "
+            f"{_gflop(ev.plan.recompute_flops)} recomputed (+{ev.plan.recompute_fraction:.1%} of the step's FLOPs)."
+        )
+    else:
+        fix = "No checkpointing plan lowers this peak (see the other findings for what does)."
+    message = f"The model does no activation checkpointing. {summary}"
+    return [Finding("no-checkpointing", "", message, max(0, saved), fix, "advice",
+                    dict(peak_bytes=ev.plain.peak_bytes, plan_peak_bytes=ev.plan.peak_bytes))]
+
+
+RULES = (
+    whole_model_checkpoint,
+    checkpoint_too_small,
+    too_many_segments,
+    activations_not_dominant,
+    reentrant_no_grad_input,
+    rng_not_preserved,
+    batchnorm_recomputed,
+    measured_with_reserved_memory,
+    kv_cache_in_training,
+    no_checkpointing,
+)
