@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import textwrap
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 import remat
 from remat._torch_compat import FakeTensor
-from remat.cli import main
+from remat.cli import main, pareto
 from remat.errors import RematError
 from remat.target import load_target
 
@@ -71,6 +72,14 @@ def data_dependent():  # fake tensors have no values, so this needs a real build
     torch.manual_seed(0)
     scale = float(torch.rand(1)) + 1.0
     return Net(), torch.randn(16, SIZE) * scale
+
+
+def mlp_chain():  # activations dominate: something to plan
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(8):
+        layers += [nn.Linear(64, 64), nn.ReLU()]
+    return nn.Sequential(*layers), torch.randn(512, 64)
 '''
 
 
@@ -221,6 +230,107 @@ def test_main_leaves_no_logging_handler_behind(capsys, target_file):
     assert logging.getLogger("remat").handlers == before
 
 
+# -- remat plan ------------------------------------------------------------------------------------
+
+FAKE = ("--mode", "fake", "--optimizer", "none")
+
+
+def _library_profile(spec: str) -> remat.StepProfile:
+    model, inputs, loss_fn = load_target(spec, fake=True)
+    return remat.profile(model, inputs, loss_fn, optimizer=None, mode="fake")
+
+
+def test_plan_prints_the_plan_beside_the_hand_recipes(capsys, target_file):
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", *FAKE)
+    assert code == 0, err
+    assert out.startswith("remat plan for Sequential (dp): predicted peak")
+    assert "checkpoints (one per row)" in out and "the same step with hand recipes" in out
+    table = out[out.index("the same step with hand recipes"):].splitlines()[4:]  # title, blank, header, rule
+    strategies = [line.split()[0] for line in table if line.strip()]
+    assert strategies[:3] == ["remat", "every-block", "chen"]
+    assert len(strategies) == 4 and strategies[3].startswith("checkpoint_sequential(")  # the best-fitting k only
+
+
+def test_plan_out_round_trips_and_equals_the_library_result(capsys, target_file, tmp_path):
+    path = tmp_path / "plan.json"
+    code, out, _ = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "80%", "--out", path, *FAKE)
+    assert code == 0
+    assert f"wrote the plan as JSON to {path}" in out
+    saved = remat.load_plan(path)
+    assert saved == remat.plan(_library_profile(f"{target_file}:mlp_chain"), 0.8)
+    assert saved.peak_bytes <= saved.budget_bytes and saved.segments
+    assert out.startswith(str(saved).splitlines()[0])
+
+
+def test_plan_reads_a_saved_profile(capsys, target_file, tmp_path):
+    prof = _library_profile(f"{target_file}:mlp_chain")
+    (tmp_path / "prof.json").write_text(prof.to_json())
+    budget = prof.peak_bytes * 4 // 5
+    code, out, err = run(capsys, "plan", tmp_path / "prof.json", "--budget", str(budget),
+                         "--solver", "ilp", "--out", tmp_path / "plan.json")
+    assert code == 0, err
+    assert out.startswith("remat plan for Sequential (ilp)")
+    assert remat.load_plan(tmp_path / "plan.json") == remat.plan(prof, budget, solver="ilp")
+
+
+def test_plan_infeasible_budget_exits_2_with_the_least_budget(capsys, target_file):
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "1KiB", *FAKE)
+    assert code == 2 and out == ""
+    assert err.startswith("remat: no plan fits the budget of") and "Fix: give a budget of at least" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("budget", ["6 gigs", "1.5", "0", "-1GiB", "6XB"])
+def test_plan_unreadable_budget_exits_2_before_running_the_step(capsys, target_file, budget):
+    code, out, err = run(capsys, "plan", f"{target_file}:boom", f"--budget={budget}")  # boom would raise if run
+    assert code == 2 and out == ""
+    assert err.startswith("remat: cannot read the budget") and "Fix:" in err
+
+
+def test_plan_without_a_budget_exits_2(capsys, target_file, tmp_path):
+    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", *FAKE)
+    assert code == 2 and err.startswith("remat: `remat plan` needs a memory budget")
+    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--frontier", "--out", tmp_path / "p.json")
+    assert code == 2 and err.startswith("remat: --out")
+
+
+def test_plan_bad_solver_and_unreadable_profile(capsys, target_file, tmp_path):
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", f"{target_file}:mlp_chain", "--budget", "0.5", "--solver", "rotor"])
+    assert exc.value.code == 2
+    capsys.readouterr()
+    (tmp_path / "bad.json").write_text("{")
+    code, _, err = run(capsys, "plan", tmp_path / "bad.json", "--budget", "0.5")
+    assert code == 2 and err.startswith("remat: expected a remat.StepProfile JSON document")
+    code, _, err = run(capsys, "plan", tmp_path / "missing.json", "--budget", "0.5")
+    assert code == 2 and err.startswith("remat: could not read the profile")
+
+
+def test_plan_frontier_table_and_plot(capsys, target_file, tmp_path):
+    path = tmp_path / "frontier.png"
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--frontier", "--plot", path, *FAKE)
+    assert code == 0, err
+    assert out.startswith("remat frontier for Sequential:")
+    plans = remat.frontier(_library_profile(f"{target_file}:mlp_chain"), max_points=256)
+    shown = pareto(plans)  # a plan with the same FLOPs as another and a higher peak is not shown
+    assert all(any(q.peak_bytes <= p.peak_bytes and q.recompute_flops <= p.recompute_flops for q in shown)
+               for p in plans)
+    rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
+    assert len(rows) == len(shown) >= 3
+    assert rows[0][1:4] == ["1.5", "MiB", "0.00"] and rows[0][-1] == "0"  # keep everything: no checkpoint
+    assert f"wrote the frontier plot to {path}" in out
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+
+
+def test_plan_with_budget_and_frontier_marks_the_cheapest_fitting_plan(capsys, target_file, tmp_path):
+    code, out, _ = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--frontier",
+                       "--plot", tmp_path / "f.png")
+    assert code == 0
+    assert "remat plan for Sequential" in out and "remat frontier for Sequential" in out
+    assert sum(line.rstrip().endswith(" cheapest") for line in out.splitlines()) == 1
+    assert (tmp_path / "f.png").read_bytes().startswith(PNG_SIGNATURE)
+
+
 # -- load_target ------------------------------------------------------------------------------
 
 
@@ -260,9 +370,12 @@ def test_demo(capsys, tmp_path):
     path = tmp_path / "demo.json"
     code, out, err = run(capsys, "demo", "--json", path)
     assert code == 0, err
-    assert "[1/3] Profile one training step of remat.zoo:demo" in out
+    n = int(re.search(r"^\[1/(\d+)\] Profile one training step of remat.zoo:demo", out, re.MULTILINE).group(1))
     assert "remat profile of GPT2LMHeadModel: real mode on cpu" in out
-    assert "[2/3] In plain words" in out and "The step peaks at" in out
+    assert f"[2/{n}] In plain words" in out and "The step peaks at" in out
     assert "The block that saves the most is transformer.h." in " ".join(out.split())
+    assert f"[3/{n}] Plan checkpoints for a budget of 50% of that peak" in out
+    assert "remat plan for GPT2LMHeadModel" in out and "the same step with hand recipes" in out
+    assert f"[{n}/{n}] Write files" in out  # the last step, after the plan (and whatever follows it)
     prof = remat.StepProfile.from_json(path.read_text())
     assert prof.model == "GPT2LMHeadModel" and prof.optimizer_bytes > 0
