@@ -376,6 +376,22 @@ def test_demo(capsys, tmp_path):
     assert "The block that saves the most is transformer.h." in " ".join(out.split())
     assert f"[3/{n}] Plan checkpoints for a budget of 50% of that peak" in out
     assert "remat plan for GPT2LMHeadModel" in out and "the same step with hand recipes" in out
+    assert f"[4/{n}] Apply the plan and verify it against the unplanned step" in out
+    assert "Verdict: nothing but memory and time changed." in out
     assert f"[{n}/{n}] Write files" in out  # the last step, after the plan (and whatever follows it)
     prof = remat.StepProfile.from_json(path.read_text())
     assert prof.model == "GPT2LMHeadModel" and prof.optimizer_bytes > 0
+
+
+def test_plan_verify_applies_and_checks_the_plan(capsys, target_file):
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--verify")
+    assert code == 0, err
+    assert "verify: the step with and without the plan" in out
+    for check in ("gradients (max |diff|)", "buffers (BatchNorm stats)", "extra FLOPs (FlopCounterMode)"):
+        line = next(line for line in out.splitlines() if check in line)
+        assert line.rstrip().endswith("ok")
+
+
+def test_plan_verify_needs_a_real_target(capsys, target_file):
+    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--verify", *FAKE)
+    assert code == 2 and err.startswith("remat: --verify runs the real step")
