@@ -1,0 +1,161 @@
+"""remat.apply at 50% of the peak next to Hugging Face's own gradient checkpointing and none.
+
+For GPT-2 and BERT built from configs: measured peak (remat's tracker, real mode),
+extra FLOPs (FlopCounterMode), step time as the median ratio to no checkpointing over
+interleaved rounds (MEASURING.md), and whether gradients equal the unplanned model's.
+Also the overhead of applying a plan whose every decision is `keep`.
+
+    python benchmarks/apply_vs_hf.py [--quick] [--rounds N]
+
+Writes benchmarks/results/apply_vs_hf.md (dated, machine, torch version, threads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+import remat
+from remat import zoo
+
+MIB = 2**20
+RESULTS = Path(__file__).parent / "results" / "apply_vs_hf.md"
+
+
+def step(model, inputs, opt):
+    loss = model(**inputs).loss
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def flops(model, inputs):
+    with FlopCounterMode(display=False) as fc:
+        model(**inputs).loss.backward()
+    model.zero_grad(set_to_none=True)
+    return fc.get_total_flops()
+
+
+def grads(model, inputs):
+    torch.manual_seed(0)
+    model(**inputs).loss.backward()
+    g = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return g
+
+
+class Variant:
+    def __init__(self, name, on, off):
+        self.name, self.on, self.off = name, on, off
+
+
+def variants(model, prof):
+    try:
+        plan50 = remat.plan(prof, 0.5)
+    except remat.InfeasibleBudget as e:  # small models: the least memory any plan reaches
+        plan50 = remat.plan(prof, e.min_bytes)
+    keep = remat.plan(prof, 1.0)
+
+    def hf_on():
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+    return [
+        Variant("no checkpointing", lambda: None, lambda: None),
+        Variant("HF gradient checkpointing (every layer)", hf_on, model.activation_checkpointing_disable),
+        Variant(f"remat at {plan50.budget_bytes / prof.peak_bytes:.0%} ({plan50.solver}, {len(plan50.segments)} checkpoints)",
+                lambda: remat.apply(model, plan50), lambda: remat.remove(model)),
+        Variant("remat keep-everything plan", lambda: remat.apply(model, keep), lambda: remat.remove(model)),
+    ], plan50
+
+
+def measure(name, factory, rounds):
+    model, inputs = factory()
+    opt = torch.optim.AdamW(model.parameters(), lr=0.0)  # lr 0: the weights stay put across rounds
+    prof = remat.profile(model, inputs, optimizer=opt)
+    vs, plan50 = variants(model, prof)
+    ref_grads = grads(model, inputs)
+    base_flops = flops(model, inputs)
+    rows = []
+    for v in vs:
+        v.on()
+        p = remat.profile(model, inputs, optimizer=opt)
+        g = grads(model, inputs)
+        rows.append({
+            "variant": v.name,
+            "peak": p.peak_bytes,
+            "extra_flops": flops(model, inputs) - base_flops,
+            "grads_equal": all(torch.equal(a, b) for a, b in zip(g, ref_grads)),
+        })
+        v.off()
+    times = {v.name: [] for v in vs}
+    for _ in range(2):  # warm-up
+        for v in vs:
+            v.on(); step(model, inputs, opt); v.off()
+    for _ in range(rounds):
+        for v in vs:
+            v.on()
+            t0 = time.perf_counter()
+            step(model, inputs, opt)
+            times[v.name].append(time.perf_counter() - t0)
+            v.off()
+    base = times[vs[0].name]
+    for row in rows:
+        ratios = [t / b for t, b in zip(times[row["variant"]], base)]
+        row["time_ratio"] = statistics.median(ratios)
+    return name, prof, plan50, rows
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small models, 3 rounds")
+    ap.add_argument("--rounds", type=int, default=None)
+    args = ap.parse_args()
+    torch.set_num_threads(2)
+    size = dict(n_layer=2, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048) if args.quick else \
+        dict(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=8192)
+    bsize = dict(n_layer=size["n_layer"], hidden=size["n_embd"], heads=size["n_head"], seq=size["seq"],
+                 batch=size["batch"], vocab=size["vocab"])
+    rounds = args.rounds or (3 if args.quick else 7)
+    models = [("GPT-2", lambda: zoo.gpt2(**size)), ("BERT", lambda: zoo.bert(**bsize))]
+    lines = [
+        f"# remat.apply vs Hugging Face gradient checkpointing — {datetime.date.today()}",
+        "",
+        f"Machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores; torch {torch.__version__}; "
+        f"threads {torch.get_num_threads()}; {rounds} interleaved rounds after 2 warm-up rounds"
+        f"{' (--quick)' if args.quick else ''}.",
+        "Command: `python benchmarks/apply_vs_hf.py" + (" --quick`" if args.quick else "`"),
+        "",
+    ]
+    for name, factory in models:
+        name, prof, plan50, rows = measure(name, factory, rounds)
+        lines += [
+            f"## {name} ({prof.model}, unplanned peak {prof.peak_bytes / MIB:,.1f} MiB with AdamW; "
+            f"remat's budget: {plan50.budget_bytes / MIB:,.1f} MiB "
+            f"({plan50.budget_bytes / prof.peak_bytes:.0%}), predicted {plan50.peak_bytes / MIB:,.1f} MiB)",
+            "",
+            "| strategy | measured peak | vs none | extra GFLOP | step time vs none (median) | grads equal |",
+            "|---|---:|---:|---:|---:|---|",
+        ]
+        base = rows[0]["peak"]
+        for r in rows:
+            lines.append(
+                f"| {r['variant']} | {r['peak'] / MIB:,.1f} MiB | {r['peak'] / base - 1:+.1%} | "
+                f"{r['extra_flops'] / 1e9:,.2f} | {r['time_ratio']:.3f} | {'yes' if r['grads_equal'] else 'NO'} |"
+            )
+        lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
