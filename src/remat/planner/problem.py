@@ -214,8 +214,8 @@ def _make_unit(run: list[BlockProfile], group: str, position: int, nested: dict[
 def _make_selective_unit(b: BlockProfile, group: str, position: int, nested: dict[str, frozenset]) -> Unit | None:
     """Selective checkpointing of one block (Rule 4): frees what is not a matmul-like output,
     caches the matmul-like outputs autograd would have dropped, keeps the inputs."""
-    if b.selective_free_bytes <= 0:
-        return None
+    if b.selective_free_bytes <= 0 or b.has_batchnorm:
+        return None  # nothing to free; or BatchNorm, whose statistics remat restores only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
     effects = [Effect(b.forward_end_op + 1, b.backward_start_op, b.selective_free_bytes)]
     if b.selective_extra_bytes:
