@@ -68,19 +68,33 @@ class ModuleTracker(_ModuleTracker):
     it exits; for a recomputed forward those hooks keep the recomputed tensors alive to the
     end of backward (measured: checkpoint_sequential(4) over a 33-module chain, 71 MiB instead
     of the true 48 MiB).  Overrides two private methods, hence here.
+
+    Modules re-run in backward are kept apart, in `recomputing`: torch stops a recomputation
+    early by raising inside it, so their post-hooks may never run.  A module entered in a
+    recomputation drops the names that are not its ancestors (left over from an earlier,
+    stopped one), and ops that are not recomputation ignore them.
     """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recomputing: set[str] = set()
 
     def _fw_pre_hook(self, mod, input) -> None:
         if in_backward():
-            self._get_append_fn(self._get_mod_name(mod), False)()
+            name = self._get_mod_name(mod)
+            self.recomputing = {n for n in self.recomputing if name.startswith(n + ".")} | {name}
         else:
             super()._fw_pre_hook(mod, input)
 
     def _fw_post_hook(self, mod, input, output) -> None:
         if in_backward():
-            self._get_pop_fn(self._get_mod_name(mod), False)()
+            self.recomputing.discard(self._get_mod_name(mod))
         else:
             super()._fw_post_hook(mod, input, output)
+
+    def active(self, recompute: bool) -> set[str]:
+        """Names of the modules running now: the recomputed ones for a recomputed op, else the others."""
+        return self.recomputing if recompute else self.parents
 
 
 # -- intercepting torch.utils.checkpoint (used by remat.lint) ------------------------------------

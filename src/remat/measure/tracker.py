@@ -197,7 +197,8 @@ class Tracker(TorchDispatchMode):
         if self.modules is None:
             return ""
         best, depth = "", -1
-        for p in self.modules.parents:
+        recompute = in_backward() and torch.is_grad_enabled()  # NOTE [Recomputation]
+        for p in self.modules.active(recompute):
             if p == "Global":
                 continue
             d = p.count(".")
