@@ -147,7 +147,7 @@ def test_kwargs_tuples_dataclasses_and_a_module_called_twice():
     loss_fn = lambda out: out.y.square().mean() + out.aux  # noqa: E731
     prof = remat.profile(model, inputs, loss_fn=loss_fn, blocks=["block", "pair"])
     plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
-    assert plan.segments
+    assert plan.segments or plan.selective
     report = remat.verify(model, inputs, plan, loss_fn=loss_fn)
     assert report.grads_equal and report.measured_recompute_flops == plan.recompute_flops
 
