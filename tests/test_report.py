@@ -149,3 +149,70 @@ def test_plot_timeline_of_a_long_step(tmp_path):
     plot_timeline(prof, tmp_path / "long.png")
     assert (tmp_path / "long.png").read_bytes().startswith(PNG_SIGNATURE)
     assert plt.get_fignums() == []
+
+
+# -- the frontier of plans ---------------------------------------------------------------------
+
+
+def _plan(peak_mib: float, gflop: float, segments: int = 0, seconds: float = 0.0, solver: str = "dp", **kw):
+    from remat.planner.plan import Plan
+
+    return Plan(
+        model="TinyNet", solver=solver, decisions={}, segments=[[f"b{i}"] for i in range(segments)],
+        peak_bytes=int(peak_mib * MiB), recompute_flops=int(gflop * 1e9), recompute_s=seconds,
+        unplanned_peak_bytes=100 * MiB, budget_bytes=None, blocks=[], step_flops=int(30e9), **kw,
+    )
+
+
+def _frontier(seconds: bool = False):
+    t = (lambda s: s) if seconds else (lambda s: 0.0)
+    return [_plan(100, 0, 0, t(0.0), solver="keep"), _plan(70, 1, 1, t(0.1)), _plan(55, 2.5, 2, t(0.25)),
+            _plan(40, 6, 3, t(0.6), selective=["b9"])]
+
+
+def _recipes():
+    out = {f"checkpoint_sequential({k})": _plan(60 - k, 2 + k, k - 1) for k in range(2, 6)}
+    out["checkpoint_sequential(6)"] = _plan(56, 6, 5)  # same point as k=4: one label "k=4,6"
+    return {**out, "every-block": _plan(38, 7, 4), "chen": _plan(45, 6.5, 2)}
+
+
+@pytest.mark.parametrize("seconds", [False, True], ids=["fake profile", "with predicted seconds"])
+def test_plot_frontier_writes_a_png_and_nothing_else(tmp_path, seconds):
+    from remat.report.plot import plot_frontier
+
+    path = tmp_path / "frontier.png"
+    plot_frontier(_frontier(seconds), path, budget_bytes=50 * MiB, baselines=_recipes())
+    assert path.read_bytes().startswith(PNG_SIGNATURE)
+    assert list(tmp_path.iterdir()) == [path]
+    assert plt.get_fignums() == []
+
+
+def test_plot_frontier_marks_budget_and_recipes():
+    from remat.report.plot import _frontier_figure
+
+    fig = _frontier_figure(_frontier(seconds=True), 50 * MiB, _recipes())
+    assert len(fig.axes) >= 2  # a second panel with predicted seconds
+    ax = fig.axes[0]
+    labels = ax.get_legend_handles_labels()[1]
+    assert labels == ["remat frontier", "checkpoint_sequential(k), k labelled", "checkpoint every block",
+                      "Chen et al. sqrt(n) segments", "budget 50.0 MiB"]
+    texts = sorted(t.get_text() for t in ax.texts)
+    assert texts == ["k=2", "k=3", "k=4,6", "k=5"]
+    budget = [line for line in ax.get_lines() if line.get_linestyle() == "--"]
+    assert budget and budget[0].get_ydata()[0] == 50.0
+
+
+def test_render_frontier_table():
+    from remat.report.frontier_text import render_frontier
+
+    text = render_frontier(_frontier(seconds=True), budget_bytes=60 * MiB)
+    lines = text.splitlines()
+    assert " ".join(text.split()).startswith(
+        "remat frontier for TinyNet: 4 plans from keep-everything (100.0 MiB) down to the least memory (40.0 MiB)"
+    )
+    rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
+    assert [r[1] for r in rows] == ["100.0", "70.0", "55.0", "40.0"]
+    assert rows[2][3:] == ["2.50", "8.3%", "0.250", "2", "0", "cheapest"]
+    assert rows[3][-3:] == ["3", "1", "yes"] and rows[0][-1] == "no"
+    assert all(line == line.rstrip() for line in lines)
+    assert "fits" not in render_frontier(_frontier())

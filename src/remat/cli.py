@@ -137,7 +137,8 @@ def _add_plan(verbs) -> None:
                    help=f"{TARGET_HELP}; or a profile JSON file written by `remat profile --json F`")
     p.add_argument("--budget", metavar="B", type=_budget_arg, default=None,
                    help='peak memory allowed for the whole step: "6GiB", "6GB", "800MiB", bytes (6442450944), '
-                   "a fraction of the unplanned peak (0.5) or a percentage (50%%); required unless --frontier or --plot")
+                   "a fraction of the unplanned peak (0.5) or a percentage (50%%); "
+                   "required unless --frontier or --plot")
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
                    "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)")

@@ -222,7 +222,8 @@ def _clusters(points: dict[str, tuple[float, float]], everything: list[Plan], fi
 
 def _k_label(names: list[str]) -> str:
     """"k=4", "k=3,4" or "k=15..28" for the checkpoint_sequential(k) plans at one point."""
-    ks = sorted(int(n[len(SEQUENTIAL_PREFIX) : -1]) for n in names if n.endswith(")") and n[len(SEQUENTIAL_PREFIX) : -1].isdigit())
+    inner = [n[len(SEQUENTIAL_PREFIX) : -1] for n in names if n.startswith(SEQUENTIAL_PREFIX) and n.endswith(")")]
+    ks = sorted(int(k) for k in inner if k.isdigit())
     if not ks:
         return ", ".join(names)
     if len(ks) > 2 and ks == list(range(ks[0], ks[-1] + 1)):

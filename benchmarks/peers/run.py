@@ -1,0 +1,193 @@
+"""remat side by side with every peer, in one run: memory, recomputation, time, planning time.
+
+    python benchmarks/peers/run.py            # the default zoo (< 30 min on 2 cores); writes
+                                              # benchmarks/results/peers.{md,json}, docs/peers.md,
+                                              # docs/peers_<model>.png
+    python benchmarks/peers/run.py --quick    # CI smoke test (< 3 min); writes
+                                              # benchmarks/results/peers_quick.{md,json}, plots to a temp dir
+    python benchmarks/peers/run.py --models gpt2,bert --rounds 9    # a subset, more timing rounds
+    python benchmarks/peers/rockmate_probe.py # (network) re-try Rockmate as shipped; run.py reads its result
+
+Per model, two fresh interpreters (MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1
+OMP_WAIT_POLICY=PASSIVE, fixed torch thread count): worker_compile.py (torch.compile at each
+activation_memory_budget) then worker_eager.py (no checkpointing, every block, checkpoint_sequential
+sweep, Chen, selective op checkpointing, remat at each budget x solver and at each peer's
+measured peak).  See docs/peers.md for what each figure means.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+BENCH = HERE.parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(BENCH))
+
+from _common import RSS_ENV, machine_info  # noqa: E402
+
+from models import ORDER, SIZES  # noqa: E402
+
+# OMP_WAIT_POLICY=PASSIVE: on a shared 2-core machine, OpenMP threads that spin-wait for a
+# descheduled sibling made 2-thread steps 5-50x slower (measured: 0.73 s vs 0.016 s for the
+# quick chain under load 10); passive waiting removes that without changing idle-machine speed.
+WORKER_ENV = {**RSS_ENV, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+
+PROFILES = {
+    "default": dict(
+        size="default", rounds=5, budgets=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], solvers=["dp", "ilp", "chen"],
+        compile_budgets=[1.0, 0.7, 0.4, 0.1], frontier_points=4, sweep_max=None,
+    ),
+    "quick": dict(
+        size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],
+        compile_budgets=[1.0, 0.5], frontier_points=0, sweep_max=4,
+    ),
+}
+QUICK_MODELS = ["chain001", "gpt2"]
+QUICK_COMPILE_MODELS = ["chain001"]
+
+
+def sweep_for(model: str, size: str, sweep_max: int | None) -> list[int]:
+    """checkpoint_sequential segment counts: 2..N for short sequences; for report 001's chain the
+    user's sweep (2, 4, 8, 10, 16) plus the ends."""
+    n = {"mlp000": SIZES[size]["mlp000"]["layers"], "chain001": SIZES[size]["chain001"]["blocks"] + 1}.get(model)
+    if n is None:
+        return [2]  # not applicable; the worker records why
+    ks = list(range(2, n + 1)) if n <= 9 else sorted({2, 3, 4, 6, 8, 10, 16, n})
+    if sweep_max:
+        ks = [k for k in ks if k <= sweep_max]
+    return ks
+
+
+def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> dict:
+    env = dict(os.environ)
+    env.update(WORKER_ENV)
+    src = str(ROOT / "src")
+    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "") if (ROOT / "src").exists() else env.get("PYTHONPATH", "")
+    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
+        sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        sp.write_text(json.dumps(spec))
+        t0 = time.perf_counter()
+        p = subprocess.Popen([sys.executable, str(HERE / script), str(sp), str(op)], env=env,
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        try:
+            for line in p.stdout:  # progress, as the worker goes
+                lines.append(line)
+                if verbose:
+                    print(f"    [{spec['model']} {script[7:-3]} {time.perf_counter() - t0:5.0f}s] {line.rstrip()}", flush=True)
+                if time.perf_counter() - t0 > timeout:
+                    p.kill()
+                    break
+        finally:
+            rc = p.wait()
+        wall = time.perf_counter() - t0
+        log = "".join(lines)
+        if rc != 0 or not op.exists():
+            return {"worker_error": f"{script} exited {rc}", "log_tail": log[-3000:], "wall_s": wall}
+        res = json.loads(op.read_text())
+        res["wall_s"] = wall
+        res["log"] = log[-6000:]
+        return res
+
+
+def rockmate_status() -> dict:
+    """Live: is `rockmate` importable here and is there a GPU?  Plus the probe's record."""
+    import importlib.util
+
+    import torch
+
+    live = {"importable_here": importlib.util.find_spec("rockmate") is not None, "cuda": torch.cuda.is_available()}
+    probe_path = BENCH / "results" / "peers_rockmate.json"
+    probe = json.loads(probe_path.read_text()) if probe_path.exists() else None
+    if live["importable_here"] and live["cuda"]:
+        status = "importable and CUDA present: run it with benchmarks/peers/rockmate_probe.py"
+    elif probe is not None:
+        status = probe["status"]
+    else:
+        status = "not runnable on CPU (CUDA-only; rkgb 2.0.0 sdist incomplete) — probe not run"
+    return {"live": live, "probe": probe, "status": status}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="CI smoke test: two tiny models, few rounds (< 3 min)")
+    ap.add_argument("--models", help=f"comma-separated subset of {','.join(ORDER)}")
+    ap.add_argument("--threads", type=int, default=2, help="torch threads in every worker (default 2)")
+    ap.add_argument("--rounds", type=int, help="interleaved timing rounds after one warm-up round")
+    ap.add_argument("--compile-budgets", help="comma-separated activation_memory_budget values ('' for none)")
+    ap.add_argument("--no-compile", action="store_true")
+    ap.add_argument("--out", help="results basename in benchmarks/results (default peers or peers_quick)")
+    ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
+                    help="write docs/peers.md and docs/peers_<model>.png (default: on unless --quick)")
+    ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
+    args = ap.parse_args(argv)
+    prof = dict(PROFILES["quick" if args.quick else "default"])
+    if args.rounds:
+        prof["rounds"] = args.rounds
+    if args.compile_budgets is not None:
+        prof["compile_budgets"] = [float(x) for x in args.compile_budgets.split(",") if x]
+    if args.no_compile:
+        prof["compile_budgets"] = []
+    if prof["compile_budgets"] and 1.0 not in prof["compile_budgets"]:
+        prof["compile_budgets"] = [1.0] + prof["compile_budgets"]
+    models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else ORDER)
+    compile_models = QUICK_COMPILE_MODELS if (args.quick and not args.models) else models
+    name = args.out or ("peers_quick" if args.quick else "peers")
+    docs = (not args.quick) if args.docs is None else args.docs
+    cmd = "python benchmarks/peers/run.py" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
+
+    t_start = time.perf_counter()
+    info = machine_info(args.threads)
+    info["OMP_WAIT_POLICY"] = WORKER_ENV["OMP_WAIT_POLICY"]
+    try:
+        info["loadavg_at_start"] = open("/proc/loadavg").read().split()[:3]
+    except OSError:
+        pass
+    results = {}
+    for m in models:
+        t0 = time.perf_counter()
+        comp = None
+        if prof["compile_budgets"] and m in compile_models:
+            comp = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
+                                                    "rounds": prof["rounds"], "budgets": prof["compile_budgets"]},
+                              args.timeout)
+        points = []
+        if comp and "budgets" in comp:
+            points = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"],
+                       "extra_flops": r.get("extra_flops")} for r in comp["budgets"] if "rss_peak" in r]
+        eager = run_worker("worker_eager.py", {
+            "model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
+            "budgets": prof["budgets"], "solvers": prof["solvers"], "frontier_points": prof["frontier_points"],
+            "sweep": sweep_for(m, prof["size"], prof["sweep_max"]), "compile_points": points}, args.timeout)
+        results[m] = {"eager": eager, "compile": comp}
+        err = eager.get("worker_error") or (comp or {}).get("worker_error")
+        print(f"{m:<9} {time.perf_counter() - t0:6.0f} s" + (f"  ERROR {err}" if err else ""), flush=True)
+        if err:
+            print((eager.get("log_tail") or (comp or {}).get("log_tail") or "")[-2000:], flush=True)
+    info["elapsed_s"] = time.perf_counter() - t_start
+    try:
+        info["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
+    except OSError:
+        pass
+    rock = rockmate_status()
+
+    import report
+
+    data = {"machine": info, "command": cmd, "profile": prof, "models": results, "rockmate": rock}
+    md_path = report.write_all(data, name=name, docs=docs, quick=args.quick)
+    print(f"\n{time.perf_counter() - t_start:.0f} s in all; wrote {md_path}")
+    failed = [m for m, r in results.items() if r["eager"].get("worker_error")]
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Each peer strategy applied to a Bench the way its users apply it, reversibly (on/off), so
+that one process can interleave them for timing.  A strategy is described by a JSON-able
+spec (`{"kind": ..., ...}`) so that the worker processes can rebuild it.
+
+kinds:
+  none                 no checkpointing
+  every_block          HF models: `model.activation_checkpointing_enable(...)` (transformers 5.x);
+                       others: `apply_activation_checkpointing(model, checkpoint_wrapper_fn=..., check_fn=...)`
+                       on each of `bench.blocks`
+  ckpt_seq, k          `torch.utils.checkpoint.checkpoint_sequential(bench.sequence, k, x)` as the forward
+  chen                 Chen et al.'s sqrt(n): the sequence cut into segments of round(sqrt(n)), each one
+                       `torch.utils.checkpoint.checkpoint` (all segments checkpointed)
+  sac                  torchtitan-style selective op checkpointing per block: `checkpoint_wrapper(block,
+                       context_fn=partial(create_selective_checkpoint_contexts, policy),
+                       preserve_rng_state=False)` where the policy saves matmul-like outputs (mm, addmm,
+                       bmm, baddbmm, convolution, scaled-dot-product attention) and recomputes the rest
+  remat, plan          `remat.apply(model, plan)` / `remat.remove(model)`
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import torch
+import torch.nn as nn
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+    CheckpointImpl,
+    CheckpointWrapper,
+    apply_activation_checkpointing,
+    checkpoint_wrapper,
+)
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
+
+import remat
+
+aten = torch.ops.aten
+
+# torchtitan's `_save_list` idea ("save matmul outputs, recompute the rest"), for CPU kernels too.
+SAC_SAVE = {
+    aten.mm.default,
+    aten.addmm.default,
+    aten.bmm.default,
+    aten.baddbmm.default,
+    aten.convolution.default,
+    aten._scaled_dot_product_flash_attention_for_cpu.default,
+    aten._scaled_dot_product_efficient_attention.default,
+    aten._scaled_dot_product_flash_attention.default,
+}
+
+
+def _sac_policy(ctx, func, *args, **kwargs):
+    return CheckpointPolicy.MUST_SAVE if func in SAC_SAVE else CheckpointPolicy.PREFER_RECOMPUTE
+
+
+def sac_context_fn():
+    return create_selective_checkpoint_contexts(_sac_policy)
+
+
+def label(spec: dict) -> str:
+    k = spec["kind"]
+    if k == "none":
+        return "no checkpointing"
+    if k == "every_block":
+        return "every block"
+    if k == "ckpt_seq":
+        return f"checkpoint_sequential({spec['k']})"
+    if k == "chen":
+        return "Chen sqrt(n)"
+    if k == "sac":
+        return "selective (SAC, save matmuls)"
+    if k == "remat":
+        return spec["label"]
+    if k == "compile":
+        return f"torch.compile budget {spec['budget']:g}"
+    raise ValueError(k)
+
+
+def family(spec: dict) -> str:
+    k = spec["kind"]
+    if k == "remat":
+        return "remat"
+    if k == "ckpt_seq":
+        return "checkpoint_sequential"
+    return k
+
+
+def applicable(bench, spec: dict) -> str | None:
+    """None if the strategy applies to this model as its users apply it, else why not."""
+    k = spec["kind"]
+    if k in ("ckpt_seq", "chen") and bench.sequence is None:
+        return bench.no_sequence_why
+    if k == "ckpt_seq" and spec["k"] > len(bench.sequence(bench.model)):
+        return "more segments than modules"
+    return None
+
+
+def how(bench, spec: dict) -> str:
+    """One line: the API call used."""
+    k = spec["kind"]
+    if k == "every_block":
+        if bench.hf:
+            return "model.activation_checkpointing_enable(activation_checkpointing_kwargs={'use_reentrant': False})"
+        return "apply_activation_checkpointing(model, checkpoint_wrapper (NO_REENTRANT), check_fn=block)"
+    if k == "ckpt_seq":
+        return "forward = checkpoint_sequential(layers, k, x, use_reentrant=False)"
+    if k == "chen":
+        return "forward = checkpoint(segment, x, use_reentrant=False) per round(sqrt(n)) layers"
+    if k == "sac":
+        return "checkpoint_wrapper(block, context_fn=create_selective_checkpoint_contexts(policy), preserve_rng_state=False)"
+    if k == "remat":
+        return "remat.apply(model, remat.plan(profile, budget, solver))"
+    return ""
+
+
+class Applied:
+    """on()/off() for one spec on one Bench."""
+
+    def __init__(self, bench, spec: dict):
+        self.bench, self.spec = bench, spec
+        self._plan = remat.Plan.from_json(spec["plan"]) if spec["kind"] == "remat" else None
+
+    def on(self) -> None:
+        b, k = self.bench, self.spec["kind"]
+        m = b.model
+        if k == "none":
+            return
+        if k == "every_block":
+            if b.hf:
+                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+            else:
+                targets = {id(mod) for name, mod in m.named_modules() if name in set(b.blocks)}
+                apply_activation_checkpointing(
+                    m,
+                    checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+                    check_fn=lambda mod: id(mod) in targets,
+                )
+            return
+        if k == "sac":
+            targets = {id(mod) for name, mod in m.named_modules() if name in set(b.blocks)}
+            apply_activation_checkpointing(
+                m,
+                checkpoint_wrapper_fn=partial(
+                    checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                    context_fn=sac_context_fn, preserve_rng_state=False,
+                ),
+                check_fn=lambda mod: id(mod) in targets,
+            )
+            return
+        if k == "ckpt_seq":
+            layers, segs = b.sequence(m), self.spec["k"]
+            m.forward = lambda x: checkpoint_sequential(layers, segs, x, use_reentrant=False)
+            return
+        if k == "chen":
+            layers = b.sequence(m)
+            size = max(1, round(math.sqrt(len(layers))))
+            chunks = [layers[i : i + size] for i in range(0, len(layers), size)]
+
+            def run(chunk, x):
+                for layer in chunk:
+                    x = layer(x)
+                return x
+
+            def forward(x):
+                for c in chunks:
+                    x = checkpoint(partial(run, c), x, use_reentrant=False)
+                return x
+
+            m.forward = forward
+            return
+        if k == "remat":
+            remat.apply(m, self._plan)
+            return
+        raise ValueError(k)
+
+    def off(self) -> None:
+        b, k = self.bench, self.spec["kind"]
+        m = b.model
+        if k == "none":
+            return
+        if k == "every_block" and b.hf:
+            m.activation_checkpointing_disable()
+            return
+        if k in ("every_block", "sac"):
+            _unwrap(m)
+            return
+        if k in ("ckpt_seq", "chen"):
+            del m.forward
+            return
+        if k == "remat":
+            remat.remove(m)
+            return
+        raise ValueError(k)
+
+
+def _unwrap(root: nn.Module) -> None:
+    """Undo apply_activation_checkpointing: put each wrapped module back in its parent."""
+    for parent in list(root.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, CheckpointWrapper):
+                setattr(parent, name, child._checkpoint_wrapped_module)

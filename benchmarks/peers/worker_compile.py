@@ -1,0 +1,199 @@
+"""Worker: torch.compile (Inductor) with `torch._functorch.config.activation_memory_budget` on
+one model, in one fresh interpreter (run by run.py).
+
+    MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1 python benchmarks/peers/worker_compile.py SPEC.json OUT.json
+
+For each budget the whole step function (model + loss) is compiled afresh: a distinct code
+object per budget (so Dynamo's cache never hands one budget's graph to another), the FX graph
+cache and the AOTAutograd cache off (so the partitioner really runs at each budget; Inductor's
+on-disk kernel cache is left as found).  Figures per budget:
+  compile_s      the first call (forward + backward) minus the median compiled step afterwards
+  partition_s    seconds inside min_cut_rematerialization_partition (the knapsack: the planning)
+  flops          FLOPs of the forward and backward graphs Inductor compiles (torch.utils.flop_counter
+                 formulas over the nodes' shapes; FlopCounterMode cannot see inside compiled code)
+  rss_peak       process peak of one step (VmHWM reset before it), as the eager worker measures
+  grads          against eager without checkpointing and against the compiled budget 1.0, seed 0
+  time_ratio     median per-round ratio to eager without checkpointing, interleaved
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+import torch
+
+try:
+    import transformers  # noqa: F401
+
+    transformers.logging.set_verbosity_error()
+except ImportError:  # pragma: no cover
+    pass
+import torch._functorch.config as functorch_config
+import torch._inductor.compile_fx as compile_fx_mod
+import torch._inductor.config as inductor_config
+from torch._inductor.compile_fx import compile_fx, compile_fx_inner
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import adam, compare_grads, flops_and_grads, grads_of, rss_step_peak, step, zero_grads  # noqa: E402
+from models import build  # noqa: E402
+
+from remat._torch_compat import flops_of  # noqa: E402  (the same formulas FlopCounterMode uses)
+
+warnings.filterwarnings("ignore")
+inductor_config.fx_graph_cache = False
+functorch_config.enable_autograd_cache = False
+
+_partition_s = [0.0]
+_original_partition = compile_fx_mod.min_cut_rematerialization_partition
+
+
+def _timed_partition(*args, **kwargs):
+    t0 = time.perf_counter()
+    try:
+        return _original_partition(*args, **kwargs)
+    finally:
+        _partition_s[0] += time.perf_counter() - t0
+
+
+compile_fx_mod.min_cut_rematerialization_partition = _timed_partition
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+def graph_flops(gm: torch.fx.GraphModule) -> int:
+    total = 0
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and isinstance(n.target, torch._ops.OpOverload):
+            args = torch.fx.node.map_arg(n.args, lambda a: a.meta.get("val"))
+            kwargs = torch.fx.node.map_arg(n.kwargs, lambda a: a.meta.get("val"))
+            try:
+                total += flops_of(n.target, args, kwargs, n.meta.get("val"))
+            except Exception:  # an op whose formula cannot take these arguments counts 0, like FlopCounterMode
+                pass
+    return total
+
+
+def counting_backend(record: dict):
+    def inner(gm, example_inputs, **kw):
+        f = graph_flops(gm)
+        record["bw_flops" if kw.get("is_backward") else "fw_flops"] += f
+        record["graphs"] += 1
+        return compile_fx_inner(gm, example_inputs, **kw)
+
+    def backend(gm, example_inputs):
+        return compile_fx(gm, example_inputs, inner_compile=inner)
+
+    return backend
+
+
+def fresh_function(fn, name: str):
+    """A copy of `fn` with its own code object: Dynamo caches compiled graphs per code object."""
+    code = fn.__code__.replace(co_name=name)
+    return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
+
+
+def main(spec: dict) -> dict:
+    torch.set_num_threads(int(spec["threads"]))
+    t_start = time.perf_counter()
+    bench = build(spec["model"], spec["size"])
+    model = bench.model
+
+    def eager():
+        return bench.loss(bench.call())
+
+    step(bench, eager, adam(model))  # warm-up
+    zero_grads(model)
+    # Inductor's one-time start-up (imports, compile workers), so that it is not billed to the first budget
+    t0 = time.perf_counter()
+    w = torch.randn(8, 8, requires_grad=True)
+    torch.compile(lambda x: (x.sin() * 2).sum())(w).backward()
+    startup_s = time.perf_counter() - t0
+    ref_flops, ref_grads = flops_and_grads(bench, eager)
+    out = {"model": spec["model"], "none_flops": ref_flops, "eager_rss_peak": rss_step_peak(bench, eager),
+           "inductor_startup_s": startup_s}
+    variants = {}
+    for b in spec["budgets"]:
+        record = {"budget": b, "fw_flops": 0, "bw_flops": 0, "graphs": 0}
+        name = f"step_budget_{str(b).replace('.', '_')}"
+        compiled = torch.compile(fresh_function(eager, name), backend=counting_backend(record))
+
+        def call(compiled=compiled, b=b):
+            with functorch_config.patch(activation_memory_budget=b):
+                return compiled()
+
+        _partition_s[0] = 0.0
+        gc.collect()
+        try:
+            zero_grads(model)
+            t0 = time.perf_counter()
+            call().backward()
+            first = time.perf_counter() - t0
+            zero_grads(model)
+            steady = statistics.median(_timed_fwd_bwd(call) for _ in range(2))
+            record.update(first_call_s=first, compile_s=max(0.0, first - steady), partition_s=_partition_s[0])
+            record["flops"] = record["fw_flops"] + record["bw_flops"]
+            record["grads_vs_eager"] = compare_grads(ref_grads, grads_of(bench, call))
+            record["rss_peak"] = rss_step_peak(bench, call)
+            variants[b] = call
+        except Exception as e:
+            record["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        zero_grads(model)
+        out.setdefault("budgets", []).append(record)
+        log(f"  compile budget {b}: {record.get('compile_s', 0):.1f} s (partition {record.get('partition_s', 0):.2f} s) "
+            f"rss {record.get('rss_peak', 0) / 2**20:.1f} MiB, {record.get('flops', 0) / 1e9:.2f} GFLOP {record.get('error', '')}")
+    base = next((r for r in out.get("budgets", []) if r["budget"] == 1.0 and "error" not in r), None)
+    if base is not None:
+        ref_c = grads_of(bench, variants[1.0])
+        for r in out["budgets"]:
+            if "error" not in r:
+                r["extra_flops_vs_compiled"] = r["flops"] - base["flops"]
+                r["grads_vs_compiled_1"] = compare_grads(ref_c, grads_of(bench, variants[r["budget"]]))
+    for r in out.get("budgets", []):
+        if "error" not in r:
+            r["extra_flops"] = r["flops"] - ref_flops
+    # interleaved step times against eager without checkpointing
+    opt = adam(model)
+    names = ["eager"] + list(variants)
+    fns = {"eager": eager, **variants}
+    times = {k: [] for k in names}
+    for r in range(spec["rounds"] + 1):
+        for k in names:
+            t0 = time.perf_counter()
+            step(bench, fns[k], opt)
+            dt = time.perf_counter() - t0
+            opt.zero_grad(set_to_none=True)
+            if r:
+                times[k].append(dt)
+    out["eager_step_s"] = statistics.median(times["eager"])
+    for rec in out.get("budgets", []):
+        if rec["budget"] in variants:
+            ts = times[rec["budget"]]
+            rec["step_s"] = statistics.median(ts)
+            rec["time_ratio"] = statistics.median(t / e for t, e in zip(ts, times["eager"]))
+            if 1.0 in variants:
+                rec["time_ratio_vs_compiled"] = statistics.median(t / e for t, e in zip(ts, times[1.0]))
+    out["threads"] = torch.get_num_threads()
+    out["elapsed_s"] = time.perf_counter() - t_start
+    return out
+
+
+def _timed_fwd_bwd(call) -> float:
+    t0 = time.perf_counter()
+    call().backward()
+    dt = time.perf_counter() - t0
+    return dt
+
+
+if __name__ == "__main__":
+    spec = json.loads(Path(sys.argv[1]).read_text())
+    res = main(spec)
+    Path(sys.argv[2]).write_text(json.dumps(res))
