@@ -48,12 +48,11 @@ def solve(problem: Problem, budget_bytes: int, group: str | None = None) -> list
     fronts: list[list[_State]] = [[] for _ in range(n + 1)]
     fronts[0] = [_State(0, 0, None, None)]
     for i in range(n):
-        for state in fronts[i]:
-            for j, unit in _choices(problem, i, n, units):
-                need = _need(problem, slots, i, j, unit) - budget_bytes
+        for j, unit in _choices(problem, i, n, units):  # what a choice needs depends on the choice only
+            need = _need(problem, slots, i, j, unit) - budget_bytes
+            red, cost = (unit.reduction_bytes if unit else 0), _cost(unit)
+            for state in fronts[i]:
                 if state.reduction >= need:
-                    red = unit.reduction_bytes if unit else 0
-                    cost = _cost(unit)
                     fronts[j + 1].append(_State(state.cost + cost, state.reduction + red, state, unit))
         fronts[i + 1] = _pareto(fronts[i + 1])
     final_need = max((problem.interval_max[k] for k in slots.head), default=0) - budget_bytes
