@@ -90,12 +90,22 @@ class Bench:
         return ", ".join(f"{k} {v}" for k, v in self.size.items())
 
 
-class Chain(nn.Sequential):
-    """Report 001's chain: `blocks` x [Linear(w, w), ReLU] then a Sigmoid; each Linear+ReLU pair
-    is one nn.Sequential child (same ops as the flat Sequential of the report)."""
+def chain(width: int, blocks: int) -> nn.Sequential:
+    """Report 001's chain: `blocks` x [Linear(w, w), ReLU] then a Sigmoid, in a plain nn.Sequential whose
+    children are the Linear+ReLU pairs (same ops as the report's flat Sequential).  A plain
+    nn.Sequential, not a subclass: remat plans segments only when the container's class name is
+    "Sequential" (see docs/peers.md, "Bugs found")."""
+    return nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)], nn.Sigmoid())
 
-    def __init__(self, width: int, blocks: int):
-        super().__init__(*[nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)], nn.Sigmoid())
+
+def _hf_layers(model: nn.Module) -> list[str]:
+    """The layers Hugging Face's own activation checkpointing wraps (GradientCheckpointingLayer)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    names = [n for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not names:
+        raise RuntimeError(f"{type(model).__name__}: no GradientCheckpointingLayer found")
+    return names
 
 
 def _hf_inputs(vocab, batch, seq):
@@ -112,7 +122,7 @@ def build(name: str, size: str = "default") -> Bench:
         return Bench(name, model, x, None, False, [f"layers.{i}" for i in range(kw["layers"])],
                      sequence=lambda m: list(m.layers), size=kw)
     if name == "chain001":
-        model = Chain(kw["width"], kw["blocks"])
+        model = chain(kw["width"], kw["blocks"])
         x = torch.randn(kw["batch"], kw["width"])
         return Bench(name, model, x, None, False, [str(i) for i in range(kw["blocks"])],
                      sequence=lambda m: list(m), size=kw)
@@ -122,11 +132,11 @@ def build(name: str, size: str = "default") -> Bench:
                      no_sequence_why=not_a_loop + " (F.relu and flatten between the layers)", size=kw)
     if name == "gpt2":
         model, inputs = zoo.gpt2(**kw)
-        return Bench(name, model, inputs, None, True, [f"transformer.h.{i}" for i in range(kw["n_layer"])],
+        return Bench(name, model, inputs, None, True, _hf_layers(model),
                      no_sequence_why="HF layers take masks and caches besides the hidden states", size=kw)
     if name == "bert":
         model, inputs = zoo.bert(**kw)
-        return Bench(name, model, inputs, None, True, [f"bert.encoder.layer.{i}" for i in range(kw["n_layer"])],
+        return Bench(name, model, inputs, None, True, _hf_layers(model),
                      no_sequence_why="HF layers take masks besides the hidden states", size=kw)
     if name == "llama":
         tf = zoo._hf()
@@ -139,7 +149,7 @@ def build(name: str, size: str = "default") -> Bench:
         torch.manual_seed(0)
         model = tf.LlamaForCausalLM(cfg)
         return Bench(name, model, _hf_inputs(kw["vocab"], kw["batch"], kw["seq"]), None, True,
-                     [f"model.layers.{i}" for i in range(kw["n_layer"])],
+                     _hf_layers(model),
                      no_sequence_why="HF layers take position embeddings and masks", size=kw)
     if name == "vit":
         tf = zoo._hf()
@@ -151,7 +161,7 @@ def build(name: str, size: str = "default") -> Bench:
         model = tf.ViTForImageClassification(cfg)
         inputs = {"pixel_values": torch.randn(kw["batch"], 3, kw["image"], kw["image"]),
                   "labels": torch.randint(0, 10, (kw["batch"],))}
-        return Bench(name, model, inputs, None, True, [f"vit.encoder.layer.{i}" for i in range(kw["n_layer"])],
+        return Bench(name, model, inputs, None, True, _hf_layers(model),
                      no_sequence_why="HF layers are called with extra arguments", size=kw)
     if name == "skipnet":
         model, x = zoo.skipnet(**kw)

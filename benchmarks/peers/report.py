@@ -394,13 +394,13 @@ def render(data: dict, img_prefix: str | None) -> tuple[str, dict]:
                              c.get("extra_flops") == c.get("predicted_flops")))
             if c.get("error"):
                 bad.append([m, c["label"], c["error"][:160]])
-            elif c.get("grads") and not c["grads"].get("equal"):
+            elif c.get("grads") and not c["grads"].get("equal") and c["grads"].get("rel", 1) >= 1e-4:
                 why = ("`preserve_rng_state=False` (torchtitan's setting) and dropout in the model"
                        if c["family"] == "sac" else "")
                 bad.append([m, c["label"], f"gradients {grads_text(c['grads'])} vs none {why}"])
         for r in (C or {}).get("budgets", []):
             g = r.get("grads_vs_compiled_1")
-            if g and not g.get("equal"):
+            if g and not g.get("equal") and g.get("rel", 1) >= 1e-4:
                 bad.append([m, f"torch.compile budget {r['budget']:g}",
                             f"gradients {grads_text(g)} vs the same model compiled at budget 1.0 (same seed): "
                             "the partitioner recomputes dropout in backward with fresh random numbers"])

@@ -44,7 +44,7 @@ WORKER_ENV = {**RSS_ENV, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONWARNINGS": "ignore
 PROFILES = {
     "default": dict(
         size="default", rounds=5, budgets=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], solvers=["dp", "ilp", "chen"],
-        compile_budgets=[1.0, 0.7, 0.4, 0.1], frontier_points=4, sweep_max=None,
+        compile_budgets=[1.0, 0.5, 0.1], frontier_points=3, sweep_max=None,
     ),
     "quick": dict(
         size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],

@@ -129,7 +129,7 @@ class Applied:
             if b.hf:
                 m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
             else:
-                targets = {id(mod) for name, mod in m.named_modules() if name in set(b.blocks)}
+                targets = _targets(m, b.blocks)
                 apply_activation_checkpointing(
                     m,
                     checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
@@ -137,7 +137,7 @@ class Applied:
                 )
             return
         if k == "sac":
-            targets = {id(mod) for name, mod in m.named_modules() if name in set(b.blocks)}
+            targets = _targets(m, b.blocks)
             apply_activation_checkpointing(
                 m,
                 checkpoint_wrapper_fn=partial(
@@ -191,6 +191,13 @@ class Applied:
             remat.remove(m)
             return
         raise ValueError(k)
+
+
+def _targets(model: nn.Module, names: list[str]) -> set[int]:
+    found = {n: id(mod) for n, mod in model.named_modules() if n in set(names)}
+    if len(found) != len(names):
+        raise ValueError(f"blocks not in the model: {sorted(set(names) - set(found))[:3]}")
+    return set(found.values())
 
 
 def _unwrap(root: nn.Module) -> None:

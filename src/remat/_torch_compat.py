@@ -14,9 +14,17 @@ from torch._subclasses.fake_tensor import (  # private: fake tensors
     FakeTensorMode,
     UnsupportedOperatorException,
 )
+from torch.nn.modules.batchnorm import _BatchNorm  # private: the base class of every BatchNorm
+from torch.utils._python_dispatch import TorchDispatchMode  # private module, public-facing class
+from torch.utils._pytree import tree_flatten, tree_map  # private: pytree flattening of args/outputs
 from torch.utils.flop_counter import flop_registry  # module-level table of FLOP formulas
 
 __all__ = [
+    "BatchNormBase",
+    "TorchDispatchMode",
+    "tree_flatten",
+    "tree_map",
+    "fsdp_checkpoint_wrapper",
     "ModuleTracker",
     "FakeTensor",
     "FakeTensorMode",
@@ -26,6 +34,8 @@ __all__ = [
     "fake_mode_of",
     "checkpoint_wrapper_type",
 ]
+
+BatchNormBase = _BatchNorm
 
 FAKE_OP_ERRORS = (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException)
 
@@ -55,6 +65,14 @@ def checkpoint_wrapper_type():
     except Exception:  # torch built without distributed
         return None
     return CheckpointWrapper
+
+
+def fsdp_checkpoint_wrapper(module, reentrant: bool = False):
+    """`checkpoint_wrapper(module)` from torch.distributed (used by `remat explain`'s examples)."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    impl = CheckpointImpl.REENTRANT if reentrant else CheckpointImpl.NO_REENTRANT
+    return checkpoint_wrapper(module, checkpoint_impl=impl)
 
 
 from torch.utils.module_tracker import ModuleTracker as _ModuleTracker  # noqa: E402

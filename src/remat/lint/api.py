@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_flatten
+from remat._torch_compat import tree_flatten
 
 from remat.errors import InfeasibleBudget, RematError
 from remat.lint.finding import SEVERITIES, CheckpointRegion, Explanation, Finding

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+from remat._torch_compat import fsdp_checkpoint_wrapper
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from remat import zoo
@@ -23,7 +23,7 @@ def report000(hidden: int = 64, intermediate: int = 256, layers: int = 8, seq: i
     The report's torch made checkpoint_wrapper reentrant by default; so does this example.
     """
     model, x = zoo.mlp_report000(hidden, intermediate, layers, seq, batch)
-    return checkpoint_wrapper(model, checkpoint_impl=CheckpointImpl.REENTRANT), x
+    return fsdp_checkpoint_wrapper(model, reentrant=True), x
 
 
 def report000_full():
@@ -108,7 +108,7 @@ def per_layer_gpt2(use_cache: bool = False, n_layer: int = 4, seq: int = 128, ba
     model, inputs = zoo.gpt2(n_layer=n_layer, n_embd=64, n_head=2, seq=seq, batch=batch, vocab=256)
     model.config.use_cache = use_cache
     for i, layer in enumerate(model.transformer.h):
-        model.transformer.h[i] = checkpoint_wrapper(layer)
+        model.transformer.h[i] = fsdp_checkpoint_wrapper(layer)
     return model, inputs
 
 

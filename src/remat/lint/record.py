@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils._pytree import tree_flatten
+from remat._torch_compat import tree_flatten
 
 from remat._torch_compat import (
     CheckpointCall,

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
+from remat._torch_compat import BatchNormBase as _BatchNorm
 from torch.nn.modules.dropout import _DropoutNd
 
 from remat.lint.finding import CheckpointRegion, Finding

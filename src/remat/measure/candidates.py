@@ -39,6 +39,12 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
     return [n for n in found if not (n in seen or seen.add(n))]
 
 
+def runs_children_in_order(module: nn.Module | None) -> bool:
+    """True for an nn.Sequential (or a subclass) whose forward is nn.Sequential's: its children run
+    one after another, each on the previous one's output, so a run of them can be one checkpoint."""
+    return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
 def _join(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 

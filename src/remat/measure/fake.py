@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_map
+from remat._torch_compat import tree_map
 
 from remat._torch_compat import FakeTensor, FakeTensorMode, fake_mode_of
 

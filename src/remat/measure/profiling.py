@@ -10,15 +10,15 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from torch.utils._pytree import tree_flatten
+from remat._torch_compat import tree_flatten
 
 
+from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import FAKE_OP_ERRORS, FakeTensorMode, ModuleTracker, checkpoint_wrapper_type, in_backward
 from remat.errors import RematError, UnsupportedOp
 from remat.measure import fake
-from remat.measure.candidates import enclosing, find_candidates, within
+from remat.measure.candidates import enclosing, find_candidates, runs_children_in_order, within
 from remat.measure.step import (
     StateSnapshot,
     check_model,
@@ -433,8 +433,15 @@ def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings:
         has_batchnorm=any(isinstance(m, _BatchNorm) and m.training for m in mod.modules()),
         checkpoint_recompute_ops=len(_recomputed_ops(fwd, name)),
         selective_recompute_ops=len(_recomputed_ops(fwd, name, selective=True)),
-        container=type(io.containers[name]).__name__ if io.containers.get(name) is not None else "",
+        container=_container_kind(io.containers.get(name)),
     )
+
+
+def _container_kind(parent: nn.Module | None) -> str:
+    """"Sequential" when the parent runs its children in order (a subclass too), else its class name."""
+    if parent is None:
+        return ""
+    return "Sequential" if runs_children_in_order(parent) else type(parent).__name__
 
 
 def _kept_only_in(rec: StorageRecord, block: str) -> bool:

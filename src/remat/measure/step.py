@@ -14,6 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from remat._torch_compat import tree_flatten
 from remat.errors import RematError
 
 FIX_INPUTS = "Fix: pass a tensor, a tuple of positional arguments, or a dict of keyword arguments."
@@ -26,7 +27,7 @@ class StepInputs:
 
     def tensors(self) -> list[torch.Tensor]:
         flat = list(self.args) + list(self.kwargs.values())
-        return [t for t in torch.utils._pytree.tree_flatten(flat)[0] if isinstance(t, torch.Tensor)]
+        return [t for t in tree_flatten(flat)[0] if isinstance(t, torch.Tensor)]
 
 
 def normalize_inputs(inputs: Any) -> StepInputs:

@@ -40,8 +40,7 @@ import weakref
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
+from remat._torch_compat import TorchDispatchMode, tree_flatten
 
 from torch.utils.weak import WeakIdKeyDictionary
 

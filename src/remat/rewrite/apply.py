@@ -10,7 +10,7 @@ from typing import Any
 import torch.nn as nn
 
 from remat.errors import RematError
-from remat.measure.candidates import find_candidates
+from remat.measure.candidates import find_candidates, runs_children_in_order
 from remat.planner.plan import Plan
 from remat.rewrite.wrapping import MARK, is_wrapped, unwrap, wrap_segment
 
@@ -140,7 +140,7 @@ def _check_segment(modules: dict[str, nn.Module], seg: list[str]) -> None:
     parent = modules.get(next(iter(parents)))
     children = list(parent.named_children()) if parent is not None else []
     names = [(f"{next(iter(parents))}.{c}" if next(iter(parents)) else c) for c, _ in children]
-    ok = len(parents) == 1 and isinstance(parent, nn.Sequential) and _consecutive(names, seg)
+    ok = len(parents) == 1 and runs_children_in_order(parent) and _consecutive(names, seg)
     if not ok:
         raise RematError(
             f"remat: a segment of the plan ({seg[0]} .. {seg[-1]}) is not a run of consecutive children of one "
@@ -163,7 +163,7 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
         return [[b] for b in blocks]
     modules = dict(model.named_modules())
     parent = blocks[0].rsplit(".", 1)[0] if "." in blocks[0] else ""
-    if not isinstance(modules[parent], nn.Sequential):
+    if not runs_children_in_order(modules[parent]):
         raise RematError(
             f"remat: the 'chen' recipe checkpoints segments of consecutive blocks, which remat can wrap only "
             f"inside an nn.Sequential; {parent or type(model).__name__} is a {type(modules[parent]).__name__}. "

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.batchnorm import _BatchNorm
+from remat._torch_compat import BatchNormBase as _BatchNorm
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat._torch_compat import in_backward
