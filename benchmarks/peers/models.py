@@ -33,12 +33,12 @@ TITLES = {
 
 SIZES: dict[str, dict[str, dict]] = {
     "default": {
-        "mlp000": dict(hidden=128, intermediate=512, layers=8, seq=256, batch=8),
+        "mlp000": dict(hidden=128, intermediate=512, layers=8, seq=256, batch=4),
         "chain001": dict(width=128, blocks=32, batch=2048),
         "cnn002": dict(batch=100),
-        "gpt2": dict(n_layer=6, n_embd=128, n_head=4, seq=256, batch=4, vocab=2048),
-        "bert": dict(n_layer=6, hidden=128, heads=4, seq=256, batch=4, vocab=2048),
-        "llama": dict(n_layer=6, hidden=128, heads=4, seq=256, batch=4, vocab=2048),
+        "gpt2": dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048),
+        "bert": dict(n_layer=6, hidden=128, heads=4, seq=128, batch=4, vocab=2048),
+        "llama": dict(n_layer=6, hidden=128, heads=4, seq=128, batch=4, vocab=2048),
         "vit": dict(n_layer=6, hidden=128, heads=4, image=64, patch=8, batch=16),
         "skipnet": dict(width=256, depth=4, batch=2048),
     },

@@ -43,8 +43,8 @@ WORKER_ENV = {**RSS_ENV, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONWARNINGS": "ignore
 
 PROFILES = {
     "default": dict(
-        size="default", rounds=5, budgets=[0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9], solvers=["dp", "ilp", "chen"],
-        compile_budgets=[1.0, 0.5, 0.1], frontier_points=3, sweep_max=None,
+        size="default", rounds=3, budgets=[0.3, 0.5, 0.7, 0.9], solvers=["dp", "ilp", "chen"],
+        compile_budgets=[1.0, 0.9, 0.5, 0.1], frontier_points=2, sweep_max=None,
     ),
     "quick": dict(
         size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],
@@ -99,6 +99,31 @@ def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> d
         return res
 
 
+def git_state() -> dict:
+    """The commit the run measured, and whether src/ differed from it (uncommitted edits)."""
+    def git(*a):
+        try:
+            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return ""
+    return {"commit": git("rev-parse", "--short", "HEAD"), "src_dirty": bool(git("status", "--porcelain", "--", "src"))}
+
+
+def run_bugs() -> dict | None:
+    """repro_bugs.py in a fresh interpreter: is each remat bug found by this benchmark still there?"""
+    env = dict(os.environ)
+    env.update(WORKER_ENV)
+    if (ROOT / "src").exists():
+        env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    with tempfile.TemporaryDirectory(prefix="peers-bugs-") as tmp:
+        out = Path(tmp) / "bugs.json"
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, str(HERE / "repro_bugs.py"), "--json", str(out)], env=env,
+                           capture_output=True, text=True, timeout=600)
+        print(f"bugs      {time.perf_counter() - t0:6.0f} s" + ("" if p.returncode == 0 else f"  ERROR rc {p.returncode}"), flush=True)
+        return json.loads(out.read_text()) if out.exists() else None
+
+
 def rockmate_status() -> dict:
     """Live: is `rockmate` importable here and is there a GPU?  Plus the probe's record."""
     import importlib.util
@@ -128,6 +153,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", help="results basename in benchmarks/results (default peers or peers_quick)")
     ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
                     help="write docs/peers.md and docs/peers_<model>.png (default: on unless --quick)")
+    ap.add_argument("--no-bugs", action="store_true", help="skip repro_bugs.py (the remat bugs this benchmark found)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     args = ap.parse_args(argv)
     prof = dict(PROFILES["quick" if args.quick else "default"])
@@ -148,6 +174,7 @@ def main(argv=None) -> int:
     t_start = time.perf_counter()
     info = machine_info(args.threads)
     info["OMP_WAIT_POLICY"] = WORKER_ENV["OMP_WAIT_POLICY"]
+    info["git"] = git_state()
     try:
         info["loadavg_at_start"] = open("/proc/loadavg").read().split()[:3]
     except OSError:
@@ -179,10 +206,13 @@ def main(argv=None) -> int:
     except OSError:
         pass
     rock = rockmate_status()
+    bugs = None
+    if not args.quick and not args.no_bugs:
+        bugs = run_bugs()
 
     import report
 
-    data = {"machine": info, "command": cmd, "profile": prof, "models": results, "rockmate": rock}
+    data = {"machine": info, "command": cmd, "profile": prof, "models": results, "rockmate": rock, "bugs": bugs}
     md_path = report.write_all(data, name=name, docs=docs, quick=args.quick)
     print(f"\n{time.perf_counter() - t_start:.0f} s in all; wrote {md_path}")
     failed = [m for m, r in results.items() if r["eager"].get("worker_error")]

@@ -54,6 +54,14 @@ def log(*a):
     print(*a, file=sys.stderr, flush=True)
 
 
+TOL_TRACKER = 64 * 1024
+
+
+def tol_process(peak: float) -> float:
+    """Noise of the process method (page and heap granularity): max(1 MiB, 1%)."""
+    return max(2**20, 0.01 * peak)
+
+
 def plan_key(plan: remat.Plan) -> str:
     return "remat:" + json.dumps([plan.segments, sorted(getattr(plan, "selective", []))])
 
@@ -131,12 +139,49 @@ def main(spec: dict) -> dict:
     t0 = time.perf_counter()
     front = remat.frontier(prof)
     out["frontier_s"] = time.perf_counter() - t0
+    out["frontier_solver_points"] = {"auto": len(front)}
+    # remat.frontier(solver="auto") can stop early (seen: HiGHS "Solve error" at one budget, which ilp
+    # reads as infeasible; docs/peers.md "Bugs found"): add dp's frontier where dp applies, keep the Pareto set.
+    try:
+        t0 = time.perf_counter()
+        front_dp = remat.frontier(prof, solver="dp")
+        out["frontier_dp_s"] = time.perf_counter() - t0
+        out["frontier_solver_points"]["dp"] = len(front_dp)
+    except remat.RematError:
+        front_dp = []
+    merged = sorted(front + front_dp, key=lambda p: (p.recompute_flops, p.peak_bytes))
+    pareto = []
+    for p in merged:
+        if not pareto or p.peak_bytes < pareto[-1].peak_bytes:
+            pareto.append(p)
+    front = pareto
     out["frontier"] = [{"peak": p.peak_bytes, "flops": p.recompute_flops, "solver": p.solver} for p in front]
     # measure up to `frontier_points` plans of the frontier too (evenly spread), for the measured curve
     n = int(spec.get("frontier_points", 0))
-    picks = front[1:] if len(front) - 1 <= n else [front[1 + round(i * (len(front) - 2) / max(1, n - 1))] for i in range(n)]
+    if n and len(front) > 1:
+        picks = front[1:] if len(front) - 1 <= n else [front[1 + round(i * (len(front) - 2) / max(1, n - 1))] for i in range(n)]
+    else:
+        picks = []
     for p in picks:
         add(plan_key(p), plan_spec(p), predicted_peak=p.peak_bytes, predicted_flops=p.recompute_flops)
+
+    # diagnostic: every block that has a selective unit, selective (hand-built with remat's own make_plan):
+    # what the planner predicts for it against what it measures (docs/peers.md "Bugs found", selective on the
+    # last block).  Not a remat decision: shown in the per-model table, left out of the verdicts.
+    try:
+        from remat.planner.api import make_plan
+        from remat.planner.problem import Problem
+
+        problem = Problem.from_profile(prof)
+        sel = [u for u in problem.units if u.action == "selective" and problem.is_useful(u)]
+        if len(sel) >= 2 and Problem.compatible(sel):
+            p = make_plan(prof, problem, sel, "hand-built", None)
+            s = plan_spec(p)
+            s["label"] = f"diagnostic: selective on all {len(sel)} blocks (hand-built)"
+            k = add("diag:" + plan_key(p), s, predicted_peak=p.peak_bytes, predicted_flops=p.recompute_flops)
+            configs[k]["family"] = "diagnostic"
+    except Exception as e:  # internal API: the diagnostic must not stop the run
+        log(f"  diagnostic skipped: {type(e).__name__}: {e}")
 
     # (3) measure
     ref_flops, ref_grads = flops_and_grads(bench, fn)
@@ -174,16 +219,30 @@ def main(spec: dict) -> dict:
     none = configs["none"]
     offset = none["rss_peak"] - none["tracker_peak"]  # process figure minus tracker figure, unplanned
 
-    # (4) remat at each peer's measured peak
+    # (4) remat at each peer's measured peak.  Budget = the peer's peak plus a tolerance: TOL_TRACKER for
+    # tracker peaks (byte-exact, but a strategy can differ by a few hundred bytes of bookkeeping: seen 512 B),
+    # and for torch.compile (process peaks only) the peak minus the unplanned process-tracker offset, plus
+    # tol_process(), the process method's noise.  report.verdicts compares with the same tolerances.
     matched = []
     peer_points = [(configs[k]["label"], configs[k]["tracker_peak"], "tracker", configs[k].get("extra_flops"))
-                   for k in order if configs[k]["family"] not in ("none", "remat") and "tracker_peak" in configs[k]]
+                   for k in order if configs[k]["family"] not in ("none", "remat", "diagnostic") and "tracker_peak" in configs[k]]
     peer_points += [(c["label"], c["rss_peak"] - offset, "rss", c.get("extra_flops")) for c in spec.get("compile_points", [])]
     for lab, peak, method, _ in peer_points:
-        row = {"peer": lab, "budget_bytes": int(peak), "method": method}
+        tol = TOL_TRACKER if method == "tracker" else tol_process(peak + offset)
+        budget = int(peak + tol)
+        row = {"peer": lab, "budget_bytes": budget, "peer_budget_bytes": int(peak), "tol_bytes": int(tol), "method": method}
         t0 = time.perf_counter()
         try:
-            p = remat.plan(prof, int(peak), solver="auto")
+            try:
+                p = remat.plan(prof, budget, solver="auto")
+            except remat.InfeasibleBudget as e:
+                if e.min_bytes > budget:
+                    raise
+                # remat's own message says a plan fits (least < budget): the ILP failed, not the budget
+                # (HiGHS "Solve error"; docs/peers.md "Bugs found").  Take dp's plan, and say so.
+                row["solver_note"] = (f"plan(solver='auto') raised InfeasibleBudget although its least is "
+                                      f"{e.min_bytes} B < budget {budget} B; dp's plan used")
+                p = remat.plan(prof, budget, solver="dp")
             row.update(status="ok", plan_s=time.perf_counter() - t0, predicted_peak=p.peak_bytes,
                        predicted_flops=p.recompute_flops)
             row["key"] = add(plan_key(p), plan_spec(p), predicted_peak=p.peak_bytes, predicted_flops=p.recompute_flops)

@@ -1,0 +1,120 @@
+"""Minimal reproductions of the remat bugs the peers benchmark ran into (docs/peers.md, "Bugs found").
+
+    python benchmarks/peers/repro_bugs.py            # prints each check; exit 0 either way
+    python benchmarks/peers/repro_bugs.py --json OUT  # also writes the figures (run.py does this)
+
+Each check says `present` (the bug reproduces) or `fixed`.  Small models from benchmarks/peers/models.py,
+one thread, a few seconds each.
+
+1. chen_apply    `remat.plan(prof, b, solver="chen")` on layers kept in an nn.ModuleList returns segments of
+                 several ModuleList children, which `remat.apply` rejects (only nn.Sequential runs can be one
+                 checkpoint).  src/remat/planner/chen.py `units_for` does not filter `Unit.appliable`.
+2. ilp_solve     `ilp._solve` (src/remat/planner/ilp.py) passes byte-sized coefficients to HiGHS; at some
+                 budgets HiGHS answers "Status 4: Solve error", `_solve` returns None, `remat.plan(...,
+                 solver="ilp"/"auto")` raises InfeasibleBudget whose own `min_bytes` is below the budget, and
+                 `remat.frontier` (auto -> ilp) stops early.  (`ilp.min_peak` already scales its rows.)
+3. selective_last  a selective unit on the LAST transformer layer is predicted above what it measures
+                 (Problem._make_selective_unit, src/remat/planner/problem.py, Rule 4): every other layer is
+                 exact.  The planner then finds "selective on every layer" worse than on all but the last,
+                 and never plans it, while torchtitan-style SAC on every layer measures lower.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+warnings.filterwarnings("ignore")
+
+import remat  # noqa: E402
+from common import adam_params  # noqa: E402
+from models import build  # noqa: E402
+
+
+def _profile(b):
+    return remat.profile(b.model, b.inputs, loss_fn=b.loss_fn, optimizer=adam_params)
+
+
+def chen_apply() -> dict:
+    b = build("mlp000", "quick")
+    prof = _profile(b)
+    p = remat.plan(prof, 0.8, solver="chen")
+    out = {"model": "mlp000 (quick)", "container": type(b.model.layers).__name__, "segments": p.segments}
+    try:
+        remat.apply(b.model, p)
+        remat.remove(b.model)
+        out["status"] = "fixed"
+    except remat.RematError as e:
+        out.update(status="present", error=str(e).split(". Fix")[0])
+    return out
+
+
+def ilp_solve() -> dict:
+    from remat.planner import ilp
+    from remat.planner.problem import Problem
+
+    b = build("mlp000", "default")
+    prof = _profile(b)
+    problem = Problem.from_profile(prof)
+    budget = 43274759  # remat.frontier's last point on this model minus 1 byte (41.27 MiB)
+    out = {"model": "mlp000 (default size)", "budget": budget}
+    chosen = ilp.solve(problem, budget)
+    out["ilp_solve"] = None if chosen is None else problem.peak(chosen)
+    lower = ilp.solve(problem, budget - 4096)
+    out["ilp_solve_4KiB_lower"] = None if lower is None else problem.peak(lower)
+    try:
+        p = remat.plan(prof, budget, solver="ilp")
+        out["plan"] = p.peak_bytes
+    except remat.InfeasibleBudget as e:
+        out["plan_error_min_bytes"] = e.min_bytes
+    out["frontier_auto_last"] = remat.frontier(prof)[-1].peak_bytes
+    out["frontier_dp_last"] = remat.frontier(prof, solver="dp")[-1].peak_bytes
+    out["status"] = "present" if chosen is None and lower is not None else "fixed"
+    return out
+
+
+def selective_last(name: str = "gpt2") -> dict:
+    from remat.planner.api import make_plan
+    from remat.planner.problem import Problem
+
+    b = build(name, "quick")
+    prof = _profile(b)
+    problem = Problem.from_profile(prof)
+    sel = [u for u in problem.units if u.action == "selective"]
+    rows = []
+    for chosen in (sel[:-1], sel[-1:], sel):
+        p = make_plan(prof, problem, chosen, "hand-built", None)
+        remat.apply(b.model, p)
+        try:
+            measured = _profile(b).peak_bytes
+        finally:
+            remat.remove(b.model)
+        rows.append({"selective": [u.blocks[0] for u in chosen], "predicted": p.peak_bytes, "measured": measured})
+    out = {"model": f"{name} (quick)", "rows": rows}
+    out["status"] = "present" if any(r["measured"] < r["predicted"] for r in rows) else "fixed"
+    return out
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    torch.set_num_threads(1)
+    res = {}
+    for name, fn in (("chen_apply", chen_apply), ("ilp_solve", ilp_solve), ("selective_last_gpt2", selective_last),
+                     ("selective_last_bert", lambda: selective_last("bert"))):
+        try:
+            res[name] = fn()
+        except Exception as e:  # the repro itself must not crash the benchmark
+            res[name] = {"status": "could not run", "error": f"{type(e).__name__}: {str(e)[:200]}"}
+        print(name, json.dumps(res[name]), flush=True)
+    if "--json" in argv:
+        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
