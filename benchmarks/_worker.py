@@ -4,7 +4,7 @@
 
 method:
   process        the plain, untracked step; RSS from /proc/self/statm before the model is
-                 built, ru_maxrss after the step (MEASURING.md).  Run it with
+                 built, its peak RSS (VmHWM) after the step (MEASURING.md).  Run it with
                  MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1.
   remat          remat.profile(mode="real") of the same step (and this process's own RSS peak).
   memtracker     torch.distributed._tools.mem_tracker.MemTracker around the plain step.
@@ -49,7 +49,14 @@ def rss_now() -> int:
 
 
 def rss_peak() -> int:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    """Peak RSS of this process's own address space: VmHWM.  Not `ru_maxrss`, which Linux carries
+    over from the parent's address space across fork + exec (harmless here only while the parent
+    is smaller than this worker at its start, as the benchmark parents are)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # no /proc: KiB on Linux
 
 
 def main(spec: dict) -> dict:

@@ -277,3 +277,64 @@ def test_selective_checkpointing_keeps_matmuls_and_costs_no_flops():
     assert report.ok, str(report)
     assert report.measured_recompute_flops == 0  # softmax, GELU, layer norms and dropout are re-run: 0 FLOPs
     assert report.measured_peak_bytes < prof.peak_bytes
+
+
+# -- offload --------------------------------------------------------------------------------------
+
+
+def _offload_plan(prof: remat.StepProfile, names: list[str]) -> remat.Plan:
+    """A keep-everything plan of `prof` with `names` offloaded (on the CPU the planner offers no offload)."""
+    keep = remat.plan(prof, 1.0)
+    return dataclasses.replace(
+        keep, decisions={**keep.decisions, **{n: "offload" for n in names}}, offload=names,
+        offload_bytes=sum(prof.block(n).offload_bytes for n in names),
+    )
+
+
+def test_offload_moves_each_saved_storage_once_and_changes_no_gradient():
+    model, inputs = zoo.gpt2(n_layer=3, n_embd=64, n_head=4, seq=64, batch=2, vocab=512)  # dropout on
+    prof = remat.profile(model, inputs)
+    plan = _offload_plan(prof, ["transformer.h.0", "transformer.h.2"])
+    keys = list(model.state_dict())
+    with pytest.warns(UserWarning, match=r"^remat: the plan offloads transformer.h.0, transformer.h.2, but GPT2LMHeadModel is not on a GPU"):
+        report = remat.verify(model, inputs, plan)
+    assert report.grads_equal and report.buffers_equal, str(report)
+    assert report.measured_recompute_flops == 0
+    # parameters (and linear's saved weight.t()) stay put; every other saved storage goes once
+    assert report.measured_offload_bytes == plan.offload_bytes > 0
+    with pytest.warns(UserWarning):
+        remat.apply(model, plan)
+    assert list(model.state_dict()) == keys
+    model.eval()
+    with torch.no_grad():
+        model(**inputs)  # eval: offload is off, nothing is copied
+    from remat.rewrite.wrapping import offloaded_bytes
+
+    assert offloaded_bytes(model) == 0
+    remat.remove(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU: offload saves device memory only there")
+def test_offload_on_a_gpu_lowers_the_measured_peak_as_planned():
+    model, inputs = zoo.gpt2(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=4096)
+    model = model.cuda()
+    inputs = {k: v.cuda() for k, v in inputs.items()}
+    prof = remat.profile(model, inputs)
+    assert prof.host_bandwidth_bytes_s > 0
+    plan = remat.plan(prof, 0.6, offload_bandwidth=1e15)  # copies nearly free: offload wherever it helps
+    assert plan.offload
+    report = remat.verify(model, inputs, plan, tolerance=1e-5)
+    assert report.grads_equal and abs(report.peak_error) <= 0.05, str(report)
+    assert report.measured_offload_bytes == plan.offload_bytes
+
+
+def test_a_keep_everything_plan_installs_nothing_so_the_step_is_the_unplanned_one():
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    plan = remat.plan(remat.profile(model, inputs), 1.0)
+    assert set(plan.decisions.values()) == {"keep"}
+    remat.apply(model, plan)
+    # no module has an instance forward, so each call runs the class's own code: no per-step overhead
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert remat.applied(model) is plan
+    remat.remove(model)

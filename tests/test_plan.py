@@ -216,6 +216,8 @@ def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):
     costs = [p.recompute_flops for p in plans]
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
     assert costs == sorted(costs)
+    ranked = [(p.recompute_flops, p.recompute_ops) for p in plans]
+    assert all(a < b for a, b in zip(ranked, ranked[1:])), "a plan that costs no less than a smaller one is dominated"
     with pytest.raises(remat.InfeasibleBudget) as info:
         remat.plan(prof, peaks[-1] - 1)
     assert info.value.min_bytes == peaks[-1]
@@ -284,3 +286,41 @@ def test_plan_saves_and_loads(tmp_path, chain_profile):
         remat.load_plan(tmp_path / "bad.json")
     with pytest.raises(remat.RematError, match=r"^remat: no plan file at"):
         remat.load_plan(tmp_path / "missing.json")
+
+
+# -- offload ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gpt2_cuda_fake():
+    model, inputs = zoo.gpt2(n_layer=4, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
+    return model, inputs, remat.profile(model, inputs, mode="fake", device="cuda")
+
+
+def test_offload_is_chosen_only_where_copies_cost_less_than_recomputation(gpt2_cuda_fake):
+    _, _, prof = gpt2_cuda_fake
+    budget = int(0.5 * prof.peak_bytes)
+    fast_link = remat.plan(prof, budget, offload_bandwidth="1TB/s", device_flops="1TFLOPs/s")
+    assert fast_link.offload and fast_link.peak_bytes <= budget
+    assert all(fast_link.decisions[n] == "offload" for n in fast_link.offload)
+    assert fast_link.offload_bytes == sum(prof.block(n).offload_bytes for n in fast_link.offload)
+    assert fast_link.offload_s == pytest.approx(2 * fast_link.offload_bytes / 1e12)
+    # the FLOPs it reports are recomputation only: offload adds none
+    ilp_plan = remat.plan(prof, budget, solver="ilp", offload_bandwidth="1TB/s", device_flops="1TFLOPs/s")
+    assert ilp_plan.offload and ilp_plan.recompute_flops == fast_link.recompute_flops
+    slow_link = remat.plan(prof, budget, offload_bandwidth="16GB/s", device_flops="400TFLOPs/s")
+    assert not slow_link.offload and slow_link.peak_bytes <= budget
+    without = remat.plan(prof, budget)
+    assert not without.offload and any("offload not weighed" in n for n in without.notes)
+    assert (slow_link.recompute_flops, slow_link.segments) == (without.recompute_flops, without.segments)
+
+
+def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
+    _, _, prof = gpt2_cuda_fake
+    with pytest.raises(remat.RematError, match=r"^remat: offload is weighed in seconds .* Fix: pass device_flops"):
+        remat.plan(prof, 0.5, offload_bandwidth="16GB/s")
+    with pytest.raises(remat.RematError, match=r"^remat: cannot read offload_bandwidth='16GB'; .*GB is 10\*\*9, GiB 2\*\*30"):
+        remat.plan(prof, 0.5, offload_bandwidth="16GB", device_flops="1TFLOPs/s")
+    _, _, cpu_prof = chain_profile
+    with pytest.raises(remat.RematError, match=r"^remat: offload moves a GPU step's saved tensors .* runs on cpu"):
+        remat.plan(cpu_prof, 0.5, offload_bandwidth="16GB/s")

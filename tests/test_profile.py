@@ -1,5 +1,7 @@
 """remat.profile: exact bytes on hand-checked models, real vs fake, user checkpoints, errors."""
 
+import json
+
 import pytest
 import torch
 import torch.nn as nn
@@ -246,8 +248,15 @@ def test_json_round_trip_is_exact():
 
 
 def test_from_json_rejects_other_documents():
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 1 document, saw \('other', None\)"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 2 document, saw \('other', None\)"):
         remat.StepProfile.from_json('{"format": "other"}')
+    with pytest.raises(remat.RematError, match=r"saw \('remat.StepProfile', 1\)\. Fix: .* with this version of remat"):
+        remat.StepProfile.from_json('{"format": "remat.StepProfile", "version": 1}')  # written before the fields grew
+    doc = json.loads(remat.profile(*zoo.chain_report001(width=8, blocks=2, batch=2)).to_json())
+    del doc["blocks"][0]["container"]
+    doc["blocks"][0]["extra"] = 1
+    with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 2 document"):
+        remat.StepProfile.from_json(json.dumps(doc))
     with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"):
         remat.StepProfile.from_json("not json")
 

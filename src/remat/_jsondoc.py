@@ -26,3 +26,14 @@ def load(text: str, fmt: str, version: int, fix: str) -> dict:
         )
     del data["format"], data["version"]
     return data
+
+
+def build(fmt: str, version: int, make, what: str):
+    """`make()`, the document's objects from its fields; a `remat:` error if the fields do not fit them."""
+    try:
+        return make()
+    except (TypeError, KeyError) as e:
+        raise RematError(
+            f"remat: expected the fields of a {fmt} version {version} document, but they differ ({e}). "
+            f"Fix: {what} again with this version of remat."
+        ) from e

@@ -142,6 +142,13 @@ def _add_plan(verbs) -> None:
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
                    "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)")
+    p.add_argument("--offload-bandwidth", metavar="R", default=None,
+                   help='host<->GPU copy speed, e.g. "16GB/s" or "25GiB/s": lets the plan offload saved tensors to '
+                   "CPU memory where the copies cost less than recomputing (CUDA steps only; a real CUDA profile "
+                   "measures it itself)")
+    p.add_argument("--device-flops", metavar="R", default=None,
+                   help='the GPU\'s FLOP rate, e.g. "400TFLOPs/s", to weigh copies against recomputation in a '
+                   "fake-mode profile (a real profile measures it)")
     _add_step_options(p)
     p.add_argument("--out", metavar="F", type=Path, help="also write the plan as JSON to F (remat.load_plan reads it)")
     p.add_argument("--frontier", action="store_true",
@@ -279,6 +286,10 @@ def _write(path: Path, what: str, write: Callable[[Path], None]) -> None:
 # -- remat plan -----------------------------------------------------------------------------------
 
 
+def _offload_options(args: argparse.Namespace) -> dict:
+    return {"offload_bandwidth": args.offload_bandwidth, "device_flops": args.device_flops}
+
+
 def _cmd_plan(args: argparse.Namespace) -> int:
     _check_plan_args(args)
     built, prof = _plan_input(args)
@@ -286,11 +297,12 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plan = None
     if args.budget is not None:
         with _spinner("planning"):
-            plan = remat.plan(prof, args.budget, solver=args.solver)
+            plan = remat.plan(prof, args.budget, solver=args.solver, **_offload_options(args))
         print(render_plan(plan, baselines=report_baselines(baselines, plan.budget_bytes)), end="")
     if args.frontier or args.plot is not None:
         with _spinner("computing the frontier"):
-            plans = pareto(remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS))
+            plans = pareto(remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS,
+                                          **_offload_options(args)))
         budget_bytes = plan.budget_bytes if plan is not None else None
         if args.frontier:
             print("\n" if plan is not None else "", end="")

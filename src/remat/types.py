@@ -14,7 +14,7 @@ from remat import _jsondoc
 from remat.errors import RematError
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: BlockProfile gained the selective, op-count, offload and container fields
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "activations", "temporaries")
@@ -128,6 +128,9 @@ class BlockProfile:
     """How many ops a checkpoint around it re-runs (the deterministic tie-break among equal FLOPs)."""
     selective_recompute_ops: int = 0
     """How many ops selective checkpointing re-runs."""
+    offload_bytes: int = 0
+    """Bytes of the step's tensors (not parameters or buffers) that ops inside it save for backward:
+    what offloading it copies to CPU memory in forward and back in backward."""
     container: str = ""
     """Class of the module holding it ("Sequential", "ModuleList", ...): remat can checkpoint a run of
     several siblings as one segment only inside an nn.Sequential, whose forward chains them."""
@@ -205,6 +208,8 @@ class StepProfile:
     """Every storage counted rounded up to this (512 for the CUDA caching allocator)."""
     simulated_device: bool = False
     """True when `device` is a target this machine does not have (CPU kernels, its allocator's rounding)."""
+    host_bandwidth_bytes_s: float = 0.0
+    """Pinned host<->device copy speed measured after a real CUDA step (what offloading costs); 0.0 otherwise."""
     notes: list[str] = field(default_factory=list)
     """Things the measurement noticed that a reader should know (fallbacks, unsupported parts)."""
 
@@ -234,8 +239,11 @@ class StepProfile:
         data = _jsondoc.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`"
         )
-        data["at_peak"] = Breakdown(**data["at_peak"])
-        data["end_of_forward"] = Breakdown(**data["end_of_forward"])
-        data["blocks"] = [BlockProfile(**b) for b in data["blocks"]]
-        data["timeline"] = Timeline(**data["timeline"])
-        return cls(**data)
+        def make() -> StepProfile:
+            data["at_peak"] = Breakdown(**data["at_peak"])
+            data["end_of_forward"] = Breakdown(**data["end_of_forward"])
+            data["blocks"] = [BlockProfile(**b) for b in data["blocks"]]
+            data["timeline"] = Timeline(**data["timeline"])
+            return cls(**data)
+
+        return _jsondoc.build(PROFILE_FORMAT, PROFILE_VERSION, make, "profile")

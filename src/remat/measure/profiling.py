@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
@@ -147,7 +148,25 @@ def _measure(model, step, loss_fn, opt, candidates, mode, target, rounding, simu
         torch.cuda.synchronize()
         allocator_peak = torch.cuda.max_memory_allocated() - base_allocated
         notes.append(f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes")
-    return _build_profile(model, tracker, io, candidates, mode, target, rounding, simulated, notes, step_s)
+    prof = _build_profile(model, tracker, io, candidates, mode, target, rounding, simulated, notes, step_s)
+    if cuda_real:
+        prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(target))
+    return prof
+
+
+def host_bandwidth(device: torch.device, nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
+    """Bytes per second of a pinned host<->device round trip (best of a few): what offloading costs."""
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+    best = float("inf")
+    for _ in range(repeats + 1):  # the first round warms up
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        pinned.copy_(on_device, non_blocking=True)
+        on_device.copy_(pinned, non_blocking=True)
+        torch.cuda.synchronize(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * nbytes / best
 
 
 def _identity(t):
@@ -433,6 +452,10 @@ def _block(tracker: Tracker, io: _BlockIO, name: str, i: int, parents, siblings:
         has_batchnorm=any(isinstance(m, _BatchNorm) and m.training for m in mod.modules()),
         checkpoint_recompute_ops=len(_recomputed_ops(fwd, name)),
         selective_recompute_ops=len(_recomputed_ops(fwd, name, selective=True)),
+        offload_bytes=sum(
+            r.nbytes for r in tracker.records
+            if r.saved and r.category in ("inputs", "activations", "temporaries") and any(within(m, name) for m in r.packers)
+        ),
         container=_container_kind(io.containers.get(name)),
     )
 

@@ -6,7 +6,7 @@ import logging
 
 from remat.errors import InfeasibleBudget, RematError
 from remat.planner import chen, dp, ilp
-from remat.planner.budget import parse_budget
+from remat.planner.budget import parse_budget, parse_rate
 from remat.planner.plan import Plan, PlannedBlock
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit
 from remat.types import StepProfile
@@ -24,6 +24,8 @@ def plan(
     *,
     max_segment: int = MAX_SEGMENT,
     time_limit_s: float = 60.0,
+    offload_bandwidth: float | str | None = None,
+    device_flops: float | str | None = None,
 ) -> Plan:
     """The plan with the least recomputation whose predicted peak fits `budget`.
 
@@ -36,16 +38,21 @@ def plan(
     its `.min_bytes` is the smallest budget that does.
 
     Decisions are keep, recompute (a checkpoint around one module or a run of
-    nn.Sequential children) or selective (matmul-like outputs kept, the rest recomputed).
+    nn.Sequential children), selective (matmul-like outputs kept, the rest recomputed)
+    and, for a CUDA step, offload (saved tensors to pinned CPU memory and back).  Offload
+    is weighed in seconds: 2 x bytes / `offload_bandwidth` (measured by a real CUDA
+    profile, or given: "16GB/s") against recomputed FLOPs / `device_flops` (measured by a
+    real profile's kernel times, or given: "400TFLOPs/s").
 
-    Known limitations: offload to CPU memory is not planned yet; FLOPs are the cost, so
-    elementwise ops (which `FlopCounterMode` counts as 0) look free to recompute.
+    Known limitations: FLOPs are the cost, so elementwise ops (which `FlopCounterMode`
+    counts as 0) look free to recompute; among plans of equal FLOPs the one re-running
+    fewer ops wins.
     """
     _check_profile(profile)
     if solver not in SOLVERS:
         raise RematError(f"remat: unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}. Fix: pick one.")
     budget_bytes = parse_budget(budget, profile.peak_bytes)
-    problem = Problem.from_profile(profile, max_segment)
+    problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     if budget_bytes >= profile.peak_bytes:
         return _keep_all(profile, budget_bytes, "the budget is at or above the unplanned peak: nothing to recompute")
     name = _pick(problem, solver)
@@ -55,15 +62,23 @@ def plan(
     return make_plan(profile, problem, chosen, name, budget_bytes)
 
 
-def frontier(profile: StepProfile, solver: str = "auto", max_points: int = 64, time_limit_s: float = 60.0) -> list[Plan]:
+def frontier(
+    profile: StepProfile,
+    solver: str = "auto",
+    max_points: int = 64,
+    time_limit_s: float = 60.0,
+    offload_bandwidth: float | str | None = None,
+    device_flops: float | str | None = None,
+) -> list[Plan]:
     """Pareto-optimal plans, from keep-everything down to the least memory possible.
 
     Example: for p in remat.frontier(prof): print(p.peak_bytes, p.recompute_flops)
     """
     _check_profile(profile)
-    problem = Problem.from_profile(profile)
+    problem = Problem.from_profile(profile, MAX_SEGMENT, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)
     plans = [_keep_all(profile, None, "keep everything")]
+    costs = [(0, 0)]  # (FLOPs, ops re-run) of each plan: the solvers' own order
     budget = profile.peak_bytes - 1
     while len(plans) < max_points:
         chosen = _solve(problem, name, budget, time_limit_s)
@@ -72,7 +87,12 @@ def frontier(profile: StepProfile, solver: str = "auto", max_points: int = 64, t
         p = make_plan(profile, problem, chosen, name, None)
         if p.peak_bytes >= plans[-1].peak_bytes:
             break
+        cost = (problem.cost(chosen), p.recompute_ops)  # FLOPs, offload as FLOP-equivalents (Rule 6)
+        if cost <= costs[-1] and len(plans) > 1:
+            plans.pop()  # the new plan needs less memory for no more cost: the last one is dominated
+            costs.pop()
         plans.append(p)
+        costs.append(cost)
         budget = p.peak_bytes - 1
     return plans
 
@@ -91,11 +111,43 @@ def baseline_plans(profile: StepProfile) -> dict[str, Plan]:
     }
 
 
+def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float, float] | None:
+    """(host bandwidth bytes/s, device FLOP/s) when offload can be weighed for this profile, else None."""
+    measured_bw = profile.host_bandwidth_bytes_s
+    if profile.device != "cuda":
+        if bandwidth is not None:
+            raise RematError(
+                f"remat: offload moves a GPU step's saved tensors to CPU memory, but this profile's step runs on "
+                f"{profile.device}, where it would save nothing. Fix: profile for device='cuda' (mode='fake' works "
+                "without a GPU), or leave offload_bandwidth unset."
+            )
+        return None
+    if bandwidth is None and not measured_bw:
+        return None  # nothing to weigh transfers with: recompute and selective only (see the plan's notes)
+    bw = parse_rate(bandwidth, "offload_bandwidth", "16GB/s") if bandwidth is not None else measured_bw
+    if device_flops is not None:
+        rate = parse_rate(device_flops, "device_flops", "400TFLOPs/s")
+    else:
+        flops = sum(b.forward_flops for b in profile.blocks if b.depth == 0)
+        seconds = sum(b.forward_s for b in profile.blocks if b.depth == 0)
+        if not (flops and seconds):
+            raise RematError(
+                "remat: offload is weighed in seconds against recomputation, which needs the GPU's FLOP rate; this "
+                f"{profile.mode} profile has no kernel times to measure it. Fix: pass device_flops (e.g. "
+                '"400TFLOPs/s" for bf16 matmuls on an H100), or profile with mode="real" on the GPU.'
+            )
+        rate = flops / seconds
+    return bw, rate
+
+
 def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver: str, budget: int | None) -> Plan:
     decided = {b: u.action for u in chosen for b in u.covers}
     notes = []
-    if any(profile.block(b).has_batchnorm for u in chosen for b in u.blocks):
+    if any(profile.block(b).has_batchnorm for u in chosen for b in u.blocks if u.action != "offload"):
         notes.append("a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact")
+    offloaded = [u for u in chosen if u.action == "offload"]
+    if profile.device == "cuda" and not any(u.action == "offload" for u in problem.units) and solver != "keep":
+        notes.append("offload not weighed: give offload_bandwidth (and device_flops for a fake profile) to consider it")
     return Plan(
         model=profile.model,
         solver=solver,
@@ -103,8 +155,12 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
         segments=[list(u.blocks) for u in chosen if u.action == "recompute"],
         selective=[u.blocks[0] for u in chosen if u.action == "selective"],
         peak_bytes=problem.peak(chosen),
-        recompute_flops=problem.cost(chosen),
-        recompute_s=sum(u.cost_s for u in chosen),
+        recompute_flops=sum(u.cost_flops for u in chosen if u.action != "offload"),
+        recompute_s=sum(u.cost_s for u in chosen if u.action != "offload"),
+        recompute_ops=sum(u.cost_ops for u in chosen),
+        offload=[u.blocks[0] for u in offloaded],
+        offload_bytes=sum(u.transfer_bytes for u in offloaded),
+        offload_s=sum(u.cost_s for u in offloaded),
         unplanned_peak_bytes=profile.peak_bytes,
         budget_bytes=budget,
         blocks=[PlannedBlock(b.name, b.type, b.output_bytes) for b in profile.blocks],

@@ -49,3 +49,26 @@ def _bad(budget, extra: str = "") -> RematError:
         f"remat: cannot read the budget {budget!r}{extra}; expected {ACCEPTED}. "
         'Fix: write e.g. budget="6GiB" or budget=0.5.'
     )
+
+
+_RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b|flop)s?\s*/\s*s\s*$", re.IGNORECASE)
+_PREFIX = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
+
+
+def parse_rate(value: int | float | str, what: str, example: str) -> float:
+    """Per-second figure for offload costs: a positive number, or a string like "16GB/s", "16GiB/s", "300TFLOPs/s".
+
+    Example: parse_rate("16GB/s", "offload_bandwidth", "16GB/s") == 16e9
+    """
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+        return float(value)
+    if isinstance(value, str):
+        m = _RATE.match(value)
+        if m is not None:
+            number, prefix, binary, _ = m.groups()
+            base = 1024 if binary else 1000
+            return float(number) * base ** _PREFIX[prefix.lower()]
+    raise RematError(
+        f"remat: cannot read {what}={value!r}; expected a positive number per second or a string with units "
+        f'("16GB/s", "16GiB/s", "300TFLOPs/s" — GB is 10**9, GiB 2**30). Fix: write e.g. {what}="{example}".'
+    )

@@ -13,19 +13,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from remat.planner.problem import Problem, Unit
 
 
 class NotAChain(ValueError):
     """The group's blocks do not run as a chain (forward in order, backward in reverse)."""
-
-
-@dataclass(frozen=True, slots=True)
-class _State:
-    cost: int
-    reduction: int
-    back: "_State | None"
-    unit: Unit | None
 
 
 def chain_group(problem: Problem) -> str:
@@ -40,47 +34,161 @@ def chain_group(problem: Problem) -> str:
 
 
 def solve(problem: Problem, budget_bytes: int, group: str | None = None) -> list[Unit] | None:
-    """The cheapest units of one chain group that fit the budget, or None if none does."""
-    group = group or chain_group(problem)
-    names, units = _chain_units(problem, group)
-    slots = _slots(problem, names, units)
-    n = len(names)
-    fronts: list[list[_State]] = [[] for _ in range(n + 1)]
-    fronts[0] = [_State(0, 0, None, None)]
-    for i in range(n):
-        for j, unit in _choices(problem, i, n, units):  # what a choice needs depends on the choice only
-            need = _need(problem, slots, i, j, unit) - budget_bytes
-            red, cost = (unit.reduction_bytes if unit else 0), _cost(unit)
-            for state in fronts[i]:
-                if state.reduction >= need:
-                    fronts[j + 1].append(_State(state.cost + cost, state.reduction + red, state, unit))
-        fronts[i + 1] = _pareto(fronts[i + 1])
-    final_need = max((problem.interval_max[k] for k in slots.head), default=0) - budget_bytes
-    if max((problem.interval_max[k] for k in slots.const), default=0) > budget_bytes:
+    """The cheapest units of one chain group that fit the budget, or None if none does.
+
+    fronts[i] holds the Pareto-optimal ways to settle blocks 0..i-1 as numpy columns:
+    FLOPs, ops re-run (the tie-break), bytes freed, and a back link (position, row, unit).
+    Every choice shifts a suffix of a front at once: a 100-stage chain is ~4,400 choices."""
+    chain = _Chain(problem, group or chain_group(problem))
+    if not chain.feasible(budget_bytes):
         return None
-    done = [s for s in fronts[n] if s.reduction >= final_need]
-    if not done:
+    # No interval needs more than max(L) - budget freed; past that (plus what later units can take
+    # back, Rule 2) more freed bytes change nothing, so freed bytes are capped there and states merge.
+    cap = max(0, max(problem.interval_max) - budget_bytes) + chain.deficit
+    dtype = np.int64 if chain.max_flops < 2**62 else object
+    n = chain.n
+    parts: list[list[tuple]] = [[] for _ in range(n + 1)]
+    fronts: list[_Front | None] = [None] * (n + 1)
+    fronts[0] = _Front.start(dtype)
+    for i in range(n + 1):
+        if i > 0:  # every choice that ends before block i has been made
+            fronts[i] = _Front.merge(parts[i], cap, dtype)
+            parts[i] = []
+        front = fronts[i]
+        if front is None or i == n:
+            continue
+        for j, unit_id, need, red, flops, ops in chain.choices(i, budget_bytes):
+            k = int(np.searchsorted(front.freed, need))  # freed ascending: rows k.. are enough
+            if k < len(front.freed):
+                parts[j + 1].append((front, i, k, unit_id, red, flops, ops))
+    last = fronts[n]
+    if last is None:
         return None
-    best = min(done, key=lambda s: (s.cost, -s.reduction))
-    chosen = []
-    while best is not None and best.back is not None:
-        if best.unit is not None:
-            chosen.append(best.unit)
-        best = best.back
+    ok = np.flatnonzero(last.freed >= chain.final_need(budget_bytes))
+    if len(ok) == 0:
+        return None
+    row, pos, chosen = int(ok[0]), n, []  # rows are sorted by cost: the first that fits is the cheapest
+    while pos > 0:
+        f = fronts[pos]
+        if f.unit[row] >= 0:
+            chosen.append(problem.units[int(f.unit[row])])
+        pos, row = int(f.back_pos[row]), int(f.back_row[row])
     return chosen[::-1]
 
 
+@dataclass
+class _Front:
+    """Pareto states at one position, cost ascending and bytes freed strictly ascending."""
+
+    flops: np.ndarray
+    ops: np.ndarray
+    freed: np.ndarray
+    back_pos: np.ndarray
+    back_row: np.ndarray
+    unit: np.ndarray
+    """Index in problem.units of the unit chosen last, -1 for keep."""
+
+    @classmethod
+    def start(cls, dtype) -> "_Front":
+        zero = np.zeros(1, dtype=np.int64)
+        return cls(np.zeros(1, dtype=dtype), zero, zero, zero, zero, np.full(1, -1))
+
+    @classmethod
+    def merge(cls, parts: list[tuple], cap: int, dtype) -> "_Front | None":
+        if not parts:
+            return None
+        flops = np.concatenate([f.flops[k:] + c for f, _, k, _, _, c, _ in parts]).astype(dtype)
+        ops = np.concatenate([f.ops[k:] + o for f, _, k, _, _, _, o in parts])
+        freed = np.minimum(np.concatenate([f.freed[k:] + r for f, _, k, _, r, _, _ in parts]), cap)
+        back_pos = np.concatenate([np.full(len(f.freed) - k, i) for f, i, k, *_ in parts])
+        back_row = np.concatenate([np.arange(k, len(f.freed)) for f, _, k, *_ in parts])
+        unit = np.concatenate([np.full(len(f.freed) - k, u) for f, _, k, u, *_ in parts])
+        order = np.lexsort((-freed, ops, flops))  # FLOPs, then ops re-run, then most bytes freed
+        freed = freed[order]
+        best_before = np.maximum.accumulate(freed)
+        keep = np.ones(len(freed), dtype=bool)
+        keep[1:] = freed[1:] > best_before[:-1]
+        rows = order[keep]
+        return cls(flops[rows], ops[rows], freed[keep], back_pos[rows], back_row[rows], unit[rows])
+
+
 def min_peak(problem: Problem, group: str | None = None) -> int:
-    """The least peak any segmentation of the chain reaches (binary search on feasibility)."""
+    """The least peak any segmentation of the chain reaches (binary search on feasibility).
+
+    Feasibility alone needs no costs: the most bytes freed so far dominates, so each probe
+    is one pass over the chain's choices."""
+    chain = _Chain(problem, group or chain_group(problem))
     hi = max(problem.interval_max)
     lo = min(0, min(problem.interval_max) - sum(max(0, u.reduction_bytes) for u in problem.units))
     while lo < hi:
         mid = (lo + hi) // 2
-        if solve(problem, mid, group) is None:
-            lo = mid + 1
-        else:
+        if chain.feasible(mid):
             hi = mid
+        else:
+            lo = mid + 1
     return lo
+
+
+class _Chain:
+    """One chain group: its units by start position, and what each choice needs (budget-free parts)."""
+
+    def __init__(self, problem: Problem, group: str):
+        names, starting = _chain_units(problem, group)
+        self.n = len(names)
+        slots = _slots(problem, names, starting)
+        mem = problem.interval_max_array
+        self.head_max = max((problem.interval_max[k] for k in slots.head), default=0)
+        self.const_max = max((problem.interval_max[k] for k in slots.const), default=0)
+        # intervals settled by block m, flattened so blocks i..j are one slice
+        per_block = [np.array(slots.forward[m] + slots.backward[m], dtype=np.int64) for m in range(self.n)]
+        self.offsets = np.cumsum([0] + [len(x) for x in per_block])
+        flat = np.concatenate(per_block) if per_block else np.zeros(0, dtype=np.int64)
+        keep_need = [int(mem[x].max()) if len(x) else -(2**62) for x in per_block]
+        # (j, unit, need before the budget is subtracted), per start position
+        self.options: list[list[tuple[int, Unit | None, int]]] = []
+        self.problem = problem
+        self.max_flops = sum(u.cost_flops for i in range(self.n) for _, u in starting[i])
+        self.deficit = sum(max(0, -u.reduction_bytes) for i in range(self.n) for _, u in starting[i])
+        for i in range(self.n):
+            opts: list[tuple[int, Unit | None, int]] = [(i, None, keep_need[i])]
+            for j, unit in starting[i]:
+                idx = flat[self.offsets[i] : self.offsets[j + 1]]
+                if len(idx) == 0:
+                    opts.append((j, unit, -(2**62)))
+                    continue
+                k0, a = problem.coefficient_table[problem.index[unit.key]]
+                inside = (idx >= k0) & (idx < k0 + len(a))
+                freed = np.zeros(len(idx), dtype=np.int64)
+                freed[inside] = a[idx[inside] - k0]
+                opts.append((j, unit, int((mem[idx] - freed).max())))
+            self.options.append(opts)
+
+    def choices(self, i: int, budget: int):
+        """(last block, unit index or -1 for keep, bytes the segments before i must free,
+        bytes the choice frees, its FLOPs, its ops re-run)."""
+        for j, unit, need in self.options[i]:
+            if unit is None:
+                yield j, -1, need - budget, 0, 0, 0
+            else:
+                yield j, self.problem.index[unit.key], need - budget, unit.reduction_bytes, unit.cost_flops, unit.cost_ops
+
+    def final_need(self, budget: int) -> int:
+        return self.head_max - budget
+
+    def feasible(self, budget: int) -> bool:
+        """Whether some segmentation fits: the most bytes freed before each position, forward."""
+        if self.const_max > budget:
+            return False
+        best: list[int | None] = [None] * (self.n + 1)  # None: position unreachable
+        best[0] = 0
+        for i in range(self.n):
+            if best[i] is None:
+                continue
+            for j, unit, need in self.options[i]:
+                if best[i] >= need - budget:
+                    red = best[i] + (unit.reduction_bytes if unit else 0)
+                    best[j + 1] = red if best[j + 1] is None else max(best[j + 1], red)
+        return best[self.n] is not None and best[self.n] >= self.head_max - budget
 
 
 # -- the chain's structure --------------------------------------------------------------------
@@ -133,36 +241,3 @@ def _slots(problem: Problem, names: list[str], units) -> _Slots:
 def _block_spans(problem: Problem, names: list[str]) -> tuple[list[int], list[int]]:
     spans = problem.block_spans
     return [spans[n][0] for n in names], [spans[n][1] for n in names]
-
-
-def _choices(problem: Problem, i: int, n: int, starting: dict[int, list[tuple[int, Unit]]]):
-    yield i, None  # keep block i
-    yield from starting[i]
-
-
-def _need(problem: Problem, slots: _Slots, i: int, j: int, unit: Unit | None) -> int:
-    """Bytes the segments before i must free for the intervals this choice settles."""
-    coef = problem.coefficient_table[problem.index[unit.key]] if unit else {}
-    need = 0
-    for m in range(i, j + 1):
-        for k in slots.forward[m]:
-            need = max(need, problem.interval_max[k] - coef.get(k, 0))
-        for k in slots.backward[m]:  # only this unit's own held inputs can act here
-            need = max(need, problem.interval_max[k] - coef.get(k, 0))
-    return need
-
-
-def _cost(unit: Unit | None) -> int:
-    """FLOPs first; among equal FLOPs, fewer ops re-run (elementwise ops count 0 FLOPs)."""
-    if unit is None:
-        return 0
-    return unit.cost_flops * 2**32 + min(2**32 - 1, unit.cost_ops)
-
-
-def _pareto(states: list[_State]) -> list[_State]:
-    states.sort(key=lambda s: (s.cost, -s.reduction))
-    out: list[_State] = []
-    for s in states:
-        if not out or s.reduction > out[-1].reduction:
-            out.append(s)
-    return out

@@ -96,12 +96,11 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     return [u for u, x in zip(problem.units, res.x) if x > 0.5]
 
 
-def _columns(problem: Problem) -> list[np.ndarray]:
+def _columns(problem: Problem) -> np.ndarray:
     """Row k: bytes each unit frees in interval k."""
-    rows = [np.zeros(len(problem.units)) for _ in problem.interval_max]
-    for i, coef in enumerate(problem.coefficient_table):
-        for k, b in coef.items():
-            rows[k][i] = b
+    rows = np.zeros((len(problem.interval_max), len(problem.units)))
+    for i, (k0, a) in enumerate(problem.coefficient_table):
+        rows[k0 : k0 + len(a), i] = a
     return rows
 
 

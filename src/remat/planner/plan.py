@@ -10,7 +10,7 @@ from remat.errors import RematError
 
 PLAN_FORMAT = "remat.Plan"
 PLAN_VERSION = 1
-ACTIONS = ("keep", "recompute", "selective")
+ACTIONS = ("keep", "recompute", "selective", "offload")
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class Plan:
     solver: str
     """Which solver made it: chen, dp, ilp, every-block, checkpoint_sequential(k), keep."""
     decisions: dict[str, str]
-    """{candidate module: "keep" | "recompute" | "selective"}; a module inside one inherits its decision."""
+    """{candidate module: "keep" | "recompute" | "selective" | "offload"}; a module inside one inherits its decision."""
     segments: list[list[str]]
     """Each list: consecutive sibling modules wrapped in one checkpoint (recomputed in backward)."""
     peak_bytes: int
@@ -44,6 +44,15 @@ class Plan:
     blocks: list[PlannedBlock]
     selective: list[str] = field(default_factory=list)
     """Modules checkpointed selectively: matmul, convolution and attention outputs kept, the rest recomputed."""
+    offload: list[str] = field(default_factory=list)
+    """Modules whose saved tensors go to (pinned) CPU memory in forward and come back in backward."""
+    offload_bytes: int = 0
+    """Bytes the offloaded modules copy to CPU memory (and back) per step."""
+    offload_s: float = 0.0
+    """Predicted seconds of those copies at the plan's host bandwidth (not overlapped with compute)."""
+    recompute_ops: int = 0
+    """Ops re-run in backward: among plans of equal FLOPs, the one with fewer is cheaper (elementwise ops
+    count 0 FLOPs but not 0 time)."""
     step_flops: int = 0
     """Forward + backward FLOPs of the unplanned step, to put `recompute_flops` in proportion."""
     notes: list[str] = field(default_factory=list)
@@ -65,8 +74,11 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         data = _jsondoc.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again")
-        data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
-        return cls(**data)
+        def make() -> Plan:
+            data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
+            return cls(**data)
+
+        return _jsondoc.build(PLAN_FORMAT, PLAN_VERSION, make, "plan")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())

@@ -18,10 +18,18 @@ NOTE [The memory model of a plan]
     Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
             not the output of a matmul, convolution or attention op), and holds
             `selective_extra_bytes` (those outputs autograd would have dropped but the
-            selective cache keeps) until the block's backward is over; it costs
+            selective cache keeps) until the block's backward starts (the recompute
+            there takes them out of the cache, and from then on the step holds what
+            the unplanned one holds); its inputs are held as in Rule 2; it costs
             `selective_recompute_flops`.
     Rule 5. Solvers only use units that remat.apply can build (a run of several blocks
             only inside an nn.Sequential) and that free bytes at some moment.
+    Rule 6. An *offload* unit (one block; only for a CUDA step, with a host bandwidth B
+            and a device FLOP rate F) copies what the block's ops save to CPU memory in
+            forward and back in backward: it frees the bytes of Rule 1 over the same
+            span, keeps no inputs (no recomputation), and costs
+            2 * `offload_bytes` / B seconds, weighed against recomputation as that many
+            seconds of FLOPs at rate F (a FLOP-equivalent; not overlapped with compute).
   The model is conservative inside a checkpointed block's own forward (its
   intermediate tensors are counted as if saved) and ignores the recompute's
   short-lived temporaries; docs/benchmarks.md compares it with measurements.
@@ -29,18 +37,20 @@ NOTE [The memory model of a plan]
 
 from __future__ import annotations
 
-import bisect
+import math
 from dataclasses import dataclass
 from functools import cached_property
+from typing import NamedTuple
+
+import numpy as np
 
 from remat.types import BlockProfile, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
 
 
-@dataclass(frozen=True, slots=True)
-class Effect:
-    """`bytes` fewer live bytes over op indices [start, end)."""
+class Effect(NamedTuple):
+    """`bytes` fewer live bytes over op indices [start, end).  (A tuple: a 100-stage chain has ~10^5.)"""
 
     start: int
     end: int
@@ -64,9 +74,11 @@ class Unit:
     appliable: bool = True
     """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential."""
     action: str = "recompute"
-    """"recompute" (a checkpoint) or "selective" (keep matmul outputs, recompute the rest)."""
+    """"recompute" (a checkpoint), "selective" (keep matmul outputs, recompute the rest) or "offload"."""
     cost_ops: int = 0
     """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
+    transfer_bytes: int = 0
+    """Offload: bytes copied to CPU memory and back (`cost_flops` is then a FLOP-equivalent, Rule 6)."""
 
     @property
     def key(self) -> tuple:
@@ -99,7 +111,10 @@ class Problem:
         self.index = {u.key: i for i, u in enumerate(units)}
 
     @classmethod
-    def from_profile(cls, prof: StepProfile, max_segment: int = MAX_SEGMENT) -> "Problem":
+    def from_profile(
+        cls, prof: StepProfile, max_segment: int = MAX_SEGMENT, offload: tuple[float, float] | None = None
+    ) -> "Problem":
+        """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6)."""
         blocks = [b for b in prof.blocks if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op]
         groups: dict[str, list[str]] = {}
         for b in blocks:
@@ -110,12 +125,12 @@ class Problem:
         units: list[Unit] = []
         for group, names in groups.items():
             for i in range(len(names)):
-                for j in range(i, min(len(names), i + max_segment)):
-                    run = [by_name[n] for n in names[i : j + 1]]
-                    units.append(_make_unit(run, group, i, nested, len(run) == 1 or run[0].container == "Sequential"))
+                units += _runs_from(names, i, max_segment, by_name, group, nested)
                 selective = _make_selective_unit(by_name[names[i]], group, i, nested)
                 if selective is not None:
                     units.append(selective)
+                if offload is not None:
+                    units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         return cls(list(prof.timeline.live_bytes), units, groups, spans, prof.model)
 
@@ -134,22 +149,51 @@ class Problem:
         bp = self.breakpoints
         return [max(self.live[bp[k] : bp[k + 1]]) for k in range(len(bp) - 1)]
 
-    def coefficients(self, unit: Unit) -> dict[int, int]:
-        """{interval k: bytes the unit removes there}."""
-        bp, out = self.breakpoints, {}
-        for e in unit.effects:
-            for k in range(bisect.bisect_left(bp, e.start), bisect.bisect_left(bp, e.end)):
-                out[k] = out.get(k, 0) + e.bytes
-        return out
+    @cached_property
+    def interval_max_array(self) -> np.ndarray:
+        return np.array(self.interval_max, dtype=np.int64)
 
     @cached_property
-    def coefficient_table(self) -> list[dict[int, int]]:
-        return [self.coefficients(u) for u in self.units]
+    def coefficient_table(self) -> list[tuple[int, np.ndarray]]:
+        """Per unit, (k0, a): the unit removes a[k - k0] bytes in interval k, 0 outside a's span.
+
+        Built from all effects at once (searchsorted, then a running sum per unit): a
+        100-stage chain has ~4,400 units and ~200 intervals."""
+        bp = np.array(self.breakpoints, dtype=np.int64)
+        counts = [len(u.effects) for u in self.units]
+        starts = np.searchsorted(bp, [e.start for u in self.units for e in u.effects])
+        ends = np.searchsorted(bp, [e.end for u in self.units for e in u.effects])
+        values = np.array([e.bytes for u in self.units for e in u.effects], dtype=np.int64)
+        table, at = [], 0
+        for c in counts:
+            if c == 0:
+                table.append((0, np.zeros(0, dtype=np.int64)))
+                continue
+            a, b, v = starts[at : at + c], ends[at : at + c], values[at : at + c]
+            at += c
+            k0, k1 = int(a.min()), int(b.max())
+            diff = np.zeros(k1 - k0 + 1, dtype=np.int64)
+            np.add.at(diff, a - k0, v)
+            np.add.at(diff, b - k0, -v)
+            table.append((k0, np.cumsum(diff[:-1])))
+        return table
+
+    def coefficients(self, unit: Unit) -> dict[int, int]:
+        """{interval k: bytes the unit removes there} (nonzero entries only)."""
+        k0, a = self.coefficient_table[self.index[unit.key]]
+        return {k0 + int(k): int(a[k]) for k in np.flatnonzero(a)}
+
+    def dense(self, i: int) -> np.ndarray:
+        """Bytes unit i removes in every interval."""
+        row = np.zeros(len(self.interval_max), dtype=np.int64)
+        k0, a = self.coefficient_table[i]
+        row[k0 : k0 + len(a)] = a
+        return row
 
     @cached_property
     def useful(self) -> list[bool]:
         """Per unit: apply can build it and it frees bytes at some moment (the only units solvers consider)."""
-        return [u.appliable and any(b > 0 for b in coef.values()) for u, coef in zip(self.units, self.coefficient_table)]
+        return [u.appliable and bool((a > 0).any()) for u, (_, a) in zip(self.units, self.coefficient_table)]
 
     def is_useful(self, unit: Unit) -> bool:
         return self.useful[self.index[unit.key]]
@@ -159,14 +203,14 @@ class Problem:
 
     def memory(self, chosen: list[Unit]) -> list[int]:
         """Predicted max live bytes in each elementary interval under `chosen`."""
-        mem = list(self.interval_max)
+        mem = self.interval_max_array.copy()
         for u in chosen:
-            for k, b in self.coefficient_table[self.index[u.key]].items():
-                mem[k] -= b
-        return mem
+            k0, a = self.coefficient_table[self.index[u.key]]
+            mem[k0 : k0 + len(a)] -= a
+        return mem.tolist()
 
     def peak(self, chosen: list[Unit]) -> int:
-        return max(self.memory(chosen))
+        return max(self.memory(chosen), default=0)
 
     def cost(self, chosen: list[Unit]) -> int:
         return sum(u.cost_flops for u in chosen)
@@ -188,27 +232,62 @@ def _group_of(b: BlockProfile) -> str:
 
 def _make_unit(run: list[BlockProfile], group: str, position: int, nested: dict[str, frozenset], appliable: bool) -> Unit:
     """The unit for `run` (also one that frees nothing or costs memory: the hand recipes use those)."""
-    names = {b.name for b in run}
-    last, first = run[-1], run[0]
-    end = last.backward_start_op
-    effects = []
-    for b in run:
-        freed = b.internal_bytes
-        if b.output_kept_by and set(b.output_kept_by) <= names:
-            freed += b.output_saved_bytes
-        if freed:
-            effects.append(Effect(b.forward_end_op + 1, end, freed))
-    if first.input_unsaved_bytes:  # Rule 2: held until the checkpoint's backward is over
-        effects.append(Effect(first.forward_end_op + 1, max(end, first.backward_end_op + 1), -first.input_unsaved_bytes))
-    effects = [e for e in effects if e.start < e.end]
-    covers = frozenset().union(*(nested[n] for n in names))
-    cost = sum(b.forward_flops for b in run[:-1]) + last.checkpoint_recompute_flops
-    cost_s = sum(b.forward_s for b in run[:-1]) + (
-        last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
-    )
-    ops = sum(_forward_ops(b) for b in run[:-1]) + last.checkpoint_recompute_ops
-    return Unit(tuple(b.name for b in run), group, position, covers, cost, cost_s, tuple(effects), appliable,
-                "recompute", ops)
+    names = [b.name for b in run]
+    by_name = {b.name: b for b in run}
+    return _runs_from(names, 0, len(run), by_name, group, nested, appliable, position)[-1]
+
+
+def _runs_from(
+    names: list[str],
+    i: int,
+    max_segment: int,
+    by_name: dict[str, BlockProfile],
+    group: str,
+    nested: dict[str, frozenset],
+    appliable: bool | None = None,
+    position: int | None = None,
+) -> list[Unit]:
+    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2)."""
+    first = by_name[names[i]]
+    appliable_multi = first.container == "Sequential" if appliable is None else appliable
+    stop = min(len(names), i + max_segment)
+    # per block m of the run: where its forward ends, what it frees alone, and the position of
+    # the last block that keeps its output (the output is freed too once the run reaches it)
+    pos = {n: k for k, n in enumerate(names)}
+    starts, internal, output, reach = [], [], [], []
+    for n in names[i:stop]:
+        b = by_name[n]
+        starts.append(b.forward_end_op + 1)
+        internal.append(b.internal_bytes)
+        output.append(b.output_saved_bytes)
+        keepers = [pos.get(k, -1) for k in b.output_kept_by]
+        reach.append(max(keepers) if keepers and min(keepers) >= i else len(names))
+    starts, internal, output, reach = (np.array(x, dtype=np.int64) for x in (starts, internal, output, reach))
+    units: list[Unit] = []
+    covers: frozenset[str] = frozenset()
+    flops = seconds = ops = 0  # of the whole forwards of names[i..j-1]
+    for j in range(i, stop):
+        last = by_name[names[j]]
+        covers = covers | nested[last.name]
+        end = last.backward_start_op
+        m = j - i + 1
+        freed = internal[:m] + np.where(reach[:m] <= j, output[:m], 0)
+        keep = (freed != 0) & (starts[:m] < end)
+        effects = [Effect(a, end, f) for a, f in zip(starts[:m][keep].tolist(), freed[keep].tolist())]
+        if first.input_unsaved_bytes:  # Rule 2: held until the checkpoint's backward is over
+            held_end = max(end, first.backward_end_op + 1)
+            if first.forward_end_op + 1 < held_end:
+                effects.append(Effect(first.forward_end_op + 1, held_end, -first.input_unsaved_bytes))
+        last_s = last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
+        units.append(Unit(
+            tuple(names[i : j + 1]), group, i if position is None else position, covers,
+            flops + last.checkpoint_recompute_flops, seconds + last_s, tuple(effects),
+            j == i or appliable_multi, "recompute", ops + last.checkpoint_recompute_ops,
+        ))
+        flops += last.forward_flops
+        seconds += last.forward_s
+        ops += _forward_ops(last)
+    return units
 
 
 def _make_selective_unit(b: BlockProfile, group: str, position: int, nested: dict[str, frozenset]) -> Unit | None:
@@ -218,14 +297,27 @@ def _make_selective_unit(b: BlockProfile, group: str, position: int, nested: dic
         return None  # nothing to free; or BatchNorm, whose statistics remat restores only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
     effects = [Effect(b.forward_end_op + 1, b.backward_start_op, b.selective_free_bytes)]
-    if b.selective_extra_bytes:
-        effects.append(Effect(b.forward_end_op + 1, held_end, -b.selective_extra_bytes))
+    if b.selective_extra_bytes:  # the recompute at the block's backward start consumes the cache
+        effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, -b.selective_extra_bytes))
     if b.input_unsaved_bytes:
         effects.append(Effect(b.forward_end_op + 1, held_end, -b.input_unsaved_bytes))
     covers = nested[b.name]
     effects = tuple(e for e in effects if e.start < e.end)
     return Unit((b.name,), group, position, covers, b.selective_recompute_flops, b.selective_recompute_s, effects,
                 True, "selective", b.selective_recompute_ops)
+
+
+def _make_offload_unit(
+    b: BlockProfile, group: str, position: int, nested: dict[str, frozenset], bandwidth: float, flops_per_s: float
+) -> list[Unit]:
+    """Offloading one block's saved tensors to CPU memory (Rule 6); none if it would free nothing."""
+    freed = b.internal_bytes + (b.output_saved_bytes if b.output_kept_by == [b.name] else 0)
+    if freed <= 0 or b.offload_bytes <= 0 or b.forward_end_op + 1 >= b.backward_start_op:
+        return []
+    seconds = 2 * b.offload_bytes / bandwidth
+    effects = (Effect(b.forward_end_op + 1, b.backward_start_op, freed),)
+    return [Unit((b.name,), group, position, nested[b.name], math.ceil(seconds * flops_per_s), seconds, effects,
+                 True, "offload", 0, b.offload_bytes)]
 
 
 def _forward_ops(b: BlockProfile) -> int:

@@ -23,12 +23,15 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
         f"(unplanned {fmt_bytes(plan.unplanned_peak_bytes, 'auto')}, budget {budget}), "
         f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
         f"(+{plan.recompute_fraction:.1%} of the step's FLOPs)"
+        + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
+           f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
     )
     table = Table(box=box.SIMPLE_HEAD, title="checkpoints (one per row)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("modules wrapped together")
     rows = [seg[0] if len(seg) == 1 else f"{seg[0]} .. {seg[-1]} ({len(seg)} modules)" for seg in plan.segments]
     rows += [f"{name} (selective: matmul outputs kept)" for name in plan.selective]
+    rows += [f"{name} (offload: saved tensors in CPU memory until backward)" for name in plan.offload]
     for i, row in enumerate(rows, 1):
         table.add_row(str(i), row)
     if not rows:
@@ -77,6 +80,13 @@ def render_verify(report) -> str:
         fmt_bytes(report.predicted_peak_bytes, "auto"),
         f"{report.peak_error:+.1%} " + ok(abs(report.peak_error) <= 0.05),
     )
+    if report.predicted_offload_bytes or report.measured_offload_bytes:
+        table.add_row(
+            "offloaded to CPU memory",
+            fmt_bytes(report.measured_offload_bytes, "auto"),
+            fmt_bytes(report.predicted_offload_bytes, "auto"),
+            "",
+        )
     table.add_row("peak without the plan", fmt_bytes(report.unplanned_peak_bytes, "auto"), "", "")
     console.print(table)
     for note in report.notes:

@@ -12,7 +12,7 @@ import torch.nn as nn
 from remat.errors import RematError
 from remat.measure.candidates import find_candidates, runs_children_in_order
 from remat.planner.plan import Plan
-from remat.rewrite.wrapping import MARK, is_wrapped, unwrap, wrap_segment
+from remat.rewrite.wrapping import MARK, is_wrapped, unwrap, wrap_offload, wrap_segment
 
 log = logging.getLogger(__name__)
 
@@ -29,8 +29,9 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
 
     Each of `plan.segments` becomes one non-reentrant checkpoint (RNG preserved,
     BatchNorm statistics kept exact), each of `plan.selective` a selective one (matmul
-    outputs kept, the rest recomputed); state dict keys do not change, and
-    `remat.remove(model)` restores the original forwards.
+    outputs kept, the rest recomputed), each of `plan.offload` a module whose saved
+    tensors wait in pinned CPU memory between forward and backward; state dict keys do
+    not change, and `remat.remove(model)` restores the original forwards.
 
     Known limitations: a segment of several modules must be consecutive children of
     an nn.Sequential; a module that Hugging Face gradient checkpointing already
@@ -44,17 +45,25 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
             "applying a second one would checkpoint twice. Fix: call remat.remove(model) first."
         )
     selective: list[str] = []
+    offload: list[str] = []
     if isinstance(plan, str):
         segments, what = _recipe(model, plan), plan
     elif isinstance(plan, Plan):
         segments, what = _check_plan(model, plan), plan
-        selective = list(plan.selective)
+        selective, offload = list(plan.selective), list(plan.offload)
     else:
         raise RematError(
             f"remat: apply expects a remat.Plan or one of {RECIPES}, saw {type(plan).__name__}. "
             "Fix: pass remat.plan(profile, budget) or 'every-block'."
         )
-    skipped = _wrap_all(model, segments, selective)
+    if offload and not any(t.is_cuda for t in [*model.parameters(), *model.buffers()]):
+        warnings.warn(
+            f"remat: the plan offloads {', '.join(offload[:4])}{' ...' if len(offload) > 4 else ''}, but "
+            f"{type(model).__name__} is not on a GPU: its saved tensors are copied within CPU memory, which saves "
+            "nothing. Move the model to the GPU the plan was made for.",
+            stacklevel=2,
+        )
+    skipped = _wrap_all(model, segments, selective, offload)
     object.__setattr__(model, APPLIED, what)
     if skipped:
         warnings.warn(
@@ -113,7 +122,7 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
     """The plan's segments, after checking that it was made for this model (nothing is changed yet)."""
     modules = dict(model.named_modules())
     missing = [b.name for b in plan.blocks if b.name not in modules]
-    named = [n for seg in plan.segments for n in seg] + list(plan.selective)
+    named = [n for seg in plan.segments for n in seg] + list(plan.selective) + list(plan.offload)
     missing += [n for n in named if n not in modules and n not in missing]
     if missing:
         raise RematError(
@@ -189,20 +198,27 @@ def _chain_of_blocks(model: nn.Module) -> list[str]:
     return max(groups.values(), key=len)
 
 
-def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str]) -> list[str]:
+def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str], offload: list[str]) -> list[str]:
     modules = dict(model.named_modules())
     skipped = []
-    for seg, is_selective in [(s, False) for s in segments] + [([n], True) for n in selective]:
+    jobs = [(s, "recompute") for s in segments] + [([n], "selective") for n in selective] + [([n], "offload") for n in offload]
+    for seg, action in jobs:
         mods = [modules[n] for n in seg]
         if any(getattr(m, "gradient_checkpointing", False) is True for m in mods):
             skipped += seg  # Hugging Face already checkpoints these: no double checkpointing
             continue
-        wrap_segment(mods, selective=is_selective)
+        if action == "offload":
+            wrap_offload(mods[0])
+        else:
+            wrap_segment(mods, selective=action == "selective")
     return skipped
 
 
 def _describe(what) -> str:
-    return f"recipe {what!r}" if isinstance(what, str) else f"a {what.solver} plan with {len(what.segments)} checkpoints"
+    if isinstance(what, str):
+        return f"recipe {what!r}"
+    extra = f" and {len(what.offload)} offloaded modules" if what.offload else ""
+    return f"a {what.solver} plan with {len(what.segments) + len(what.selective)} checkpoints{extra}"
 
 
 def applied(model: nn.Module) -> Plan | str | None:

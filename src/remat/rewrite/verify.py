@@ -13,6 +13,7 @@ from remat.errors import RematError
 from remat.measure.step import StateSnapshot, check_model, compute_loss, normalize_inputs
 from remat.planner.plan import Plan
 from remat.rewrite.apply import applied, apply, remove
+from remat.rewrite.wrapping import offloaded_bytes
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,9 @@ class VerifyReport:
     """FlopCounterMode total (forward + backward) with the plan, minus without."""
     predicted_recompute_flops: int
     budget_bytes: int | None = None
+    measured_offload_bytes: int = 0
+    """Bytes the offloaded modules copied to CPU memory in the planned step."""
+    predicted_offload_bytes: int = 0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -97,6 +101,7 @@ def verify(
         apply(model, plan)
         try:
             planned = _run(model, inputs, loss_fn)
+            moved = offloaded_bytes(model)
             planned_prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
         finally:
             remove(model)
@@ -114,6 +119,8 @@ def verify(
         measured_recompute_flops=planned.flops - base.flops,
         predicted_recompute_flops=plan.recompute_flops,
         budget_bytes=plan.budget_bytes,
+        measured_offload_bytes=moved,
+        predicted_offload_bytes=plan.offload_bytes,
     )
 
 

@@ -18,6 +18,16 @@ NOTE [How a module is checkpointed in place]
   Rule 5. A selective checkpoint is the same checkpoint with torch's selective policy:
           outputs of SAVE_OPS (matmuls, convolutions, attention) are kept, every other
           op is recomputed.
+  Rule 6. An offloaded module runs its forward under `saved_tensors_hooks`: every tensor
+          its ops save goes to CPU memory (pinned when it comes from CUDA, copied
+          without blocking on the current stream) and comes back to its device when
+          backward unpacks it.  Parameters and buffers (and views of them, as `linear`
+          saves `weight.t()`) stay where they are: they live on the device anyway.  A
+          storage is copied whole, once per forward call, however many of its views are
+          saved, and each view comes back with its own offset and strides, so backward
+          runs the same kernels on the same layouts (gradients bit-equal).  This is
+          torch.autograd.graph.save_on_cpu with those changes; nothing is recomputed,
+          so RNG and BatchNorm statistics are untouched.
 """
 
 from __future__ import annotations
@@ -29,9 +39,9 @@ from dataclasses import dataclass, field
 
 import torch
 import torch.nn as nn
-from remat._torch_compat import BatchNormBase as _BatchNorm
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward
 from remat.measure.tracker import SAVE_OPS
 
@@ -47,6 +57,7 @@ class WrapInfo:
     previous_forward: Callable | None
     role: str  # "head" runs the segment; "pass" passes its input through after the head ran
     pending: list[int] = field(default_factory=lambda: [0])  # shared by the segment: pass-through calls left
+    moved: list[int] = field(default_factory=lambda: [0])  # offload: bytes copied to CPU memory so far
 
 
 @contextlib.contextmanager
@@ -107,6 +118,85 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
         _install(m, _pass_through(original, pending), segment, "pass", pending)
 
 
+def wrap_offload(module: nn.Module) -> None:
+    """Offload what `module`'s ops save to CPU memory during the step (Rule 6), in place."""
+    original = type(module).forward.__get__(module) if "forward" not in module.__dict__ else module.__dict__["forward"]
+    moved = [0]
+
+    def forward(*args, **kwargs):
+        if not (module.training and torch.is_grad_enabled()):  # Rule 2
+            return original(*args, **kwargs)
+        resident = {_storage_key(t) for t in [*module.parameters(), *module.buffers()]}
+        pack, unpack, hosts = _offload_hooks(resident, moved)
+        try:
+            with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+                return original(*args, **kwargs)
+        finally:
+            for host in hosts.values():
+                host.device_tensor = None  # the device copy may go now; backward brings the bytes back
+
+    _install(module, forward, [module], "offload", [0], moved)
+
+
+class _HostStorage:
+    """One device storage copied to CPU memory, and its copy back while backward still needs it."""
+
+    def __init__(self, t: torch.Tensor):
+        storage = t.untyped_storage()
+        flat = torch.empty(0, dtype=torch.uint8, device=t.device).set_(storage)
+        self.device = t.device
+        # Held until the module's forward returns: while it lives, no other storage can take
+        # its address, so the address identifies it in `hosts` (Rule 6).
+        self.device_tensor: torch.Tensor | None = t
+        self.host = torch.empty(storage.nbytes(), dtype=torch.uint8, pin_memory=t.is_cuda)
+        self.host.copy_(flat, non_blocking=t.is_cuda)
+        self.views_left = 0
+        self.back: torch.Tensor | None = None
+
+    def view(self, dtype, offset, size, stride) -> torch.Tensor:
+        if self.back is None:
+            self.back = self.host.to(self.device, non_blocking=self.host.is_pinned())
+        out = torch.empty(0, dtype=dtype, device=self.device).set_(self.back.untyped_storage(), offset, size, stride)
+        self.views_left -= 1
+        if self.views_left <= 0:
+            self.back = None  # the last view holds the storage now; backward frees it after use
+        return out
+
+
+def _offload_hooks(resident: set[tuple], moved: list[int]):
+    """pack/unpack for one forward call: each saved storage goes to CPU memory once, and every
+    saved view of it comes back with its own dtype, offset, size and strides (bit-equal kernels)."""
+    hosts: dict[tuple, _HostStorage] = {}
+
+    def pack(t: torch.Tensor):
+        key = _storage_key(t)
+        if key in resident or t.layout != torch.strided:
+            return t  # a parameter or buffer (or a view of one): it stays on the device anyway
+        if key not in hosts:
+            hosts[key] = _HostStorage(t)
+            moved[0] += t.untyped_storage().nbytes()
+        host = hosts[key]
+        host.views_left += 1
+        return host, t.dtype, t.storage_offset(), tuple(t.shape), t.stride()
+
+    def unpack(saved):
+        if isinstance(saved, torch.Tensor):
+            return saved
+        host, dtype, offset, size, stride = saved
+        return host.view(dtype, offset, size, stride)
+
+    return pack, unpack, hosts
+
+
+def _storage_key(t: torch.Tensor) -> tuple:
+    return t.device.type, t.device.index, t.untyped_storage().data_ptr()
+
+
+def offloaded_bytes(model: nn.Module) -> int:
+    """Bytes the offloaded modules of `model` copied to CPU memory since they were wrapped."""
+    return sum(m.__dict__[MARK].moved[0] for m in model.modules() if is_wrapped(m) and m.__dict__[MARK].role == "offload")
+
+
 def _pass_through(original: Callable, pending: list[int]) -> Callable:
     def forward(*args, **kwargs):
         if pending[0] > 0:  # the head already ran this module inside its checkpoint
@@ -117,9 +207,9 @@ def _pass_through(original: Callable, pending: list[int]) -> Callable:
     return forward
 
 
-def _install(module: nn.Module, forward: Callable, segment, role: str, pending: list[int]) -> None:
+def _install(module: nn.Module, forward: Callable, segment, role: str, pending: list[int], moved=None) -> None:
     had = "forward" in module.__dict__
-    info = WrapInfo(segment, had, module.__dict__.get("forward"), role, pending)
+    info = WrapInfo(segment, had, module.__dict__.get("forward"), role, pending, moved if moved is not None else [0])
     module.forward = forward
     object.__setattr__(module, MARK, info)
 
