@@ -395,3 +395,16 @@ def test_plan_verify_applies_and_checks_the_plan(capsys, target_file):
 def test_plan_verify_needs_a_real_target(capsys, target_file):
     code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--verify", *FAKE)
     assert code == 2 and err.startswith("remat: --verify runs the real step")
+
+
+def test_plan_offloads_on_a_fake_gpu_step_when_told_the_link_speed(capsys):
+    args = ["plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--budget", "0.5"]
+    code, out, _ = run(capsys, *args, "--offload-bandwidth", "1TB/s", "--device-flops", "1TFLOPs/s")
+    assert code == 0
+    assert "(offload: saved tensors in CPU memory until backward)" in out
+    assert "offloaded to CPU memory and back" in out
+    code, out, _ = run(capsys, *args)
+    assert code == 0 and "offload" not in out.split("note:")[0]
+    assert "note: offload not weighed: give offload_bandwidth" in out
+    code, _, err = run(capsys, *args, "--offload-bandwidth", "16GB", "--device-flops", "1TFLOPs/s")
+    assert code == 2 and err.startswith("remat: cannot read offload_bandwidth='16GB'")

@@ -324,3 +324,12 @@ def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
     _, _, cpu_prof = chain_profile
     with pytest.raises(remat.RematError, match=r"^remat: offload moves a GPU step's saved tensors .* runs on cpu"):
         remat.plan(cpu_prof, 0.5, offload_bandwidth="16GB/s")
+
+
+def test_chen_on_layers_apply_cannot_group_says_so_instead_of_planning_what_apply_rejects():
+    model, inputs = zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)  # layers in a ModuleList
+    prof = remat.profile(model, inputs, mode="fake")
+    with pytest.raises(remat.RematError, match=r"^remat: solver 'chen' checkpoints runs of consecutive blocks.*"
+                                               r"the blocks of transformer\.h are not in one.*Fix: use solver='dp'"):
+        remat.plan(prof, 0.9, solver="chen")
+    remat.apply(model, remat.plan(prof, 0.9, solver="dp"))  # what the error advises works

@@ -206,8 +206,7 @@ def _solve(problem: Problem, solver: str, budget: int, time_limit_s: float) -> l
         return ilp.solve(problem, budget, time_limit_s)
     group = dp.chain_group(problem)
     if solver == "chen":
-        n = len(problem.groups[group])
-        chosen = chen.units_for(problem, group, chen.segments_chen(n))
+        chosen = _chen_units(problem, group)
         return chosen if problem.peak(chosen) <= budget else None
     try:
         return dp.solve(problem, budget, group)
@@ -217,14 +216,27 @@ def _solve(problem: Problem, solver: str, budget: int, time_limit_s: float) -> l
         ) from e
 
 
+def _chen_units(problem: Problem, group: str) -> list[Unit]:
+    """Chen's sqrt(n) segments of the chain, if remat.apply can build them."""
+    chosen = chen.units_for(problem, group, chen.segments_chen(len(problem.groups[group])))
+    if not all(u.appliable for u in chosen):
+        container = group.split("|", 1)[1] or "the model"
+        raise RematError(
+            f"remat: solver 'chen' checkpoints runs of consecutive blocks, which remat can wrap as one checkpoint "
+            f"only inside an nn.Sequential; the blocks of {container} are not in one (an nn.ModuleList or a "
+            "custom forward calls them). Fix: use solver='dp' or 'ilp' (or 'auto'), which plan one checkpoint "
+            "per block there."
+        )
+    return chosen
+
+
 def _min_bytes(problem: Problem, solver: str, time_limit_s: float) -> int:
     if not any(problem.useful):
         return max(problem.live)
     if solver == "ilp":
         return ilp.min_peak(problem, time_limit_s)
     if solver == "chen":
-        group = dp.chain_group(problem)
-        return problem.peak(chen.units_for(problem, group, chen.segments_chen(len(problem.groups[group]))))
+        return problem.peak(_chen_units(problem, dp.chain_group(problem)))
     return dp.min_peak(problem, dp.chain_group(problem))
 
 

@@ -65,14 +65,16 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     if n == 0:
         return [] if max(problem.interval_max) <= budget_bytes else None
     rows, lbs, ubs = [], [], []
-    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget
+    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget, in units
+    # of max(L) / 1e4: with byte-sized coefficients HiGHS sometimes stops with "Solve error" (status 4)
+    scale = max(1.0, max(problem.interval_max) / 1e4)
     for k, a in enumerate(_columns(problem)):
         need = problem.interval_max[k] - budget_bytes
         if need > 0:
             if not a.any():
                 return None  # no unit acts on this interval
-            rows.append(a)
-            lbs.append(float(need))
+            rows.append(a / scale)
+            lbs.append(need / scale)
             ubs.append(np.inf)
     # [Constraint] exclusivity: a block is inside at most one chosen unit
     for row in _exclusivity(problem):
