@@ -156,7 +156,7 @@ class _Chain:
                 if len(idx) == 0:
                     opts.append((j, unit, -(2**62)))
                     continue
-                k0, a = problem.coefficient_table[problem.index[unit.key]]
+                k0, a = problem.coefficient_table[problem.position(unit)]
                 inside = (idx >= k0) & (idx < k0 + len(a))
                 freed = np.zeros(len(idx), dtype=np.int64)
                 freed[inside] = a[idx[inside] - k0]
@@ -170,7 +170,7 @@ class _Chain:
             if unit is None:
                 yield j, -1, need - budget, 0, 0, 0
             else:
-                yield j, self.problem.index[unit.key], need - budget, unit.reduction_bytes, unit.cost_flops, unit.cost_ops
+                yield j, self.problem.position(unit), need - budget, unit.reduction_bytes, unit.cost_flops, unit.cost_ops
 
     def final_need(self, budget: int) -> int:
         return self.head_max - budget
