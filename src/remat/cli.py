@@ -388,6 +388,8 @@ def pareto(frontier: list[Plan]) -> list[Plan]:
     beats on both peak and extra FLOPs: a plan with the same FLOPs as another and a higher peak goes."""
     if not frontier:
         return []
+    if any(p.offload for p in frontier):  # FLOPs alone do not rank offload plans: remat.frontier's own order
+        return list(frontier)
     first, out = frontier[0], []
     for p in sorted(frontier[1:], key=lambda p: (p.recompute_flops, p.peak_bytes)):
         if p.peak_bytes < (out[-1] if out else first).peak_bytes:

@@ -58,6 +58,11 @@ class Plan:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def extra_s(self) -> float:
+        """Predicted extra seconds: recomputation (profiled kernel times) plus offload copies."""
+        return self.recompute_s + self.offload_s
+
+    @property
     def recompute_fraction(self) -> float:
         """Extra FLOPs as a fraction of the unplanned step's FLOPs."""
         return self.recompute_flops / self.step_flops if self.step_flops else 0.0

@@ -42,12 +42,13 @@ def render_frontier(frontier: list[Plan], budget_bytes: int | None = None) -> st
 
 
 def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
-    timed = any(p.recompute_s > 0 for p in frontier)
+    timed = any(p.extra_s > 0 for p in frontier)
     selective = any(p.selective for p in frontier)
+    offload = any(p.offload for p in frontier)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("#", justify="right")
     columns = ("peak", "extra GFLOP", "extra %", *(("extra s",) if timed else ()), "checkpoints",
-               *(("selective",) if selective else ()))
+               *(("selective",) if selective else ()), *(("offloaded",) if offload else ()))
     for col in columns:
         table.add_column(col, justify="right")
     if budget_bytes is not None:
@@ -59,9 +60,10 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
             fmt_bytes(p.peak_bytes, "auto"),
             fmt_flops(p.recompute_flops),
             fmt_share(p.recompute_flops, p.step_flops),
-            *((f"{p.recompute_s:.3f}",) if timed else ()),
+            *((f"{p.extra_s:.3f}",) if timed else ()),
             str(len(p.segments)),
             *((str(len(p.selective)),) if selective else ()),
+            *((str(len(p.offload)),) if offload else ()),
         ]
         if budget_bytes is not None:
             row.append(("cheapest" if p is cheapest_fit else "yes") if p.peak_bytes <= budget_bytes else "no")

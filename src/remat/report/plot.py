@@ -141,13 +141,13 @@ def plot_frontier(
 
 
 def _frontier_figure(frontier: list[Plan], budget_bytes: int | None, baselines: dict[str, Plan]) -> Figure:
-    timed = any(p.recompute_s > 0 for p in [*frontier, *baselines.values()])
+    timed = any(p.extra_s > 0 for p in [*frontier, *baselines.values()])
     fig = Figure(figsize=(13 if timed else 8.5, 5.2), layout="constrained")
     FigureCanvasAgg(fig)
     axes = fig.subplots(1, 2, sharey=True) if timed else [fig.add_subplot()]
     panels = [("recompute_flops", 1e9, "extra forward GFLOP (recomputation)")]
     if timed:
-        panels.append(("recompute_s", 1.0, "predicted extra seconds (profiled kernel times)"))
+        panels.append(("extra_s", 1.0, "predicted extra seconds (kernel times, offload copies)"))
     for ax, (field, scale, xlabel) in zip(axes, panels):
         _draw_frontier(ax, frontier, field, scale, staircase=(field == "recompute_flops"))
         _draw_baselines(ax, baselines, field, scale)
