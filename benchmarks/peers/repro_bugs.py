@@ -3,7 +3,7 @@
     python benchmarks/peers/repro_bugs.py            # prints each check; exit 0 either way
     python benchmarks/peers/repro_bugs.py --json OUT  # also writes the figures (run.py does this)
 
-Each check says `present` (the bug reproduces) or `fixed`.  Small models from benchmarks/peers/models.py,
+Each check says `present` (the bug reproduces) or `fixed` / `not reproduced`.  Small models from benchmarks/peers/models.py,
 one thread, a few seconds each.
 
 1. chen_apply    `remat.plan(prof, b, solver="chen")` on layers kept in an nn.ModuleList returns segments of
@@ -55,26 +55,34 @@ def chen_apply() -> dict:
 
 
 def ilp_solve() -> dict:
-    from remat.planner import ilp
+    """Sweep budgets from remat's least peak to the unplanned peak on report 000's MLP at the development
+    run's size; count the budgets where ilp.solve returns None although dp finds a plan."""
+    from remat import zoo
+    from remat.planner import dp, ilp
     from remat.planner.problem import Problem
 
-    b = build("mlp000", "default")
-    prof = _profile(b)
+    torch.manual_seed(0)
+    model, x = zoo.mlp_report000(hidden=128, intermediate=512, layers=8, seq=256, batch=8)
+    prof = remat.profile(model, x, optimizer=adam_params)
     problem = Problem.from_profile(prof)
-    budget = 43274759  # remat.frontier's last point on this model minus 1 byte (41.27 MiB)
-    out = {"model": "mlp000 (default size)", "budget": budget}
-    chosen = ilp.solve(problem, budget)
-    out["ilp_solve"] = None if chosen is None else problem.peak(chosen)
-    lower = ilp.solve(problem, budget - 4096)
-    out["ilp_solve_4KiB_lower"] = None if lower is None else problem.peak(lower)
-    try:
-        p = remat.plan(prof, budget, solver="ilp")
-        out["plan"] = p.peak_bytes
-    except remat.InfeasibleBudget as e:
-        out["plan_error_min_bytes"] = e.min_bytes
+    group = dp.chain_group(problem)
+    lo, hi = dp.min_peak(problem, group), prof.peak_bytes
+    n, failed = 60, []
+    # evenly spread budgets, plus the one the development run hit (remat.frontier's last point there - 1 B)
+    for budget in [lo + (hi - lo) * i // n for i in range(n)] + [43274759]:
+        if ilp.solve(problem, budget) is None and dp.solve(problem, budget, group) is not None:
+            failed.append(budget)
+    out = {"model": "mlp000 (hidden 128, 8 layers, seq 256, batch 8)", "budgets_tried": n + 1, "least": lo,
+           "unplanned": hi, "ilp_none_where_dp_plans": len(failed), "first_failing_budget": failed[0] if failed else None}
+    if failed:
+        b = failed[0]
+        try:
+            remat.plan(prof, b, solver="ilp")
+        except remat.InfeasibleBudget as e:
+            out["plan_error_min_bytes"] = e.min_bytes
     out["frontier_auto_last"] = remat.frontier(prof)[-1].peak_bytes
     out["frontier_dp_last"] = remat.frontier(prof, solver="dp")[-1].peak_bytes
-    out["status"] = "present" if chosen is None and lower is not None else "fixed"
+    out["status"] = "present" if failed or out["frontier_auto_last"] > out["frontier_dp_last"] else "not reproduced"
     return out
 
 

@@ -99,6 +99,15 @@ def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> d
         return res
 
 
+def inductor_cache_state() -> dict:
+    """Inductor's on-disk cache at the start (compile seconds depend on it: a cold cache compiles every kernel)."""
+    import getpass
+
+    d = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    n = sum(1 for _ in d.rglob("*.so")) if d.exists() else 0
+    return {"dir": str(d), "compiled_kernels_at_start": n}
+
+
 def git_state() -> dict:
     """The commit the run measured, and whether src/ differed from it (uncommitted edits)."""
     def git(*a):
@@ -154,8 +163,18 @@ def main(argv=None) -> int:
     ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
                     help="write docs/peers.md and docs/peers_<model>.png (default: on unless --quick)")
     ap.add_argument("--no-bugs", action="store_true", help="skip repro_bugs.py (the remat bugs this benchmark found)")
+    ap.add_argument("--from-json", metavar="PATH",
+                    help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     args = ap.parse_args(argv)
+    if args.from_json:
+        import report
+
+        data = json.loads(Path(args.from_json).read_text())
+        name = args.out or Path(args.from_json).stem
+        docs = (not data["profile"]["size"] == "quick") if args.docs is None else args.docs
+        print(f"re-rendered {report.write_all(data, name=name, docs=docs, quick=not docs)}")
+        return 0
     prof = dict(PROFILES["quick" if args.quick else "default"])
     if args.rounds:
         prof["rounds"] = args.rounds
@@ -175,6 +194,7 @@ def main(argv=None) -> int:
     info = machine_info(args.threads)
     info["OMP_WAIT_POLICY"] = WORKER_ENV["OMP_WAIT_POLICY"]
     info["git"] = git_state()
+    info["inductor_cache"] = inductor_cache_state()
     try:
         info["loadavg_at_start"] = open("/proc/loadavg").read().split()[:3]
     except OSError:
