@@ -63,12 +63,13 @@ def tol_process(peak: float) -> float:
 
 
 def plan_key(plan: remat.Plan) -> str:
-    return "remat:" + json.dumps([plan.segments, sorted(getattr(plan, "selective", []))])
+    return "remat:" + json.dumps([plan.segments, sorted(getattr(plan, "selective", [])), sorted(getattr(plan, "offload", []))])
 
 
 def plan_spec(plan: remat.Plan) -> dict:
     sel = list(getattr(plan, "selective", []))
-    what = f"{len(plan.segments)} ckpt" + (f" + {len(sel)} selective" if sel else "")
+    off = list(getattr(plan, "offload", []))  # remat versions that also plan offload to CPU memory
+    what = f"{len(plan.segments)} ckpt" + (f" + {len(sel)} selective" if sel else "") + (f" + {len(off)} offload" if off else "")
     return {"kind": "remat", "plan": plan.to_json(), "label": f"remat {plan.solver} ({what})",
             "segments": plan.segments, "selective": sel}
 
