@@ -518,7 +518,10 @@ def _bugs(data: dict) -> list[str]:
          "there, `fixed` / `not reproduced` = no longer reproduces)"
          + (f"; {data['bugs_note']}" if data.get("bugs_note") else "") + ".", ""]
     c = b.get("chen_apply", {})
-    if c:
+    if c.get("plan_refuses"):
+        L.append(f"1. **solver='chen' planned segments that remat.apply rejects** — {c.get('status')}: on {c.get('model')} "
+                 f"`remat.plan(prof, 0.8, solver='chen')` now raises `{c['plan_refuses'][:160]}…`.")
+    elif c:
         L.append(f"1. **solver='chen' plans segments that remat.apply rejects** — {c.get('status')}. On {c.get('model')} "
                  f"(layers in an `{c.get('container')}`), `remat.plan(prof, 0.8, solver='chen')` returns segments "
                  f"{c.get('segments')}; `remat.apply` raises `{c.get('error', '')}`. Cause: "
