@@ -2,10 +2,13 @@
 
     python benchmarks/peers/run.py            # the default zoo (< 30 min on 2 cores); writes
                                               # benchmarks/results/peers.{md,json}, docs/peers.md,
-                                              # docs/peers_<model>.png
+                                              # docs/peers_<model>.png and the span between
+                                              # <!-- peers:begin/end --> in docs/benchmarks.md
     python benchmarks/peers/run.py --quick    # CI smoke test (< 3 min); writes
                                               # benchmarks/results/peers_quick.{md,json}, plots to a temp dir
     python benchmarks/peers/run.py --models gpt2,bert --rounds 9    # a subset, more timing rounds
+    python benchmarks/peers/run.py --from-json benchmarks/results/peers.json   # re-render only
+    python benchmarks/peers/repro_bugs.py     # the remat bugs this benchmark found (run.py runs it too)
     python benchmarks/peers/rockmate_probe.py # (network) re-try Rockmate as shipped; run.py reads its result
 
 Per model, two fresh interpreters (MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1
