@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from remat.errors import RematError
 from remat.planner.problem import Problem, Unit
 
 
@@ -94,7 +95,13 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
         options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
     )
     if res.x is None:
-        return None
+        if res.status == 2:  # proved infeasible
+            return None
+        raise RematError(
+            f"remat: the ilp solver (HiGHS) stopped without an answer: status {res.status}, {res.message!r}. "
+            "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
+            "of blocks, or a larger time_limit_s."
+        )
     return [u for u, x in zip(problem.units, res.x) if x > 0.5]
 
 
