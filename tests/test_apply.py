@@ -336,5 +336,7 @@ def test_a_keep_everything_plan_installs_nothing_so_the_step_is_the_unplanned_on
     remat.apply(model, plan)
     # no module has an instance forward, so each call runs the class's own code: no per-step overhead
     assert not any("forward" in m.__dict__ for m in model.modules())
-    assert remat.applied(model) is plan
+    from remat.rewrite.apply import applied
+
+    assert applied(model) is plan
     remat.remove(model)

@@ -333,3 +333,19 @@ def test_chen_on_layers_apply_cannot_group_says_so_instead_of_planning_what_appl
                                                r"the blocks of transformer\.h are not in one.*Fix: use solver='dp'"):
         remat.plan(prof, 0.9, solver="chen")
     remat.apply(model, remat.plan(prof, 0.9, solver="dp"))  # what the error advises works
+
+
+def test_ilp_never_contradicts_itself_across_budgets():
+    """Each budget either gets a plan that fits, or InfeasibleBudget whose least budget is above it (HiGHS
+    once answered "Solve error" on one form of the program, which read as infeasible below min_bytes)."""
+    model, x = zoo.mlp_report000(batch=8)
+    prof = remat.profile(model, x, optimizer=lambda ps: torch.optim.Adam(ps), mode="fake")
+    least = remat.frontier(prof)[-1].peak_bytes
+    for k in range(21):
+        budget = least + (prof.peak_bytes - least) * k // 20
+        try:
+            p = remat.plan(prof, budget, solver="ilp")
+        except remat.InfeasibleBudget as e:
+            assert e.min_bytes > budget
+        else:
+            assert p.peak_bytes <= budget

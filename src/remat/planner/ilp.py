@@ -65,15 +65,48 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     n = len(problem.units)
     if n == 0:
         return [] if max(problem.interval_max) <= budget_bytes else None
+    cost = np.array([float(u.cost_flops) for u in problem.units])
+    # among equal FLOPs prefer fewer ops re-run (elementwise ops count 0 FLOPs), then more bytes freed
+    ops = np.array([float(u.cost_ops) for u in problem.units])
+    freed = np.array([float(u.reduction_bytes) for u in problem.units]) / max(1.0, max(problem.interval_max))
+    cost = cost + 1e-3 * ops / max(1.0, ops.sum()) - 1e-6 * freed
+    # HiGHS sometimes stops with "Solve error" (status 4) on one form of the same program (seen with
+    # byte-sized memory rows, and with rows scaled to max(L) = 1e4 on another model): try the forms in turn.
+    attempts = [(max(1.0, max(problem.interval_max) / 1e4), True), (1.0, True), (1.0, False)]
+    for scale, presolve in attempts:
+        program = _budget_program(problem, budget_bytes, scale)
+        if program is None:
+            return None  # an interval over budget that no unit acts on
+        rows, lbs, ubs = program
+        res = milp(
+            cost,
+            constraints=[LinearConstraint(np.array(rows), lbs, ubs)] if rows else [],
+            integrality=np.ones(n),
+            bounds=Bounds(0, [1.0 if ok else 0.0 for ok in problem.useful]),
+            options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve},
+        )
+        if res.x is not None or res.status == 2:  # a plan, or proved infeasible
+            break
+    if res.x is None:
+        if res.status == 2:
+            return None
+        raise RematError(
+            f"remat: the ilp solver (HiGHS) stopped without an answer: status {res.status}, {res.message!r}. "
+            "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
+            "of blocks, or a larger time_limit_s."
+        )
+    return [u for u, x in zip(problem.units, res.x) if x > 0.5]
+
+
+def _budget_program(problem: Problem, budget_bytes: int, scale: float) -> tuple[list, list, list] | None:
+    """Constraint rows, lower and upper bounds; None if an interval over budget has no unit acting on it."""
     rows, lbs, ubs = [], [], []
-    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget, in units
-    # of max(L) / 1e4: with byte-sized coefficients HiGHS sometimes stops with "Solve error" (status 4)
-    scale = max(1.0, max(problem.interval_max) / 1e4)
+    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget (in units of `scale`)
     for k, a in enumerate(_columns(problem)):
         need = problem.interval_max[k] - budget_bytes
         if need > 0:
             if not a.any():
-                return None  # no unit acts on this interval
+                return None
             rows.append(a / scale)
             lbs.append(need / scale)
             ubs.append(np.inf)
@@ -82,27 +115,7 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
         rows.append(row)
         lbs.append(-np.inf)
         ubs.append(1.0)
-    cost = np.array([float(u.cost_flops) for u in problem.units])
-    # among equal FLOPs prefer fewer ops re-run (elementwise ops count 0 FLOPs), then more bytes freed
-    ops = np.array([float(u.cost_ops) for u in problem.units])
-    freed = np.array([float(u.reduction_bytes) for u in problem.units]) / max(1.0, max(problem.interval_max))
-    cost = cost + 1e-3 * ops / max(1.0, ops.sum()) - 1e-6 * freed
-    res = milp(
-        cost,
-        constraints=[LinearConstraint(np.array(rows), lbs, ubs)] if rows else [],
-        integrality=np.ones(n),
-        bounds=Bounds(0, [1.0 if ok else 0.0 for ok in problem.useful]),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
-    )
-    if res.x is None:
-        if res.status == 2:  # proved infeasible
-            return None
-        raise RematError(
-            f"remat: the ilp solver (HiGHS) stopped without an answer: status {res.status}, {res.message!r}. "
-            "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
-            "of blocks, or a larger time_limit_s."
-        )
-    return [u for u, x in zip(problem.units, res.x) if x > 0.5]
+    return rows, lbs, ubs
 
 
 def _columns(problem: Problem) -> np.ndarray:
