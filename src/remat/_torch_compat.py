@@ -15,12 +15,14 @@ from torch._subclasses.fake_tensor import (  # private: fake tensors
     UnsupportedOperatorException,
 )
 from torch.nn.modules.batchnorm import _BatchNorm  # private: the base class of every BatchNorm
+from torch.nn.modules.dropout import _DropoutNd  # private: the base class of the Dropout modules
 from torch.utils._python_dispatch import TorchDispatchMode  # private module, public-facing class
 from torch.utils._pytree import tree_flatten, tree_map  # private: pytree flattening of args/outputs
 from torch.utils.flop_counter import flop_registry  # module-level table of FLOP formulas
 
 __all__ = [
     "BatchNormBase",
+    "DropoutBase",
     "TorchDispatchMode",
     "tree_flatten",
     "tree_map",
@@ -30,12 +32,14 @@ __all__ = [
     "FakeTensorMode",
     "FAKE_OP_ERRORS",
     "in_backward",
+    "op_name",
     "flops_of",
     "fake_mode_of",
     "checkpoint_wrapper_type",
 ]
 
 BatchNormBase = _BatchNorm
+DropoutBase = _DropoutNd
 
 FAKE_OP_ERRORS = (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException)
 
@@ -43,6 +47,11 @@ FAKE_OP_ERRORS = (UnsupportedOperatorException, DynamicOutputShapeException, Dat
 def in_backward() -> bool:
     """True while the autograd engine is running a backward pass on this thread."""
     return torch._C._current_graph_task_id() != -1
+
+
+def op_name(func) -> str:
+    """The packet name of an aten op overload ("mm" for aten.mm.default)."""
+    return func._overloadpacket.__name__
 
 
 def flops_of(func, args, kwargs, out) -> int:

@@ -26,15 +26,15 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from remat._torch_compat import tree_flatten
 
+from remat import planner
+from remat._torch_compat import tree_flatten
 from remat.errors import InfeasibleBudget, RematError
 from remat.lint.finding import SEVERITIES, CheckpointRegion, Explanation, Finding
 from remat.lint.record import Policy, RecordedCall, Recorder
 from remat.lint.rules import RULES, Evidence
 from remat.measure import profile
 from remat.measure.step import check_model, normalize_inputs
-from remat import planner
 from remat.planner.budget import parse_budget
 from remat.planner.plan import Plan
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit

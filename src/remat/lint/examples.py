@@ -11,10 +11,10 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from remat._torch_compat import fsdp_checkpoint_wrapper
 from torch.utils.checkpoint import checkpoint, checkpoint_sequential
 
 from remat import zoo
+from remat._torch_compat import fsdp_checkpoint_wrapper
 
 
 def report000(hidden: int = 64, intermediate: int = 256, layers: int = 8, seq: int = 64, batch: int = 4):

@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from remat._torch_compat import tree_flatten
 
 from remat._torch_compat import (
     CheckpointCall,
@@ -34,6 +33,7 @@ from remat._torch_compat import (
     intercept_checkpoints,
     rng_fingerprint,
     sequential_segment,
+    tree_flatten,
     unwrap_callable,
 )
 

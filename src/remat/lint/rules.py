@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch.nn as nn
-from remat._torch_compat import BatchNormBase as _BatchNorm
-from torch.nn.modules.dropout import _DropoutNd
 
+from remat._torch_compat import BatchNormBase as _BatchNorm
+from remat._torch_compat import DropoutBase as _DropoutNd
 from remat.lint.finding import CheckpointRegion, Finding
 from remat.planner import chen
 from remat.planner.plan import Plan

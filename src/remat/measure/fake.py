@@ -11,9 +11,8 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn as nn
-from remat._torch_compat import tree_map
 
-from remat._torch_compat import FakeTensor, FakeTensorMode, fake_mode_of
+from remat._torch_compat import FakeTensor, FakeTensorMode, fake_mode_of, tree_map
 
 
 def existing_fake_mode(model: nn.Module) -> FakeTensorMode | None:

@@ -12,11 +12,16 @@ from typing import Any
 import torch
 import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
-from remat._torch_compat import tree_flatten
 
-
+from remat._torch_compat import (
+    FAKE_OP_ERRORS,
+    FakeTensorMode,
+    ModuleTracker,
+    checkpoint_wrapper_type,
+    in_backward,
+    tree_flatten,
+)
 from remat._torch_compat import BatchNormBase as _BatchNorm
-from remat._torch_compat import FAKE_OP_ERRORS, FakeTensorMode, ModuleTracker, checkpoint_wrapper_type, in_backward
 from remat.errors import RematError, UnsupportedOp
 from remat.measure import fake
 from remat.measure.candidates import enclosing, find_candidates, runs_children_in_order, within
@@ -111,7 +116,8 @@ def _model_device(model: nn.Module) -> torch.device:
 
 
 def _measure(model, step, loss_fn, opt, candidates, mode, target, rounding, simulated, notes, progress):
-    tracker = Tracker(root_type=type(model).__name__, rounding=rounding, time_ops=(mode == "real"))
+    cuda_sync = torch.cuda.synchronize if mode == "real" and target.type == "cuda" else None
+    tracker = Tracker(root_type=type(model).__name__, rounding=rounding, time_ops=(mode == "real"), sync=cuda_sync)
     kinds = _register_state(tracker, model, step, opt)
     io = _BlockIO(model, candidates, tracker)
     allocator_peak = None

@@ -37,14 +37,13 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from remat._torch_compat import TorchDispatchMode, tree_flatten
-
 from torch.utils.weak import WeakIdKeyDictionary
 
-from remat._torch_compat import ModuleTracker, flops_of, in_backward
+from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 
 RANDOM_OPS = frozenset(
     {
@@ -127,6 +126,9 @@ class Tracker(TorchDispatchMode):
     root_type: str
     rounding: int = 1
     time_ops: bool = True
+    sync: Callable[[], None] | None = None
+    """Called around each timed op (torch.cuda.synchronize on a GPU, whose kernels run asynchronously:
+    without it an op's seconds would be its launch time)."""
     phase: str = "setup"
     records: list[StorageRecord] = field(default_factory=list)
     ops: list[OpRecord] = field(default_factory=list)
@@ -211,16 +213,20 @@ class Tracker(TorchDispatchMode):
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
                 self.record_of(a)  # Rule 3: an unseen input counts from this op on
+        if self.time_ops and self.sync is not None:
+            self.sync()
         t0 = time.perf_counter() if self.time_ops else 0.0
         out = func(*args, **kwargs)
+        if self.time_ops and self.sync is not None:
+            self.sync()
         dt = time.perf_counter() - t0 if self.time_ops else 0.0
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
-                self.record_of(t, op=func._overloadpacket.__name__)  # made by this op: alloc_step = len(self.ops)
+                self.record_of(t, op=op_name(func))  # made by this op: alloc_step = len(self.ops)
                 self._made_by[t] = len(self.ops)
         self.ops.append(
             OpRecord(
-                func._overloadpacket.__name__,
+                op_name(func),
                 self.phase,
                 self.current_module(),
                 flops_of(func, args, kwargs, out),

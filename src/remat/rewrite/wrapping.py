@@ -42,7 +42,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
-from remat._torch_compat import in_backward
+from remat._torch_compat import in_backward, op_name
 from remat.measure.tracker import SAVE_OPS
 
 MARK = "_remat_forward"  # attribute holding the WrapInfo of a wrapped module
@@ -95,7 +95,7 @@ def _chain(originals: list[Callable], args, kwargs):
 
 def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     """Rule 5's policy."""
-    return CheckpointPolicy.MUST_SAVE if op._overloadpacket.__name__ in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
+    return CheckpointPolicy.MUST_SAVE if op_name(op) in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
 def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
@@ -171,7 +171,7 @@ def _offload_hooks(resident: set[tuple], moved: list[int]):
     def pack(t: torch.Tensor):
         key = _storage_key(t)
         if key in resident or t.layout != torch.strided:
-            return t  # a parameter or buffer (or a view of one): it stays on the device anyway
+            return t  # a parameter or buffer (or a view of one) stays on the device anyway; so does a sparse tensor
         if key not in hosts:
             hosts[key] = _HostStorage(t)
             moved[0] += t.untyped_storage().nbytes()
