@@ -536,11 +536,16 @@ def _bugs(data: dict) -> list[str]:
                  f"`dp.solve` finds one" + (f" (first: {i['first_failing_budget']:,} B; there `remat.plan(..., solver='ilp')` "
                  f"raises InfeasibleBudget whose own least is {i.get('plan_error_min_bytes', 0):,} B)" if i.get("first_failing_budget") else "")
                  + f"; `remat.frontier(prof)` (auto → ilp) stops at {i['frontier_auto_last']:,} B where "
-                 f"`frontier(prof, solver='dp')` reaches {i['frontier_dp_last']:,} B. Cause: `src/remat/planner/ilp.py` "
-                 "`_solve` gives HiGHS byte-sized coefficients (seen: \"HiGHS Status 4: Solve error\") and reads any "
-                 "result without a solution as infeasible (`min_peak` already scales its rows). The harness works "
-                 "around it: its frontier is the Pareto union of frontier(auto) and frontier(dp), and where plan(auto) "
-                 "contradicts itself it takes dp's plan and says so in the verdict.")
+                 f"`frontier(prof, solver='dp')` reaches {i['frontier_dp_last']:,} B. "
+                 + ("Cause: `src/remat/planner/ilp.py` `_solve` gives HiGHS byte-sized coefficients (seen: \"HiGHS "
+                    "Status 4: Solve error\") and reads any result without a solution as infeasible. "
+                    if i.get("status") == "present" else
+                    "The cause was `src/remat/planner/ilp.py` `_solve` (seen at 1b9603e: HiGHS \"Status 4: Solve error\" "
+                    "on byte-sized rows, read as infeasible); since 24a57a6 it tries the program's other forms (scaled "
+                    "rows, byte rows, presolve off) and a stop without an answer is a `remat:` error, never "
+                    "\"infeasible\" (`tests/test_plan.py::test_ilp_never_contradicts_itself_across_budgets`). ")
+                 + "The harness still guards against it: its frontier is the Pareto union of frontier(auto) and "
+                 "frontier(dp), and where plan(auto) contradicts itself it takes dp's plan and says so in the verdict.")
     rows = []
     for key in ("selective_last_gpt2", "selective_last_bert"):
         r = b.get(key, {})
@@ -551,13 +556,19 @@ def _bugs(data: dict) -> list[str]:
         L.append(f"3. **Selective on the last layer is predicted above what it measures** — {', '.join(sorted(s for s in st if s))}. "
                  "Hand-built plans (remat's own `make_plan`), predicted vs measured tracker peak in bytes:")
         L += ["", table(["model", "selective on", "predicted B", "measured B", "measured − predicted"], rows), ""]
-        L.append("   Every layer but the last is exact; with the last one the prediction is too high (by 160 KiB on "
-                 "these sizes), so selective on every layer is predicted worse than on all but the last and the "
-                 "planner never chooses it, although it measures lower — what SAC on every layer measures. Cause: "
-                 "`src/remat/planner/problem.py` `_make_selective_unit` (Rule 4) holds the cached matmul outputs and "
-                 "the input until the end of the block's backward; for the last block that window covers the peak at "
-                 "the start of backward. The per-model tables show this as the _diagnostic_ row (selective on every "
-                 "layer, predicted vs measured at the benchmark's size).")
+        if "present" in st:
+            L.append("   Every layer but the last is exact; with the last one the prediction is too high, so selective "
+                     "on every layer is predicted worse than on all but the last and the planner never chooses it, "
+                     "although it measures lower — what SAC on every layer measures. Cause: "
+                     "`src/remat/planner/problem.py` `_make_selective_unit` (Rule 4).")
+        else:
+            L.append("   At 1b9603e the plans with the last layer selective were predicted 160 KiB too high at these "
+                     "sizes (Rule 4 of the memory model, `_make_selective_unit` in `src/remat/planner/problem.py`, held "
+                     "the cached matmul outputs until the end of the block's backward, across the peak at the start "
+                     "of backward), so selective on every layer was predicted worse than on all but the last and never "
+                     "planned. Since 8a19a06 the cache is released at the block's backward start: the rows above are "
+                     "exact, or over-predicted by 128 B. The per-model tables keep the _diagnostic_ row (selective on "
+                     "every layer, predicted vs measured at the benchmark's size).")
     L.append("")
     L.append("Fixed before this run (commit 1b9603e): remat planned no segments for an nn.Sequential *subclass*; the "
              "development run's report-001 chain was one, which made remat lose every checkpoint_sequential point there.")
