@@ -188,18 +188,6 @@ class Problem:
             table.append((k0, np.cumsum(diff[:-1])))
         return table
 
-    def coefficients(self, unit: Unit) -> dict[int, int]:
-        """{interval k: bytes the unit removes there} (nonzero entries only)."""
-        k0, a = self.coefficient_table[self.position(unit)]
-        return {k0 + int(k): int(a[k]) for k in np.flatnonzero(a)}
-
-    def dense(self, i: int) -> np.ndarray:
-        """Bytes unit i removes in every interval."""
-        row = np.zeros(len(self.interval_max), dtype=np.int64)
-        k0, a = self.coefficient_table[i]
-        row[k0 : k0 + len(a)] = a
-        return row
-
     @cached_property
     def useful(self) -> list[bool]:
         """Per unit: apply can build it and it frees bytes at some moment (the only units solvers consider)."""
@@ -240,13 +228,6 @@ def _group_of(b: BlockProfile) -> str:
     return f"{b.parent or ''}|{container}"
 
 
-def _make_unit(run: list[BlockProfile], group: str, position: int, nested: dict[str, frozenset], appliable: bool) -> Unit:
-    """The unit for `run` (also one that frees nothing or costs memory: the hand recipes use those)."""
-    names = [b.name for b in run]
-    by_name = {b.name: b for b in run}
-    return _runs_from(names, 0, len(run), by_name, group, nested, appliable, position)[-1]
-
-
 def _runs_from(
     names: list[str],
     i: int,
@@ -254,12 +235,11 @@ def _runs_from(
     by_name: dict[str, BlockProfile],
     group: str,
     nested: dict[str, frozenset],
-    appliable: bool | None = None,
-    position: int | None = None,
 ) -> list[Unit]:
-    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2)."""
+    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
+    that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them)."""
     first = by_name[names[i]]
-    appliable_multi = first.container == "Sequential" if appliable is None else appliable
+    appliable_multi = first.container == "Sequential"
     stop = min(len(names), i + max_segment)
     # per block m of the run: where its forward ends, what it frees alone, and the position of
     # the last block that keeps its output (the output is freed too once the run reaches it)
@@ -290,7 +270,7 @@ def _runs_from(
                 effects.append(Effect(first.forward_end_op + 1, held_end, -first.input_unsaved_bytes))
         last_s = last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
         units.append(Unit(
-            tuple(names[i : j + 1]), group, i if position is None else position, covers,
+            tuple(names[i : j + 1]), group, i, covers,
             flops + last.checkpoint_recompute_flops, seconds + last_s, tuple(effects),
             j == i or appliable_multi, "recompute", ops + last.checkpoint_recompute_ops,
         ))
