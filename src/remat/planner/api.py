@@ -105,10 +105,18 @@ def baseline_plans(profile: StepProfile) -> dict[str, Plan]:
     recipes = {"every-block": chen.segments_every_block(n), "chen": chen.segments_chen(n)}
     for k in range(2, n + 1):
         recipes[f"checkpoint_sequential({k})"] = chen.segments_checkpoint_sequential(n, k)
-    return {
-        name: make_plan(profile, problem, chen.units_for(problem, group, segs), name, None)
-        for name, segs in recipes.items()
-    }
+    plans = {}
+    for name, segs in recipes.items():
+        units = chen.units_for(problem, group, segs)
+        p = make_plan(profile, problem, units, name, None)
+        if not all(u.appliable for u in units):
+            p = Plan(**{**_fields(p), "notes": [*p.notes, BY_HAND]})
+        plans[name] = p
+    return plans
+
+
+BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
+           "needs a function that calls them in turn; remat.apply wraps such layers one by one")
 
 
 def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float, float] | None:

@@ -49,9 +49,16 @@ def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
     for col, just in (("strategy", "left"), ("peak", "right"), ("extra GFLOP", "right"), ("fits budget", "left")):
         table.add_column(col, justify=just)
     rows = {"remat": plan, **baselines}
+    by_hand = False
     for name, p in rows.items():
         fits = "-" if plan.budget_bytes is None else ("yes" if p.peak_bytes <= plan.budget_bytes else "no")
-        table.add_row(name, fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits)
+        hand = any(n.startswith("by hand only") for n in p.notes)
+        by_hand |= hand
+        table.add_row(name + (" *" if hand else ""), fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits)
+    if by_hand:
+        table.caption = ("* by hand only: one checkpoint around several layers outside an nn.Sequential needs your own "
+                         "function; remat.apply checkpoints such layers one by one")
+        table.caption_justify = "left"
     return table
 
 
