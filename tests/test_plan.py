@@ -349,3 +349,15 @@ def test_ilp_never_contradicts_itself_across_budgets():
             assert e.min_bytes > budget
         else:
             assert p.peak_bytes <= budget
+
+
+def test_hand_recipes_remat_cannot_apply_are_marked_by_hand():
+    model, inputs = zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)  # layers in a ModuleList
+    prof = remat.profile(model, inputs, mode="fake")
+    recipes = baseline_plans(prof)
+    assert any(n.startswith("by hand only") for n in recipes["chen"].notes)  # 2 layers per checkpoint
+    assert not any(n.startswith("by hand only") for n in recipes["every-block"].notes)
+    from remat.report.plan_text import render_plan
+
+    text = render_plan(remat.plan(prof, 0.9), baselines=recipes)
+    assert "chen *" in text and "every-block *" not in text and "* by hand only" in text
