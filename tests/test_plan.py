@@ -321,6 +321,8 @@ def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
         remat.plan(prof, 0.5, offload_bandwidth="16GB/s")
     with pytest.raises(remat.RematError, match=r"^remat: cannot read offload_bandwidth='16GB'; .*GB is 10\*\*9, GiB 2\*\*30"):
         remat.plan(prof, 0.5, offload_bandwidth="16GB", device_flops="1TFLOPs/s")
+    with pytest.raises(remat.RematError, match=r"^remat: cannot read device_flops='16GB/s'; expected FLOPs per second"):
+        remat.plan(prof, 0.5, offload_bandwidth="16GB/s", device_flops="16GB/s")  # a bandwidth where a FLOP rate goes
     _, _, cpu_prof = chain_profile
     with pytest.raises(remat.RematError, match=r"^remat: offload moves a GPU step's saved tensors .* runs on cpu"):
         remat.plan(cpu_prof, 0.5, offload_bandwidth="16GB/s")

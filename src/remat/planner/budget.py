@@ -56,19 +56,20 @@ _PREFIX = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
 def parse_rate(value: int | float | str, what: str, example: str) -> float:
-    """Per-second figure for offload costs: a positive number, or a string like "16GB/s", "16GiB/s", "300TFLOPs/s".
+    """Per-second figure for offload costs: a positive number, or a string like "16GB/s", "16GiB/s", "300TFLOPs/s"
+    (bytes for a bandwidth, FLOPs for a compute rate: the unit of `example` is the one accepted).
 
     Example: parse_rate("16GB/s", "offload_bandwidth", "16GB/s") == 16e9
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
     if isinstance(value, str):
-        m = _RATE.match(value)
-        if m is not None:
+        m, want = _RATE.match(value), _RATE.match(example)
+        if m is not None and m.group(4).lower() == want.group(4).lower():
             number, prefix, binary, _ = m.groups()
             base = 1024 if binary else 1000
             return float(number) * base ** _PREFIX[prefix.lower()]
-    raise RematError(
-        f"remat: cannot read {what}={value!r}; expected a positive number per second or a string with units "
-        f'("16GB/s", "16GiB/s", "300TFLOPs/s" — GB is 10**9, GiB 2**30). Fix: write e.g. {what}="{example}".'
-    )
+    kind = ('bytes per second: a positive number, or a string like "16GB/s" or "16GiB/s" (GB is 10**9, GiB 2**30)'
+            if _RATE.match(example).group(4).lower() == "b"
+            else 'FLOPs per second: a positive number, or a string like "400TFLOPs/s"')
+    raise RematError(f"remat: cannot read {what}={value!r}; expected {kind}. Fix: write e.g. {what}=\"{example}\".")
