@@ -192,33 +192,32 @@ def oneflow_headline(E: dict) -> dict:
     base, base_rss = none["tracker_peak"], none["rss_peak"]
     rem = [c for c in cfg if c["family"] in ("remat", "none") and c.get("time_ratio") and c.get("tracker_peak")]
     out: dict = {"base": base, "base_rss": base_rss}
+
+    def point(c: dict) -> dict:
+        """One remat plan's figures against no checkpointing."""
+        return {"label": c["label"], "reduction": 1 - c["tracker_peak"] / base,
+                "reduction_rss": 1 - c["rss_peak"] / base_rss, "time": c["time_ratio"],
+                "flops_frac": c["extra_flops"] / none["flops"]}
+
     within = [c for c in rem if c["time_ratio"] <= ONEFLOW_TIME]
     if within:
         best = min(within, key=lambda c: (c["tracker_peak"], c["time_ratio"]))
-        out["at_time"] = {"label": best["label"], "reduction": 1 - best["tracker_peak"] / base,
-                          "reduction_rss": 1 - best["rss_peak"] / base_rss, "time": best["time_ratio"],
-                          "flops_frac": best["extra_flops"] / none["flops"]}
+        out["at_time"] = point(best)
     reach = [c for c in rem if c["tracker_peak"] <= ONEFLOW_MEM * base]
     if reach:
         best = min(reach, key=lambda c: (c["time_ratio"], c["tracker_peak"]))
-        out["at_mem"] = {"label": best["label"], "reduction": 1 - best["tracker_peak"] / base,
-                         "reduction_rss": 1 - best["rss_peak"] / base_rss, "time": best["time_ratio"],
-                         "flops_frac": best["extra_flops"] / none["flops"]}
+        out["at_mem"] = point(best)
     # the same two questions in FLOPs (exact on any machine): OneFlow's +33% time is about one extra forward,
     # which is about +33% of a step's FLOPs (forward ~ 1/3 of forward + backward)
     fl = [c for c in rem if c.get("extra_flops") is not None]
     within_f = [c for c in fl if c["extra_flops"] <= 0.33 * none["flops"]]
     if within_f:
         best = min(within_f, key=lambda c: (c["tracker_peak"], c["extra_flops"]))
-        out["at_flops"] = {"label": best["label"], "reduction": 1 - best["tracker_peak"] / base,
-                           "reduction_rss": 1 - best["rss_peak"] / base_rss, "time": best["time_ratio"],
-                           "flops_frac": best["extra_flops"] / none["flops"]}
+        out["at_flops"] = point(best)
     reach_f = [c for c in fl if c["tracker_peak"] <= ONEFLOW_MEM * base]
     if reach_f:
         best = min(reach_f, key=lambda c: (c["extra_flops"], c["tracker_peak"]))
-        out["at_mem_flops"] = {"label": best["label"], "reduction": 1 - best["tracker_peak"] / base,
-                               "reduction_rss": 1 - best["rss_peak"] / base_rss, "time": best["time_ratio"],
-                               "flops_frac": best["extra_flops"] / none["flops"]}
+        out["at_mem_flops"] = point(best)
     spreads = [max(c["time_ratios"]) - min(c["time_ratios"]) for c in cfg if len(c.get("time_ratios") or []) > 1]
     out["max_spread"] = max(spreads, default=0.0)
     sac = next((c for c in cfg if c["family"] == "sac" and c.get("time_ratio")), None)
