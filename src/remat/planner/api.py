@@ -7,7 +7,7 @@ import logging
 from remat.errors import InfeasibleBudget, RematError
 from remat.planner import chen, dp, ilp
 from remat.planner.budget import parse_budget, parse_rate
-from remat.planner.plan import Plan, PlannedBlock
+from remat.planner.plan import BY_HAND, Plan, PlannedBlock
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit
 from remat.types import StepProfile
 
@@ -114,9 +114,6 @@ def baseline_plans(profile: StepProfile) -> dict[str, Plan]:
         plans[name] = p
     return plans
 
-
-BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
-           "needs a function that calls them in turn; remat.apply wraps such layers one by one")
 
 
 def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float, float] | None:

@@ -36,11 +36,11 @@ def min_peak(problem: Problem, time_limit_s: float = 60.0) -> int:
     # [Constraint] memory: sum_u a_uk x_u + z >= L_k for every interval k, scaled so the peak is ~1e4:
     # in bytes HiGHS stops at points that are not optimal (seen: 1,088 MiB reported where 585 is reachable)
     scale = max(1.0, max(mem) / 1e4)
-    for k, a in enumerate(_columns(problem)):
+    for k, a in enumerate(problem.coefficient_matrix):
         rows.append(np.append(a / scale, 1.0))
         lbs.append(mem[k] / scale)
     # [Constraint] exclusivity: a block is inside at most one chosen unit
-    for row in _exclusivity(problem):
+    for row in problem.exclusive_sets:
         rows.append(np.append(row, 0.0))
         lbs.append(-np.inf)
     ubs = [np.inf] * len(problem.interval_max) + [1.0] * (len(rows) - len(problem.interval_max))
@@ -102,7 +102,7 @@ def _budget_program(problem: Problem, budget_bytes: int, scale: float) -> tuple[
     """Constraint rows, lower and upper bounds; None if an interval over budget has no unit acting on it."""
     rows, lbs, ubs = [], [], []
     # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget (in units of `scale`)
-    for k, a in enumerate(_columns(problem)):
+    for k, a in enumerate(problem.coefficient_matrix):
         need = problem.interval_max[k] - budget_bytes
         if need > 0:
             if not a.any():
@@ -111,26 +111,8 @@ def _budget_program(problem: Problem, budget_bytes: int, scale: float) -> tuple[
             lbs.append(need / scale)
             ubs.append(np.inf)
     # [Constraint] exclusivity: a block is inside at most one chosen unit
-    for row in _exclusivity(problem):
+    for row in problem.exclusive_sets:
         rows.append(row)
         lbs.append(-np.inf)
         ubs.append(1.0)
     return rows, lbs, ubs
-
-
-def _columns(problem: Problem) -> np.ndarray:
-    """Row k: bytes each unit frees in interval k."""
-    rows = np.zeros((len(problem.interval_max), len(problem.units)))
-    for i, (k0, a) in enumerate(problem.coefficient_table):
-        rows[k0 : k0 + len(a), i] = a
-    return rows
-
-
-def _exclusivity(problem: Problem) -> list[np.ndarray]:
-    blocks = sorted({b for u in problem.units for b in u.covers})
-    out = []
-    for b in blocks:
-        row = np.array([1.0 if b in u.covers else 0.0 for u in problem.units])
-        if row.sum() > 1:
-            out.append(row)
-    return out

@@ -8,6 +8,10 @@ from pathlib import Path
 from remat import _jsondoc
 from remat.errors import RematError
 
+BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
+           "needs a function that calls them in turn; remat.apply wraps such layers one by one")
+"""The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
+
 PLAN_FORMAT = "remat.Plan"
 PLAN_VERSION = 1
 ACTIONS = ("keep", "recompute", "selective", "offload")

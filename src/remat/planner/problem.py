@@ -189,6 +189,26 @@ class Problem:
         return table
 
     @cached_property
+    def coefficient_matrix(self) -> np.ndarray:
+        """coefficient_table as a dense float matrix: row k, column u = bytes unit u frees in interval k."""
+        rows = np.zeros((len(self.interval_max), len(self.units)))
+        for i, (k0, a) in enumerate(self.coefficient_table):
+            rows[k0 : k0 + len(a), i] = a
+        return rows
+
+    @cached_property
+    def exclusive_sets(self) -> list[np.ndarray]:
+        """Per block covered by more than one unit, a 0/1 row over the units that cover it (at most one may be
+        chosen: `compatible`)."""
+        blocks = sorted({b for u in self.units for b in u.covers})
+        out = []
+        for b in blocks:
+            row = np.array([1.0 if b in u.covers else 0.0 for u in self.units])
+            if row.sum() > 1:
+                out.append(row)
+        return out
+
+    @cached_property
     def useful(self) -> list[bool]:
         """Per unit: apply can build it and it frees bytes at some moment (the only units solvers consider)."""
         return [u.appliable and bool((a > 0).any()) for u, (_, a) in zip(self.units, self.coefficient_table)]

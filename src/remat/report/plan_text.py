@@ -8,7 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from remat.planner.plan import Plan
+from remat.planner.plan import BY_HAND, Plan
 from remat.report.text import REPORT_WIDTH, fmt_bytes
 
 
@@ -52,7 +52,7 @@ def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
     by_hand = False
     for name, p in rows.items():
         fits = "-" if plan.budget_bytes is None else ("yes" if p.peak_bytes <= plan.budget_bytes else "no")
-        hand = any(n.startswith("by hand only") for n in p.notes)
+        hand = BY_HAND in p.notes
         by_hand |= hand
         table.add_row(name + (" *" if hand else ""), fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits)
     if by_hand:

@@ -100,7 +100,7 @@ def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
 
 def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
     """Checkpoint `segment` (one module, or consecutive children of an nn.Sequential) in place."""
-    originals = [type(m).forward.__get__(m) if "forward" not in m.__dict__ else m.__dict__["forward"] for m in segment]
+    originals = [_current_forward(m) for m in segment]
     run = _run_segment(originals, segment)
     head = segment[0]
     pending = [0]
@@ -120,7 +120,7 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
 
 def wrap_offload(module: nn.Module) -> None:
     """Offload what `module`'s ops save to CPU memory during the step (Rule 6), in place."""
-    original = type(module).forward.__get__(module) if "forward" not in module.__dict__ else module.__dict__["forward"]
+    original = _current_forward(module)
     moved = [0]
 
     def forward(*args, **kwargs):
@@ -195,6 +195,11 @@ def _storage_key(t: torch.Tensor) -> tuple:
 def offloaded_bytes(model: nn.Module) -> int:
     """Bytes the offloaded modules of `model` copied to CPU memory since they were wrapped."""
     return sum(m.__dict__[MARK].moved[0] for m in model.modules() if is_wrapped(m) and m.__dict__[MARK].role == "offload")
+
+
+def _current_forward(module: nn.Module) -> Callable:
+    """What calling `module` runs now: its instance `forward` if it has one, else its class's."""
+    return module.__dict__["forward"] if "forward" in module.__dict__ else type(module).forward.__get__(module)
 
 
 def _pass_through(original: Callable, pending: list[int]) -> Callable:
