@@ -101,12 +101,14 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
 def _budget_program(problem: Problem, budget_bytes: int, scale: float) -> tuple[list, list, list] | None:
     """Constraint rows, lower and upper bounds; None if an interval over budget has no unit acting on it."""
     rows, lbs, ubs = [], [], []
-    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget for every interval k over budget (in units of `scale`)
+    # [Constraint] memory: L_k - sum_u a_uk x_u <= budget (in units of `scale`) for every interval k over
+    # budget, and every one where a unit adds bytes (Rule 2's held inputs can push an interval at or under
+    # budget over it); elsewhere the constraint holds whatever is chosen
     for k, a in enumerate(problem.coefficient_matrix):
         need = problem.interval_max[k] - budget_bytes
-        if need > 0:
-            if not a.any():
-                return None
+        if need > 0 and not a.any():
+            return None
+        if need > 0 or (a < 0).any():
             rows.append(a / scale)
             lbs.append(need / scale)
             ubs.append(np.inf)
