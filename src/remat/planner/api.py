@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import gc
 import logging
 
 from remat.errors import InfeasibleBudget, RematError
@@ -17,6 +19,25 @@ SOLVERS = ("auto", "dp", "ilp", "chen")
 MIB = 2**20
 
 
+def _without_cycle_collection(fn):
+    """Run `fn` with Python's cyclic garbage collector paused.  Planning allocates ~10^5 small tuples (a
+    100-stage chain) and no reference cycles; the collections those allocations trigger cost 0.2-0.5 s
+    of a 0.6 s plan.  Reference counting still frees everything as usual."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    return run
+
+
+@_without_cycle_collection
 def plan(
     profile: StepProfile,
     budget: int | float | str,
@@ -62,6 +83,7 @@ def plan(
     return make_plan(profile, problem, chosen, name, budget_bytes)
 
 
+@_without_cycle_collection
 def frontier(
     profile: StepProfile,
     solver: str = "auto",
