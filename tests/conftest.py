@@ -7,3 +7,24 @@ On the 2-core machines this project runs on, two intra-op threads make small ste
 import torch
 
 torch.set_num_threads(1)
+
+
+import pytest  # noqa: E402
+
+from remat.verifier.process import step_peak_bytes  # noqa: E402
+
+PROCESS_TARGETS = __file__.replace("conftest.py", "process_targets.py")
+
+
+@pytest.fixture
+def process_peak(monkeypatch):
+    """`process_peak(factory, plan_path=None)`: the peak of one plain training step (Adam) of
+    tests/process_targets.py:`factory`, measured by the process that ran it (its VmHWM minus its
+    resident set before the model was built, in a fresh interpreter; NOTE [Measuring a step by the
+    process]), never by remat's tracker.  One intra-op thread, as in this suite."""
+    monkeypatch.setenv("REMAT_THREADS", "1")
+
+    def measure(factory: str, plan_path=None) -> int:
+        return step_peak_bytes(f"{PROCESS_TARGETS}:{factory}", plan_path).peak_bytes
+
+    return measure

@@ -308,7 +308,7 @@ def test_offload_moves_each_saved_storage_once_and_changes_no_gradient():
     model.eval()
     with torch.no_grad():
         model(**inputs)  # eval: offload is off, nothing is copied
-    from remat.rewrite.wrapping import offloaded_bytes
+    from remat.applier.wrapping import offloaded_bytes
 
     assert offloaded_bytes(model) == 0
     remat.remove(model)
@@ -336,7 +336,7 @@ def test_a_keep_everything_plan_installs_nothing_so_the_step_is_the_unplanned_on
     remat.apply(model, plan)
     # no module has an instance forward, so each call runs the class's own code: no per-step overhead
     assert not any("forward" in m.__dict__ for m in model.modules())
-    from remat.rewrite.apply import applied
+    from remat.applier.apply import applied
 
     assert applied(model) is plan
     remat.remove(model)

@@ -21,7 +21,8 @@ import remat
 from remat import zoo
 from remat._torch_compat import FakeTensorMode, intercept_checkpoints
 from remat.errors import RematError
-from remat.lint import Explanation, Finding, examples, explain
+from remat.explainer import examples, explain
+from remat.types import Explanation, Finding
 
 F32 = 4
 
@@ -390,8 +391,8 @@ def test_cli_explain_prints_the_report(capsys):
     verbs = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     if "explain" not in verbs.choices:
         pytest.skip("the `remat explain` command is not registered in remat.cli yet")
-    assert cli.main(["explain", "remat.lint.examples:frozen_stem", "--optimizer", "none"]) == 0
+    assert cli.main(["explain", "remat.explainer.examples:frozen_stem", "--optimizer", "none"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("remat explain of FrozenStem") and "reentrant-no-grad-input in layers.0" in out
-    assert cli.main(["explain", "remat.lint.examples:no_such_factory"]) == 2
+    assert cli.main(["explain", "remat.explainer.examples:no_such_factory"]) == 2
     assert capsys.readouterr().err.startswith("remat: ")

@@ -1,6 +1,7 @@
 """remat.plan: optimality against brute force, predictions against measurement, budgets, errors."""
 
 import itertools
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,13 +14,16 @@ from torch.utils.checkpoint import checkpoint_sequential
 import remat
 from remat import zoo
 from remat.planner import dp, ilp
-from remat.planner.api import baseline_plans
-from remat.planner.problem import Effect, Problem, Unit
+from remat.planner import baseline_plans
+from remat.planner.problem import Effect, Group, Problem, Unit
 
 MIB = 2**20
 
 
 # -- synthetic problems -----------------------------------------------------------------------
+
+
+CHAIN = Group("", "")  # blocks b0..bn, children of the model itself
 
 
 @st.composite
@@ -49,9 +53,9 @@ def chains(draw):
             effects = [Effect(fend[c], bstart[j], freed[c] + (boundary[c] if c < j else 0)) for c in range(i, j + 1)]
             effects.append(Effect(fend[i], bstart[i] + 1, -extra[i]))  # inputs held to the end of its backward
             cost = sum(flops[i : j + 1])
-            units.append(Unit(tuple(names[i : j + 1]), "g", i, frozenset(names[i : j + 1]), cost, 0.0, tuple(effects)))
+            units.append(Unit(tuple(names[i : j + 1]), CHAIN, i, frozenset(names[i : j + 1]), cost, 0.0, tuple(effects)))
     spans = {names[m]: (fend[m], bstart[m]) for m in range(n)}
-    return Problem(live, units, {"g": names}, spans)
+    return Problem(live, units, {CHAIN: names}, spans)
 
 
 @st.composite
@@ -67,7 +71,7 @@ def graphs(draw):
         nested = draw(st.booleans()) and i > 0
         covers = {f"u{i}"} | ({f"u{i - 1}"} if nested else set())
         effects = (Effect(start, end, draw(st.integers(-5, 40))),)
-        units.append(Unit((f"u{i}",), f"g{i}", 0, frozenset(covers), draw(st.integers(0, 20)), 0.0, effects))
+        units.append(Unit((f"u{i}",), Group(f"g{i}", ""), 0, frozenset(covers), draw(st.integers(0, 20)), 0.0, effects))
     return Problem(live, units, {u.group: list(u.blocks) for u in units}, {})
 
 
@@ -95,7 +99,7 @@ def _least_peak(problem: Problem, candidates):
 @given(chains(), st.integers(0, 130))
 def test_dp_and_ilp_equal_brute_force_on_chains(problem, budget):
     expected = _brute_force(problem, problem.units, budget)
-    for solve in (lambda: dp.solve(problem, budget, "g"), lambda: ilp.solve(problem, budget)):
+    for solve in (lambda: dp.solve(problem, budget, CHAIN), lambda: ilp.solve(problem, budget)):
         chosen = solve()
         if expected is None:
             assert chosen is None
@@ -109,7 +113,7 @@ def test_dp_and_ilp_equal_brute_force_on_chains(problem, budget):
 @given(chains())
 def test_min_peak_equals_brute_force_on_chains(problem):
     least = _least_peak(problem, problem.units)
-    assert dp.min_peak(problem, "g") == least
+    assert dp.min_peak(problem, CHAIN) == least
     assert ilp.min_peak(problem) == least
 
 
@@ -282,7 +286,7 @@ def test_plan_saves_and_loads(tmp_path, chain_profile):
     p.save(tmp_path / "plan.json")
     assert remat.load_plan(tmp_path / "plan.json") == p
     (tmp_path / "bad.json").write_text('{"format": "remat.Plan", "version": 99}')
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 1 document"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 2 document"):
         remat.load_plan(tmp_path / "bad.json")
     with pytest.raises(remat.RematError, match=r"^remat: no plan file at"):
         remat.load_plan(tmp_path / "missing.json")
@@ -363,3 +367,15 @@ def test_hand_recipes_remat_cannot_apply_are_marked_by_hand():
 
     text = render_plan(remat.plan(prof, 0.9), baselines=recipes)
     assert "chen *" in text and "every-block *" not in text and "* by hand only" in text
+
+
+def test_a_version_1_plan_file_still_loads(tmp_path):
+    """Plan JSON version 2 dropped PlannedBlock.output_bytes (read by nothing); version 1 files load as before."""
+    old = Path(__file__).parent / "golden" / "plan_version1.json"
+    assert '"version": 1' in old.read_text() and "output_bytes" in old.read_text()
+    plan = remat.load_plan(old)
+    assert plan.solver == "dp" and [b.name for b in plan.blocks] == [f"transformer.h.{i}" for i in range(4)]
+    again = remat.Plan.from_json(plan.to_json())
+    assert again == plan and '"version": 2' in plan.to_json() and "output_bytes" not in plan.to_json()
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 2 document, saw \('remat.Plan', 0\)"):
+        remat.Plan.from_json(old.read_text().replace('"version": 1', '"version": 0'))

@@ -155,7 +155,7 @@ def test_plot_timeline_of_a_long_step(tmp_path):
 
 
 def _plan(peak_mib: float, gflop: float, segments: int = 0, seconds: float = 0.0, solver: str = "dp", **kw):
-    from remat.planner.plan import Plan
+    from remat.types import Plan
 
     return Plan(
         model="TinyNet", solver=solver, decisions={}, segments=[[f"b{i}"] for i in range(segments)],

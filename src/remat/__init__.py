@@ -1,34 +1,49 @@
-"""remat: activation checkpointing for PyTorch that works the first time."""
+"""remat: activation checkpointing for PyTorch that works the first time.
 
+The public contract (../shared/ARCHITECTURE.md; docs/architecture.md says which part owns each name).
+"""
+
+from remat import report as _report  # noqa: F401  (registers the text reports that str() of the data shows)
+from remat.applier import apply, auto, checkpoint, remove
 from remat.errors import InfeasibleBudget, RematError, UnsupportedOp
+from remat.explainer import explain
 from remat.measure import profile
-from remat.planner import Plan, frontier, load_plan, plan
-from remat.rewrite import VerifyReport, apply, auto, checkpoint, remove, verify
-from remat.lint import Explanation, Finding, explain
-from remat.types import BlockProfile, Breakdown, StepProfile, Timeline
+from remat.planner import frontier, plan
+from remat.types import (
+    BlockProfile,
+    Breakdown,
+    Explanation,
+    Finding,
+    Plan,
+    StepProfile,
+    Timeline,
+    VerifyReport,
+    load_plan,
+)
+from remat.verifier import verify
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "Explanation",
-    "Finding",
-    "explain",
-    "VerifyReport",
-    "apply",
-    "auto",
-    "checkpoint",
-    "remove",
-    "verify",
-    "InfeasibleBudget",
-    "Plan",
-    "frontier",
-    "load_plan",
-    "plan",
     "BlockProfile",
     "Breakdown",
+    "Explanation",
+    "Finding",
+    "InfeasibleBudget",
+    "Plan",
     "RematError",
     "StepProfile",
     "Timeline",
     "UnsupportedOp",
+    "VerifyReport",
+    "apply",
+    "auto",
+    "checkpoint",
+    "explain",
+    "frontier",
+    "load_plan",
+    "plan",
     "profile",
+    "remove",
+    "verify",
 ]

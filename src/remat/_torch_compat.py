@@ -124,7 +124,7 @@ class ModuleTracker(_ModuleTracker):
         return self.recomputing if recompute else self.parents
 
 
-# -- intercepting torch.utils.checkpoint (used by remat.lint) ------------------------------------
+# -- intercepting torch.utils.checkpoint (used by remat.explainer) ------------------------------------
 
 import contextlib  # noqa: E402
 import functools  # noqa: E402

@@ -10,13 +10,13 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from remat.errors import RematError
+
 
 def _hf():
     try:
         import transformers
     except ImportError as e:  # pragma: no cover - exercised only without transformers
-        from remat.errors import RematError
-
         raise RematError(
             "remat: this built-in model needs the `transformers` package, which is not installed. "
             "Fix: pip install 'remat[hf]' (or pip install transformers)."

@@ -45,44 +45,6 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 
-RANDOM_OPS = frozenset(
-    {
-        "native_dropout",
-        "bernoulli",
-        "bernoulli_",
-        "rand",
-        "rand_like",
-        "randn",
-        "randn_like",
-        "randint",
-        "randint_like",
-        "randperm",
-        "uniform_",
-        "normal_",
-        "multinomial",
-    }
-)
-
-
-# Ops whose outputs selective checkpointing keeps (the expensive ones, as in torchtitan's policy)
-SAVE_OPS = frozenset(
-    {
-        "mm",
-        "addmm",
-        "bmm",
-        "baddbmm",
-        "convolution",
-        "_convolution",
-        "mkldnn_convolution",
-        "cudnn_convolution",
-        "_scaled_dot_product_flash_attention_for_cpu",
-        "_scaled_dot_product_flash_attention",
-        "_scaled_dot_product_efficient_attention",
-        "_scaled_dot_product_cudnn_attention",
-    }
-)
-
-
 @dataclass(slots=True)
 class StorageRecord:
     """One storage seen during the step. Steps are op indices (see NOTE [What counts as live memory])."""
@@ -121,7 +83,7 @@ class OpRecord:
 
 @dataclass
 class Tracker(TorchDispatchMode):
-    """Logs storages and ops; all interpretation happens afterwards in `remat.measure.profile`."""
+    """Logs storages and ops; all interpretation happens afterwards in `remat.measure.build` and `remat.measure.blocks`."""
 
     root_type: str
     rounding: int = 1

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gc
-import logging
+from collections.abc import Iterator
 
 from remat.errors import InfeasibleBudget, RematError
-from remat.planner import chen, dp, ilp
+from remat.planner import dp, ilp
 from remat.planner.budget import parse_budget, parse_rate
-from remat.planner.plan import BY_HAND, Plan, PlannedBlock
-from remat.planner.problem import MAX_SEGMENT, Problem, Unit
-from remat.types import StepProfile
+from remat.planner.problem import MAX_SEGMENT, NotAChain, Problem, Unit, chain_group
+from remat.planner.recipes import chen_units
+from remat.planner.result import keep_all, make_plan
+from remat.types import Plan, Solver, StepProfile
 
-log = logging.getLogger(__name__)
-
-SOLVERS = ("auto", "dp", "ilp", "chen")
+SOLVERS = tuple(Solver)
 MIB = 2**20
+FIXED_DOMINATES = 0.5
+"""Parameters, gradients and optimizer state above this share of the least peak: checkpointing is not
+the lever (the infeasible-budget message and explain's `activations-not-dominant` say so)."""
 
 
 def _without_cycle_collection(fn):
@@ -70,13 +73,11 @@ def plan(
     fewer ops wins.
     """
     _check_profile(profile)
-    if solver not in SOLVERS:
-        raise RematError(f"remat: unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}. Fix: pick one.")
     budget_bytes = parse_budget(budget, profile.peak_bytes)
     problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
+    name = _pick(problem, solver)  # before the budget test: an unknown solver is an error either way
     if budget_bytes >= profile.peak_bytes:
-        return _keep_all(profile, budget_bytes, "the budget is at or above the unplanned peak: nothing to recompute")
-    name = _pick(problem, solver)
+        return keep_all(profile, budget_bytes, "the budget is at or above the unplanned peak: nothing to recompute")
     chosen = _solve(problem, name, budget_bytes, time_limit_s)
     if chosen is None or problem.peak(chosen) > budget_bytes:
         raise _infeasible(profile, problem, name, budget_bytes, time_limit_s)
@@ -99,7 +100,7 @@ def frontier(
     _check_profile(profile)
     problem = Problem.from_profile(profile, MAX_SEGMENT, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)
-    plans = [_keep_all(profile, None, "keep everything")]
+    plans = [keep_all(profile, None, "keep everything")]
     costs = [(0, 0)]  # (FLOPs, ops re-run) of each plan: the solvers' own order
     budget = profile.peak_bytes - 1
     while len(plans) < max_points:
@@ -117,25 +118,6 @@ def frontier(
         costs.append(cost)
         budget = p.peak_bytes - 1
     return plans
-
-
-def baseline_plans(profile: StepProfile) -> dict[str, Plan]:
-    """The hand recipes on the same chain: checkpoint_sequential(2..n), every block, Chen's sqrt(n)."""
-    problem = Problem.from_profile(profile)
-    group = dp.chain_group(problem)
-    n = len(problem.groups[group])
-    recipes = {"every-block": chen.segments_every_block(n), "chen": chen.segments_chen(n)}
-    for k in range(2, n + 1):
-        recipes[f"checkpoint_sequential({k})"] = chen.segments_checkpoint_sequential(n, k)
-    plans = {}
-    for name, segs in recipes.items():
-        units = chen.units_for(problem, group, segs)
-        p = make_plan(profile, problem, units, name, None)
-        if not all(u.appliable for u in units):
-            p = Plan(**{**_fields(p), "notes": [*p.notes, BY_HAND]})
-        plans[name] = p
-    return plans
-
 
 
 def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float, float] | None:
@@ -167,45 +149,6 @@ def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float,
     return bw, rate
 
 
-def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver: str, budget: int | None) -> Plan:
-    decided = {b: u.action for u in chosen for b in u.covers}
-    notes = []
-    if any(profile.block(b).has_batchnorm for u in chosen for b in u.blocks if u.action != "offload"):
-        notes.append("a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact")
-    offloaded = [u for u in chosen if u.action == "offload"]
-    if profile.device == "cuda" and not any(u.action == "offload" for u in problem.units) and solver != "keep":
-        notes.append("offload not weighed: give offload_bandwidth (and device_flops for a fake profile) to consider it")
-    return Plan(
-        model=profile.model,
-        solver=solver,
-        decisions={b.name: decided.get(b.name, "keep") for b in profile.blocks},
-        segments=[list(u.blocks) for u in chosen if u.action == "recompute"],
-        selective=[u.blocks[0] for u in chosen if u.action == "selective"],
-        peak_bytes=problem.peak(chosen),
-        recompute_flops=sum(u.cost_flops for u in chosen if u.action != "offload"),
-        recompute_s=sum(u.cost_s for u in chosen if u.action != "offload"),
-        recompute_ops=sum(u.cost_ops for u in chosen),
-        offload=[u.blocks[0] for u in offloaded],
-        offload_bytes=sum(u.transfer_bytes for u in offloaded),
-        offload_s=sum(u.cost_s for u in offloaded),
-        unplanned_peak_bytes=profile.peak_bytes,
-        budget_bytes=budget,
-        blocks=[PlannedBlock(b.name, b.type, b.output_bytes) for b in profile.blocks],
-        step_flops=profile.forward_flops + profile.backward_flops,
-        notes=notes,
-    )
-
-
-def _keep_all(profile: StepProfile, budget: int | None, note: str) -> Plan:
-    problem = Problem(list(profile.timeline.live_bytes), [], {}, {}, profile.model)
-    p = make_plan(profile, problem, [], "keep", budget)
-    return Plan(**{**_fields(p), "notes": [note]})
-
-
-def _fields(p: Plan) -> dict:
-    return {f: getattr(p, f) for f in p.__dataclass_fields__}
-
-
 def _check_profile(profile) -> None:
     if not isinstance(profile, StepProfile):
         raise RematError(
@@ -214,64 +157,63 @@ def _check_profile(profile) -> None:
         )
 
 
-def _pick(problem: Problem, solver: str) -> str:
-    if solver != "auto":
-        return solver
+def _pick(problem: Problem, solver: str) -> Solver:
+    """`solver`, or for AUTO: dp when the problem is one group that runs as a chain, else ilp."""
+    if solver not in SOLVERS:
+        raise RematError(f"remat: unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}. Fix: pick one.")
+    if solver != Solver.AUTO:
+        return Solver(solver)
     if len(problem.groups) == 1 and any(problem.useful):
         try:
             dp._slots(problem, *dp._chain_units(problem, next(iter(problem.groups))))
-            return "dp"
-        except dp.NotAChain:
+            return Solver.DP
+        except NotAChain:
             pass
-    return "ilp"
+    return Solver.ILP
 
 
-def _solve(problem: Problem, solver: str, budget: int, time_limit_s: float) -> list[Unit] | None:
+def _solve(problem: Problem, solver: Solver, budget: int, time_limit_s: float) -> list[Unit] | None:
+    """The cheapest units that fit `budget` by `solver`'s method, or None if it finds none."""
     if not any(problem.useful):  # no unit frees anything: only keep-everything exists
         return [] if max(problem.live) <= budget else None
-    if solver == "ilp":
+    if solver == Solver.ILP:
         return ilp.solve(problem, budget, time_limit_s)
-    group = dp.chain_group(problem)
-    if solver == "chen":
-        chosen = _chen_units(problem, group)
-        return chosen if problem.peak(chosen) <= budget else None
-    try:
+    with _needs_a_chain(solver):
+        group = chain_group(problem)
+        if solver == Solver.CHEN:
+            chosen = chen_units(problem, group)
+            return chosen if problem.peak(chosen) <= budget else None
         return dp.solve(problem, budget, group)
-    except dp.NotAChain as e:
-        raise RematError(
-            f"remat: solver 'dp' needs a chain of blocks, but {e}. Fix: use solver='ilp' (or 'auto')."
-        ) from e
 
 
-def _chen_units(problem: Problem, group: str) -> list[Unit]:
-    """Chen's sqrt(n) segments of the chain, if remat.apply can build them."""
-    chosen = chen.units_for(problem, group, chen.segments_chen(len(problem.groups[group])))
-    if not all(u.appliable for u in chosen):
-        container = group.split("|", 1)[1] or "the model"
-        raise RematError(
-            f"remat: solver 'chen' checkpoints runs of consecutive blocks, which remat can wrap as one checkpoint "
-            f"only inside an nn.Sequential; the blocks of {container} are not in one (an nn.ModuleList or a "
-            "custom forward calls them). Fix: use solver='dp' or 'ilp' (or 'auto'), which plan one checkpoint "
-            "per block there."
-        )
-    return chosen
-
-
-def _min_bytes(problem: Problem, solver: str, time_limit_s: float) -> int:
+def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
+    """The least peak `solver` reaches."""
     if not any(problem.useful):
         return max(problem.live)
-    if solver == "ilp":
+    if solver == Solver.ILP:
         return ilp.min_peak(problem, time_limit_s)
-    if solver == "chen":
-        return problem.peak(_chen_units(problem, dp.chain_group(problem)))
-    return dp.min_peak(problem, dp.chain_group(problem))
+    with _needs_a_chain(solver):
+        group = chain_group(problem)
+        if solver == Solver.CHEN:
+            return problem.peak(chen_units(problem, group))
+        return dp.min_peak(problem, group)
+
+
+@contextlib.contextmanager
+def _needs_a_chain(solver: Solver) -> Iterator[None]:
+    try:
+        yield
+    except NotAChain as e:
+        raise RematError(
+            f"remat: solver '{solver}' needs a chain of blocks, but {e}. Fix: use solver='ilp' (or 'auto')."
+        ) from e
 
 
 def _infeasible(profile: StepProfile, problem: Problem, solver: str, budget: int, time_limit_s: float) -> InfeasibleBudget:
     least = _min_bytes(problem, solver, time_limit_s)
     fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes
     share = fixed / least if least else 0.0
-    if share >= 0.5:
+    if share >= FIXED_DOMINATES:
         why = (
             f"parameters + gradients + optimizer state are {fixed / MIB:,.1f} MiB of it ({share:.0%}): "
             "checkpointing cannot go lower; see sharding, mixed precision or a smaller optimizer"

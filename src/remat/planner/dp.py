@@ -12,28 +12,29 @@ kept: the result is optimal for the model, which the tests check against brute f
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-from remat.planner.problem import Problem, Unit
+from remat.planner.problem import Group, NotAChain, Problem, Unit, chain_group
+
+__all__ = ["NotAChain", "min_peak", "solve"]
 
 
-class NotAChain(ValueError):
-    """The group's blocks do not run as a chain (forward in order, backward in reverse)."""
+class _Step(NamedTuple):
+    """One choice that settles blocks i..j, applied to the rows k.. of the front at i."""
+
+    front: "_Front"
+    i: int
+    k: int
+    unit: int
+    """Index in problem.units, -1 for keep."""
+    freed: int
+    flops: int
+    ops: int
 
 
-def chain_group(problem: Problem) -> str:
-    """The group planned by `dp`: the one whose best unit frees the most bytes."""
-    best: dict[str, int] = {}
-    for u in problem.units:
-        if problem.is_useful(u):
-            best[u.group] = max(best.get(u.group, 0), u.reduction_bytes)
-    if not best:
-        raise NotAChain("no block frees memory when checkpointed")
-    return max(best, key=best.__getitem__)
-
-
-def solve(problem: Problem, budget_bytes: int, group: str | None = None) -> list[Unit] | None:
+def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> list[Unit] | None:
     """The cheapest units of one chain group that fit the budget, or None if none does.
 
     fronts[i] holds the Pareto-optimal ways to settle blocks 0..i-1 as numpy columns:
@@ -47,7 +48,7 @@ def solve(problem: Problem, budget_bytes: int, group: str | None = None) -> list
     cap = max(0, max(problem.interval_max) - budget_bytes) + chain.deficit
     dtype = np.int64 if chain.max_flops < 2**62 else object
     n = chain.n
-    parts: list[list[tuple]] = [[] for _ in range(n + 1)]
+    parts: list[list[_Step]] = [[] for _ in range(n + 1)]
     fronts: list[_Front | None] = [None] * (n + 1)
     fronts[0] = _Front.start(dtype)
     for i in range(n + 1):
@@ -60,7 +61,7 @@ def solve(problem: Problem, budget_bytes: int, group: str | None = None) -> list
         for j, unit_id, need, red, flops, ops in chain.choices(i, budget_bytes):
             k = int(np.searchsorted(front.freed, need))  # freed ascending: rows k.. are enough
             if k < len(front.freed):
-                parts[j + 1].append((front, i, k, unit_id, red, flops, ops))
+                parts[j + 1].append(_Step(front, i, k, unit_id, red, flops, ops))
     last = fronts[n]
     if last is None:
         return None
@@ -94,15 +95,16 @@ class _Front:
         return cls(np.zeros(1, dtype=dtype), zero, zero, zero, zero, np.full(1, -1))
 
     @classmethod
-    def merge(cls, parts: list[tuple], cap: int, dtype) -> "_Front | None":
+    def merge(cls, parts: list[_Step], cap: int, dtype) -> "_Front | None":
         if not parts:
             return None
-        flops = np.concatenate([f.flops[k:] + c for f, _, k, _, _, c, _ in parts]).astype(dtype)
-        ops = np.concatenate([f.ops[k:] + o for f, _, k, _, _, _, o in parts])
-        freed = np.minimum(np.concatenate([f.freed[k:] + r for f, _, k, _, r, _, _ in parts]), cap)
-        back_pos = np.concatenate([np.full(len(f.freed) - k, i) for f, i, k, *_ in parts])
-        back_row = np.concatenate([np.arange(k, len(f.freed)) for f, _, k, *_ in parts])
-        unit = np.concatenate([np.full(len(f.freed) - k, u) for f, _, k, u, *_ in parts])
+        flops = np.concatenate([p.front.flops[p.k :] + p.flops for p in parts]).astype(dtype)
+        ops = np.concatenate([p.front.ops[p.k :] + p.ops for p in parts])
+        freed = np.minimum(np.concatenate([p.front.freed[p.k :] + p.freed for p in parts]), cap)
+        sizes = [len(p.front.freed) - p.k for p in parts]
+        back_pos = np.concatenate([np.full(m, p.i) for p, m in zip(parts, sizes)])
+        back_row = np.concatenate([np.arange(p.k, p.k + m) for p, m in zip(parts, sizes)])
+        unit = np.concatenate([np.full(m, p.unit) for p, m in zip(parts, sizes)])
         order = np.lexsort((-freed, ops, flops))  # FLOPs, then ops re-run, then most bytes freed
         freed = freed[order]
         best_before = np.maximum.accumulate(freed)
@@ -112,7 +114,7 @@ class _Front:
         return cls(flops[rows], ops[rows], freed[keep], back_pos[rows], back_row[rows], unit[rows])
 
 
-def min_peak(problem: Problem, group: str | None = None) -> int:
+def min_peak(problem: Problem, group: Group | None = None) -> int:
     """The least peak any segmentation of the chain reaches (binary search on feasibility).
 
     Feasibility alone needs no costs: the most bytes freed so far dominates, so each probe
@@ -132,7 +134,7 @@ def min_peak(problem: Problem, group: str | None = None) -> int:
 class _Chain:
     """One chain group: its units by start position, and what each choice needs (budget-free parts)."""
 
-    def __init__(self, problem: Problem, group: str):
+    def __init__(self, problem: Problem, group: Group):
         names, starting = _chain_units(problem, group)
         self.n = len(names)
         slots = _slots(problem, names, starting)
@@ -206,7 +208,7 @@ class _Slots:
     """Before the first block finishes forward: no unit acts there."""
 
 
-def _chain_units(problem: Problem, group: str) -> tuple[list[str], dict[int, list[tuple[int, Unit]]]]:
+def _chain_units(problem: Problem, group: Group) -> tuple[list[str], dict[int, list[tuple[int, Unit]]]]:
     """The group's blocks, and for each start position the units that begin there with their last index."""
     names = problem.groups[group]
     starting: dict[int, list[tuple[int, Unit]]] = {i: [] for i in range(len(names))}

@@ -44,9 +44,23 @@ from typing import NamedTuple
 
 import numpy as np
 
-from remat.types import BlockProfile, StepProfile
+from remat.module_tree import main_chain, parent_name, within
+from remat.types import Action, BlockProfile, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
+
+
+class Group(NamedTuple):
+    """Sibling candidates, the blocks a run of units is cut from."""
+
+    parent: str
+    """The candidate enclosing them ("" for blocks inside no other candidate)."""
+    container: str
+    """Dotted path of the module that holds them."""
+
+
+class NotAChain(ValueError):
+    """The blocks do not run as a chain (forward in order, backward in reverse), or none frees memory."""
 
 
 class Effect(NamedTuple):
@@ -65,8 +79,7 @@ class Unit:
     """Consecutive sibling blocks wrapped in one checkpoint."""
 
     blocks: tuple[str, ...]
-    group: str
-    """Container the blocks belong to (their shared dotted prefix)."""
+    group: Group
     position: int
     """Index of the first block in its group."""
     covers: frozenset[str]
@@ -76,8 +89,8 @@ class Unit:
     effects: tuple[Effect, ...]
     appliable: bool = True
     """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential."""
-    action: str = "recompute"
-    """"recompute" (a checkpoint), "selective" (keep matmul outputs, recompute the rest) or "offload"."""
+    action: Action = Action.RECOMPUTE
+    """RECOMPUTE (a checkpoint), SELECTIVE (keep matmul outputs, recompute the rest) or OFFLOAD."""
     cost_ops: int = 0
     """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
     transfer_bytes: int = 0
@@ -102,7 +115,7 @@ class Problem:
         self,
         live: list[int],
         units: list[Unit],
-        groups: dict[str, list[str]],
+        groups: dict[Group, list[str]],
         block_spans: dict[str, tuple[int, int]],
         model: str = "",
     ):
@@ -126,12 +139,11 @@ class Problem:
     ) -> "Problem":
         """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6)."""
         blocks = [b for b in prof.blocks if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op]
-        groups: dict[str, list[str]] = {}
+        groups: dict[Group, list[str]] = {}
         for b in blocks:
             groups.setdefault(_group_of(b), []).append(b.name)
         by_name = {b.name: b for b in blocks}
-        nested = {b.name: frozenset(c.name for c in blocks if c.name == b.name or c.name.startswith(b.name + "."))
-                  for b in blocks}
+        nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
         units: list[Unit] = []
         for group, names in groups.items():
             for i in range(len(names)):
@@ -216,7 +228,7 @@ class Problem:
     def is_useful(self, unit: Unit) -> bool:
         return self.useful[self.position(unit)]
 
-    def unit(self, *blocks: str, action: str = "recompute") -> Unit:
+    def unit(self, *blocks: str, action: Action = Action.RECOMPUTE) -> Unit:
         return self.units[self.index[(action, *blocks)]]
 
     def memory(self, chosen: list[Unit]) -> list[int]:
@@ -243,9 +255,18 @@ class Problem:
         return True
 
 
-def _group_of(b: BlockProfile) -> str:
-    container = b.name.rsplit(".", 1)[0] if "." in b.name else ""
-    return f"{b.parent or ''}|{container}"
+def _group_of(b: BlockProfile) -> Group:
+    return Group(b.parent or "", parent_name(b.name))
+
+
+def chain_group(problem: Problem) -> Group:
+    """The group of the chain (`remat.module_tree.main_chain` of the problem's blocks): what `dp` and
+    the hand recipes plan."""
+    names = main_chain([n for names in problem.groups.values() for n in names])
+    group = Group("", parent_name(names[0])) if names else None
+    if group is None or not any(problem.is_useful(u) for u in problem.units if u.group == group):
+        raise NotAChain("no block of the chain frees memory when checkpointed")
+    return group
 
 
 def _runs_from(
@@ -253,7 +274,7 @@ def _runs_from(
     i: int,
     max_segment: int,
     by_name: dict[str, BlockProfile],
-    group: str,
+    group: Group,
     nested: dict[str, frozenset],
 ) -> list[Unit]:
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
@@ -292,7 +313,7 @@ def _runs_from(
         units.append(Unit(
             tuple(names[i : j + 1]), group, i, covers,
             flops + last.checkpoint_recompute_flops, seconds + last_s, tuple(effects),
-            j == i or appliable_multi, "recompute", ops + last.checkpoint_recompute_ops,
+            j == i or appliable_multi, Action.RECOMPUTE, ops + last.checkpoint_recompute_ops,
         ))
         flops += last.forward_flops
         seconds += last.forward_s
@@ -300,7 +321,7 @@ def _runs_from(
     return units
 
 
-def _make_selective_unit(b: BlockProfile, group: str, position: int, nested: dict[str, frozenset]) -> Unit | None:
+def _make_selective_unit(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset]) -> Unit | None:
     """Selective checkpointing of one block (Rule 4): frees what is not a matmul-like output,
     caches the matmul-like outputs autograd would have dropped, keeps the inputs."""
     if b.selective_free_bytes <= 0 or b.has_batchnorm:
@@ -314,11 +335,11 @@ def _make_selective_unit(b: BlockProfile, group: str, position: int, nested: dic
     covers = nested[b.name]
     effects = tuple(e for e in effects if e.start < e.end)
     return Unit((b.name,), group, position, covers, b.selective_recompute_flops, b.selective_recompute_s, effects,
-                True, "selective", b.selective_recompute_ops)
+                True, Action.SELECTIVE, b.selective_recompute_ops)
 
 
 def _make_offload_unit(
-    b: BlockProfile, group: str, position: int, nested: dict[str, frozenset], bandwidth: float, flops_per_s: float
+    b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], bandwidth: float, flops_per_s: float
 ) -> list[Unit]:
     """Offloading one block's saved tensors to CPU memory (Rule 6); none if it would free nothing."""
     freed = b.internal_bytes + (b.output_saved_bytes if b.output_kept_by == [b.name] else 0)
@@ -327,7 +348,7 @@ def _make_offload_unit(
     seconds = 2 * b.offload_bytes / bandwidth
     effects = (Effect(b.forward_end_op + 1, b.backward_start_op, freed),)
     return [Unit((b.name,), group, position, nested[b.name], math.ceil(seconds * flops_per_s), seconds, effects,
-                 True, "offload", 0, b.offload_bytes)]
+                 True, Action.OFFLOAD, 0, b.offload_bytes)]
 
 
 def _forward_ops(b: BlockProfile) -> int:

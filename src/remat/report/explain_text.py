@@ -8,7 +8,7 @@ from itertools import groupby
 from rich import box
 from rich.table import Table
 
-from remat.lint.finding import CheckpointRegion, Explanation, Finding
+from remat.types import CheckpointRegion, Explanation, Finding
 from remat.report.plan_text import render_plan
 from remat.report.text import REPORT_WIDTH, console_text, fmt_bytes, fmt_flops, module_label, plain_console
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich import box
 from rich.table import Table
 
-from remat.planner.plan import Plan
+from remat.types import Plan
 from remat.report.text import console_text, fmt_bytes, fmt_flops, fmt_share, plain_console
 
 

@@ -8,7 +8,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from remat.planner.plan import BY_HAND, Plan
+from remat.types import BY_HAND, Plan
 from remat.report.text import REPORT_WIDTH, fmt_bytes
 
 
@@ -96,6 +96,4 @@ def render_verify(report) -> str:
         )
     table.add_row("peak without the plan", fmt_bytes(report.unplanned_peak_bytes, "auto"), "", "")
     console.print(table)
-    for note in report.notes:
-        console.print(f"note: {note}")
     return out.getvalue().rstrip() + "\n"

@@ -12,7 +12,7 @@ from pathlib import Path
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from remat.planner.plan import Plan
+from remat.types import Plan
 from remat.report.text import MIB, fmt_bytes, module_label
 from remat.types import StepProfile
 
@@ -123,7 +123,7 @@ def plot_frontier(
     Example:
         >>> prof = remat.profile(model, x)
         >>> plot_frontier(remat.frontier(prof), "frontier.png", budget_bytes=2**30,
-        ...               baselines=remat.planner.api.baseline_plans(prof))
+        ...               baselines=remat.planner.baseline_plans(prof))
 
     The frontier is a staircase: below and right of it no plan exists, and each point
     is the least recomputation for its memory.  `baselines` are drawn as markers: the

@@ -5,16 +5,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from remat import _jsondoc
 from remat.errors import RematError
+from remat.types import _json
+from remat.types._text import render
+from remat.types.kinds import Action
 
 BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
            "needs a function that calls them in turn; remat.apply wraps such layers one by one")
 """The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
 
 PLAN_FORMAT = "remat.Plan"
-PLAN_VERSION = 1
-ACTIONS = ("keep", "recompute", "selective", "offload")
+PLAN_VERSION = 2  # 2: PlannedBlock lost `output_bytes`, which nothing read; version 1 files still load
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,7 +24,6 @@ class PlannedBlock:
 
     name: str
     type: str
-    output_bytes: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,8 +33,8 @@ class Plan:
     model: str
     solver: str
     """Which solver made it: chen, dp, ilp, every-block, checkpoint_sequential(k), keep."""
-    decisions: dict[str, str]
-    """{candidate module: "keep" | "recompute" | "selective" | "offload"}; a module inside one inherits its decision."""
+    decisions: dict[str, Action]
+    """{candidate module: keep | recompute | selective | offload}; a module inside one inherits its decision."""
     segments: list[list[str]]
     """Each list: consecutive sibling modules wrapped in one checkpoint (recomputed in backward)."""
     peak_bytes: int
@@ -72,25 +72,32 @@ class Plan:
         return self.recompute_flops / self.step_flops if self.step_flops else 0.0
 
     def __str__(self) -> str:
-        from remat.report.plan_text import render_plan
-
-        return render_plan(self)
+        return render(self)
 
     # -- JSON -----------------------------------------------------------------------------
     def to_json(self, indent: int | None = 2) -> str:
-        return _jsondoc.dump(self, PLAN_FORMAT, PLAN_VERSION, indent)
+        return _json.dump(self, PLAN_FORMAT, PLAN_VERSION, indent)
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        data = _jsondoc.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again")
+        data = _json.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again",
+                          upgrades={1: _from_version_1})
+
         def make() -> Plan:
             data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
             return cls(**data)
 
-        return _jsondoc.build(PLAN_FORMAT, PLAN_VERSION, make, "plan")
+        return _json.build(PLAN_FORMAT, PLAN_VERSION, make, "plan")
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
+
+
+def _from_version_1(data: dict) -> dict:
+    """A version 1 plan's fields as version 2 has them: blocks without `output_bytes`."""
+    for b in data.get("blocks", []):
+        b.pop("output_bytes", None)
+    return data
 
 
 def load_plan(path: str | Path) -> Plan:

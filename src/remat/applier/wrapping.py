@@ -43,7 +43,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward, op_name
-from remat.measure.tracker import SAVE_OPS
+from remat.ops import SAVE_OPS
 
 MARK = "_remat_forward"  # attribute holding the WrapInfo of a wrapped module
 

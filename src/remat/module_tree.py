@@ -1,4 +1,7 @@
-"""Which modules are candidates for checkpointing (the natural units of a model)."""
+"""The module tree by dotted path: which modules are candidates for checkpointing, which of
+them are siblings, and which siblings form "the chain" every recipe and the `dp` solver plan.
+
+Dotted paths are those of `model.named_modules()`; "" is the model itself."""
 
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
     wrapper = checkpoint_wrapper_type()
     for name, mod in modules.items():
         if isinstance(mod, (nn.Sequential, nn.ModuleList)):
-            found += [_join(name, child) for child, _ in mod.named_children()]
+            found += [join(name, child) for child, _ in mod.named_children()]
         if wrapper is not None and isinstance(mod, wrapper) and name:
             found.append(name)
     if not found:
@@ -45,8 +48,14 @@ def runs_children_in_order(module: nn.Module | None) -> bool:
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
 
 
-def _join(prefix: str, name: str) -> str:
+def join(prefix: str, name: str) -> str:
+    """`prefix.name`, or `name` under the model itself."""
     return f"{prefix}.{name}" if prefix else name
+
+
+def parent_name(name: str) -> str:
+    """The dotted path of the module holding `name` ("" for a child of the model)."""
+    return name.rsplit(".", 1)[0] if "." in name else ""
 
 
 def enclosing(name: str, others: list[str]) -> str | None:
@@ -61,3 +70,19 @@ def enclosing(name: str, others: list[str]) -> str | None:
 def within(module: str, block: str) -> bool:
     """True if `module` is `block` or nested inside it."""
     return module == block or block == "" or module.startswith(block + ".")
+
+
+def top_level(names: list[str]) -> list[str]:
+    """The names not nested inside another of `names`, in order."""
+    return [n for n in names if enclosing(n, names) is None]
+
+
+def main_chain(names: list[str]) -> list[str]:
+    """The chain: the largest run of top-level sibling candidates (the first such on ties), in order.
+
+    The recipes of `remat.apply` read it off the model's candidates, the `dp` solver and the hand
+    recipes of `remat.plan` off the candidates of a profile: one definition, so they agree."""
+    groups: dict[str, list[str]] = {}
+    for name in top_level(names):
+        groups.setdefault(parent_name(name), []).append(name)
+    return max(groups.values(), key=len, default=[])

@@ -2,22 +2,21 @@
 
 from __future__ import annotations
 
-import logging
-import math
 import warnings
 from typing import Any
 
 import torch.nn as nn
 
 from remat.errors import RematError
-from remat.measure.candidates import find_candidates, runs_children_in_order
-from remat.planner.plan import Plan
-from remat.rewrite.wrapping import MARK, is_wrapped, unwrap, wrap_offload, wrap_segment
-
-log = logging.getLogger(__name__)
+from remat.measure import profile
+from remat.planner import plan as make_plan
+from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
+from remat.module_tree import find_candidates, join, main_chain, parent_name, runs_children_in_order
+from remat.planner.recipes import RECIPES
+from remat.types import Action, Plan, Recipe
 
 APPLIED = "_remat_applied"  # on the root model: the Plan (or recipe) applied to it
-RECIPES = ("every-block", "chen")
+RECIPE_NAMES = tuple(str(r) for r in Recipe)
 
 
 def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
@@ -44,34 +43,40 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
             f"remat: {type(model).__name__} already follows a plan ({_describe(model.__dict__[APPLIED])}); "
             "applying a second one would checkpoint twice. Fix: call remat.remove(model) first."
         )
-    selective: list[str] = []
-    offload: list[str] = []
-    if isinstance(plan, str):
-        segments, what = _recipe(model, plan), plan
-    elif isinstance(plan, Plan):
-        segments, what = _check_plan(model, plan), plan
-        selective, offload = list(plan.selective), list(plan.offload)
-    else:
-        raise RematError(
-            f"remat: apply expects a remat.Plan or one of {RECIPES}, saw {type(plan).__name__}. "
-            "Fix: pass remat.plan(profile, budget) or 'every-block'."
-        )
+    segments, selective, offload = _what_to_wrap(model, plan)
     if offload and not any(t.is_cuda for t in [*model.parameters(), *model.buffers()]):
         warnings.warn(
-            f"remat: the plan offloads {', '.join(offload[:4])}{' ...' if len(offload) > 4 else ''}, but "
-            f"{type(model).__name__} is not on a GPU: its saved tensors are copied within CPU memory, which saves "
-            "nothing. Move the model to the GPU the plan was made for.",
+            f"remat: the plan offloads {_few(offload)}, but {type(model).__name__} is not on a GPU: its saved "
+            "tensors are copied within CPU memory, which saves nothing. Move the model to the GPU the plan was "
+            "made for.",
             stacklevel=2,
         )
     skipped = _wrap_all(model, segments, selective, offload)
-    object.__setattr__(model, APPLIED, what)
+    object.__setattr__(model, APPLIED, plan)
     if skipped:
         warnings.warn(
-            f"remat: {', '.join(skipped[:4])}{' ...' if len(skipped) > 4 else ''} already checkpointed by Hugging Face "
-            "gradient checkpointing: left to it, not checkpointed twice.",
+            f"remat: {_few(skipped)} already checkpointed by Hugging Face gradient checkpointing: left to it, "
+            "not checkpointed twice.",
             stacklevel=2,
         )
     return model
+
+
+def _what_to_wrap(model: nn.Module, plan: Plan | str) -> tuple[list[list[str]], list[str], list[str]]:
+    """(segments, selective modules, offloaded modules) of a plan or a recipe, checked against the model."""
+    if isinstance(plan, str):
+        return _recipe(model, plan), [], []
+    if isinstance(plan, Plan):
+        return _check_plan(model, plan), list(plan.selective), list(plan.offload)
+    raise RematError(
+        f"remat: apply expects a remat.Plan or one of {RECIPE_NAMES}, saw {type(plan).__name__}. "
+        "Fix: pass remat.plan(profile, budget) or 'every-block'."
+    )
+
+
+def _few(names: list[str]) -> str:
+    """The first four names, "..." for the rest."""
+    return ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
 
 
 def remove(model: nn.Module) -> nn.Module:
@@ -106,9 +111,6 @@ def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, **
 
     Example: plan = remat.auto(model, batch, budget="6GiB", optimizer=opt)
     """
-    from remat.measure import profile
-    from remat.planner import plan as make_plan
-
     prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
     p = make_plan(prof, budget, **plan_options)
     apply(model, p)
@@ -145,72 +147,54 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
 def _check_segment(modules: dict[str, nn.Module], seg: list[str]) -> None:
     if len(seg) == 1:
         return
-    parents = {n.rsplit(".", 1)[0] if "." in n else "" for n in seg}
-    parent = modules.get(next(iter(parents)))
-    children = list(parent.named_children()) if parent is not None else []
-    names = [(f"{next(iter(parents))}.{c}" if next(iter(parents)) else c) for c, _ in children]
-    ok = len(parents) == 1 and runs_children_in_order(parent) and _consecutive(names, seg)
-    if not ok:
+    parent = parent_name(seg[0])
+    container = modules.get(parent)
+    names = [join(parent, c) for c, _ in container.named_children()] if container is not None else []
+    consecutive = seg[0] in names and names[names.index(seg[0]) :][: len(seg)] == list(seg)
+    if not (all(parent_name(n) == parent for n in seg) and runs_children_in_order(container) and consecutive):
         raise RematError(
             f"remat: a segment of the plan ({seg[0]} .. {seg[-1]}) is not a run of consecutive children of one "
             "nn.Sequential, so one checkpoint cannot wrap it. Fix: plan again with this version of remat."
         )
 
 
-def _consecutive(names: list[str], seg: list[str]) -> bool:
-    if seg[0] not in names:
-        return False
-    i = names.index(seg[0])
-    return names[i : i + len(seg)] == list(seg)
-
-
 def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     if recipe not in RECIPES:
-        raise RematError(f"remat: unknown recipe {recipe!r}; expected one of {RECIPES} or a Plan. Fix: pick one.")
-    blocks = _chain_of_blocks(model)
-    if recipe == "every-block":
-        return [[b] for b in blocks]
-    modules = dict(model.named_modules())
-    parent = blocks[0].rsplit(".", 1)[0] if "." in blocks[0] else ""
-    if not runs_children_in_order(modules[parent]):
         raise RematError(
-            f"remat: the 'chen' recipe checkpoints segments of consecutive blocks, which remat can wrap only "
-            f"inside an nn.Sequential; {parent or type(model).__name__} is a {type(modules[parent]).__name__}. "
-            "Fix: use 'every-block', or remat.plan for a plan that fits a budget."
+            f"remat: unknown recipe {recipe!r}; expected one of {RECIPE_NAMES} or a Plan. Fix: pick one."
         )
-    size = max(1, round(math.sqrt(len(blocks))))
-    return [blocks[i : i + size] for i in range(0, len(blocks), size)]
-
-
-def _chain_of_blocks(model: nn.Module) -> list[str]:
-    """The biggest group of sibling candidates at the top of the module tree (the layers)."""
-    groups: dict[str, list[str]] = {}
-    cands = find_candidates(model)
-    for name in cands:
-        if any(name.startswith(o + ".") for o in cands if o != name):
-            continue  # nested in another candidate
-        groups.setdefault(name.rsplit(".", 1)[0] if "." in name else "", []).append(name)
-    if not groups:
+    blocks = main_chain(find_candidates(model))
+    if not blocks:
         raise RematError(
             f"remat: {type(model).__name__} has no submodules to checkpoint. Expected layers in an nn.Sequential "
             "or nn.ModuleList, or named children. Fix: use remat.checkpoint(module) on the part to recompute."
         )
-    return max(groups.values(), key=len)
+    segments = RECIPES[Recipe(recipe)](len(blocks))
+    parent = parent_name(blocks[0])
+    container = dict(model.named_modules())[parent]
+    if recipe == Recipe.CHEN and not runs_children_in_order(container):  # segments of several blocks
+        raise RematError(
+            f"remat: the {recipe!r} recipe checkpoints segments of consecutive blocks, which remat can wrap only "
+            f"inside an nn.Sequential; {parent or type(model).__name__} is a {type(container).__name__}. "
+            "Fix: use 'every-block', or remat.plan for a plan that fits a budget."
+        )
+    return [blocks[first : last + 1] for first, last in segments]
 
 
 def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str], offload: list[str]) -> list[str]:
     modules = dict(model.named_modules())
     skipped = []
-    jobs = [(s, "recompute") for s in segments] + [([n], "selective") for n in selective] + [([n], "offload") for n in offload]
+    jobs = [(s, Action.RECOMPUTE) for s in segments] + [([n], Action.SELECTIVE) for n in selective]
+    jobs += [([n], Action.OFFLOAD) for n in offload]
     for seg, action in jobs:
         mods = [modules[n] for n in seg]
         if any(getattr(m, "gradient_checkpointing", False) is True for m in mods):
             skipped += seg  # Hugging Face already checkpoints these: no double checkpointing
             continue
-        if action == "offload":
+        if action == Action.OFFLOAD:
             wrap_offload(mods[0])
         else:
-            wrap_segment(mods, selective=action == "selective")
+            wrap_segment(mods, selective=action == Action.SELECTIVE)
     return skipped
 
 
@@ -225,5 +209,3 @@ def applied(model: nn.Module) -> Plan | str | None:
     """The plan or recipe `model` follows, if any."""
     return model.__dict__.get(APPLIED)
 
-
-__all__ = ["apply", "applied", "auto", "checkpoint", "remove", "MARK"]

@@ -1,79 +1,25 @@
-"""The findings of `remat.explain`, one function per finding code.
-
-Each rule reads the `Evidence` (measured profiles, the model's checkpoint calls and what
-each does alone, the planner's predictions) and returns zero or more `Finding`s.  A rule
-only states numbers it was given: "measured" ones come from profiled steps, "predicted"
-ones from the memory model of `remat.plan` (NOTE [How explain gets its numbers]).
+"""The memory findings of `remat.explain` (severity MEMORY): checkpoints that cost memory
+instead of saving it (whole-model-checkpoint, checkpoint-too-small, too-many-segments), and
+memory that checkpointing cannot reach (activations-not-dominant, kv-cache-in-training).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch.nn as nn
-
-from remat._torch_compat import BatchNormBase as _BatchNorm
-from remat._torch_compat import DropoutBase as _DropoutNd
-from remat.lint.finding import CheckpointRegion, Finding
-from remat.planner import chen
-from remat.planner.plan import Plan
+from remat.explainer.evidence import Evidence, _b, _few, _gflop
+from remat.module_tree import parent_name
+from remat.planner import recipes
+from remat.planner.api import FIXED_DOMINATES
 from remat.planner.problem import Problem, Unit
-from remat.report.text import fmt_bytes, fmt_flops, fmt_share, summarize_profile
-from remat.types import StepProfile
+from remat.report.text import fmt_share
+from remat.types import CheckpointRegion, Finding, Severity, StepProfile
 
 MARGIN = 0.05
 """A predicted alternative counts as better when it lowers the peak by at least this fraction."""
 BIG_REGION = 0.5
 """A checkpoint freeing at least this fraction of the step's activations is one big region."""
-FIXED_SHARE = 0.5
-"""Parameters, gradients and optimizer state above this share of the peak: activations are not dominant."""
-RESERVE_MARGIN = 0.10
-"""An observed figure this much above the measured peak looks like reserved memory."""
 
 
-@dataclass(frozen=True)
-class Evidence:
-    """Everything the rules read (see `remat.lint.api`)."""
-
-    modules: dict[str, nn.Module]
-    plain: StepProfile
-    """The step without the model's checkpoints (measured)."""
-    written: StepProfile | None
-    """The step as written (measured); None if it cannot run."""
-    written_error: str
-    regions: list[CheckpointRegion]
-    recomputed: set[str]
-    """Modules whose forward ran again in backward, as written."""
-    problem: Problem
-    """The planner's problem on `plain`."""
-    plan: Plan
-    least_peak_bytes: int
-    """The lowest peak any plan reaches (predicted)."""
-    kv_cache: tuple[int, int] | None
-    """(peak with the KV cache, peak with use_cache=False), measured; None if no cache is built."""
-    observed_bytes: int | None
-    reserved_bytes: int | None
-
-
-def _b(n: int) -> str:
-    return fmt_bytes(n, "auto")
-
-
-def _gflop(flops: int) -> str:
-    return f"{fmt_flops(flops)} GFLOP"
-
-
-def _few(names, n: int = 3) -> str:
-    """The first `n` names, "..." for the rest."""
-    names = list(names)
-    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
-
-
-def _peak(ev: Evidence) -> int:
-    return ev.written.peak_bytes if ev.written is not None else ev.plain.peak_bytes
-
-
-# -- whole-model-checkpoint ---------------------------------------------------------------------
+# -- whole-model-checkpoint ------------------------------------------------------------------------
 
 
 def whole_model_checkpoint(ev: Evidence) -> list[Finding]:
@@ -85,8 +31,8 @@ def whole_model_checkpoint(ev: Evidence) -> list[Finding]:
         group = _inner_group(ev, r)
         if group is None:
             continue
-        every_block = chen.segments_every_block(len(ev.problem.groups[group]))
-        per_layer = ev.problem.peak(chen.units_for(ev.problem, group, every_block))
+        every_block = recipes.segments_every_block(len(ev.problem.groups[group]))
+        per_layer = ev.problem.peak(recipes.units_for(ev.problem, group, every_block))
         if r.peak_bytes - per_layer >= MARGIN * r.peak_bytes:
             out.append(_whole_model(ev, r, group, per_layer))
     return out
@@ -112,7 +58,7 @@ def _whole_model(ev: Evidence, r: CheckpointRegion, group: str, per_layer: int) 
         f"the step's peak is {_b(r.peak_bytes)} with it and {_b(plain.peak_bytes)} without it ({r.source}){change}. "
         f"With one checkpoint per block, the peak would be {_b(per_layer)} (predicted)."
     )
-    seq = _in_code(_parent(layers))
+    seq = _in_code(parent_name(layers[0]))
     fix = (
         f"Checkpoint each block of {_container(layers)} separately, not the model: e.g. "
         f"`for i, layer in enumerate({seq}): {seq}[i] = checkpoint_wrapper(layer)`, or "
@@ -123,7 +69,7 @@ def _whole_model(ev: Evidence, r: CheckpointRegion, group: str, per_layer: int) 
         forward_live_with_bytes=fwd_with, forward_live_without_bytes=fwd_without, blocks=len(layers),
     )
     at_stake = max(0, r.peak_bytes - per_layer)
-    return Finding("whole-model-checkpoint", r.module, message, at_stake, fix, "memory", figures)
+    return Finding("whole-model-checkpoint", r.module, message, at_stake, fix, Severity.MEMORY, figures)
 
 
 def _in_code(path: str) -> str:
@@ -134,10 +80,10 @@ def _in_code(path: str) -> str:
 
 def _container(names: list[str]) -> str:
     """The module holding these sibling blocks, for people."""
-    return _parent(names) or "the model"
+    return parent_name(names[0]) or "the model"
 
 
-# -- checkpoint-too-small -------------------------------------------------------------------------------
+# -- checkpoint-too-small --------------------------------------------------------------------------
 
 
 def checkpoint_too_small(ev: Evidence) -> list[Finding]:
@@ -167,7 +113,7 @@ def _too_small(ev: Evidence, r: CheckpointRegion) -> Finding:
         "drops (conv + ReLU + conv together, a whole layer); see remat's plan below for which blocks."
     )
     figures = dict(freed_bytes=r.freed_bytes, recompute_flops=r.recompute_flops or 0)
-    return Finding("checkpoint-too-small", r.module, message, max(0, -r.freed_bytes), fix, "memory", figures)
+    return Finding("checkpoint-too-small", r.module, message, max(0, -r.freed_bytes), fix, Severity.MEMORY, figures)
 
 
 def _who(ev: Evidence, r: CheckpointRegion) -> str:
@@ -196,7 +142,7 @@ def _cost_words(r: CheckpointRegion) -> str:
     return f"It re-runs {_gflop(flops)} in backward."
 
 
-# -- too-many-segments -------------------------------------------------------------------------------------------
+# -- too-many-segments -----------------------------------------------------------------------------
 
 
 def too_many_segments(ev: Evidence) -> list[Finding]:
@@ -233,8 +179,8 @@ def _unit_of(ev: Evidence, r: CheckpointRegion) -> Unit | None:
 
 def _sequential_peaks(problem: Problem, group: str, n: int) -> dict[int, int]:
     """Predicted peak of checkpoint_sequential(k) over the group, for k = 2..n."""
-    cuts = {k: chen.segments_checkpoint_sequential(n, k) for k in range(2, n + 1)}
-    return {k: problem.peak(chen.units_for(problem, group, segments)) for k, segments in cuts.items()}
+    cuts = {k: recipes.segments_checkpoint_sequential(n, k) for k in range(2, n + 1)}
+    return {k: problem.peak(recipes.units_for(problem, group, segments)) for k, segments in cuts.items()}
 
 
 def _too_many(ev: Evidence, group: str, units: list[Unit], peaks: dict[int, int], best: int, mine: int) -> Finding:
@@ -260,7 +206,7 @@ def _too_many(ev: Evidence, group: str, units: list[Unit], peaks: dict[int, int]
     )
     if measured:
         figures["peak_measured_bytes"] = ev.written.peak_bytes
-    return Finding("too-many-segments", _parent(names), message, mine - peaks[best], fix, "memory", figures)
+    return Finding("too-many-segments", parent_name(names[0]), message, mine - peaks[best], fix, Severity.MEMORY, figures)
 
 
 def _segments_words(ev: Evidence, units: list[Unit], names: list[str]) -> str:
@@ -275,11 +221,7 @@ def _segments_words(ev: Evidence, units: list[Unit], names: list[str]) -> str:
     )
 
 
-def _parent(names: list[str]) -> str:
-    return names[0].rsplit(".", 1)[0] if "." in names[0] else ""
-
-
-# -- activations-not-dominant ----------------------------------------------------------------------------------
+# -- activations-not-dominant ----------------------------------------------------------------------
 
 
 def activations_not_dominant(ev: Evidence) -> list[Finding]:
@@ -287,7 +229,7 @@ def activations_not_dominant(ev: Evidence) -> list[Finding]:
     p = ev.plain
     at = p.at_peak
     fixed = at.params_bytes + at.grads_bytes + at.optimizer_bytes + at.buffers_bytes
-    if fixed < FIXED_SHARE * p.peak_bytes:
+    if fixed < FIXED_DOMINATES * p.peak_bytes:
         return []
     most = p.peak_bytes - ev.least_peak_bytes
     message = (
@@ -304,7 +246,7 @@ def activations_not_dominant(ev: Evidence) -> list[Finding]:
     )
     figures = dict(peak_bytes=p.peak_bytes, fixed_bytes=fixed, params_bytes=at.params_bytes, grads_bytes=at.grads_bytes,
                    optimizer_bytes=at.optimizer_bytes, least_peak_bytes=ev.least_peak_bytes, most_saved_bytes=most)
-    return [Finding("activations-not-dominant", "", message, fixed, fix, "memory", figures)]
+    return [Finding("activations-not-dominant", "", message, fixed, fix, Severity.MEMORY, figures)]
 
 
 def _optimizer_words(p: StepProfile, params_bytes: int) -> str:
@@ -316,129 +258,7 @@ def _optimizer_words(p: StepProfile, params_bytes: int) -> str:
     return f"keep the optimizer light (none was counted here; Adam would add {_b(2 * params_bytes)})"
 
 
-# -- correctness: reentrant without grad input, RNG, BatchNorm ---------------------------------------------------
-
-
-def reentrant_no_grad_input(ev: Evidence) -> list[Finding]:
-    """Reentrant checkpoint whose inputs do not require grad: the parameters inside get no gradient."""
-    out = []
-    for r in ev.regions:
-        params = _params(ev, r.modules)
-        if r.reentrant and not r.input_requires_grad and params:
-            out.append(_no_grad(ev, r, params))
-    return out
-
-
-def _params(ev: Evidence, names) -> list:
-    seen: dict[int, object] = {}
-    for name in names:
-        for p in ev.modules[name].parameters() if name in ev.modules else ():
-            if p.requires_grad:
-                seen.setdefault(id(p), p)
-    return list(seen.values())
-
-
-def _no_grad(ev: Evidence, r: CheckpointRegion, params: list) -> Finding:
-    nbytes = sum(p.numel() * p.element_size() for p in params)
-    failed = ""
-    if ev.written_error:
-        failed = f" Here no gradient reaches the loss at all, and the step fails ({_first_clause(ev.written_error)})."
-    message = (
-        f"{r.label} uses the reentrant checkpoint (use_reentrant=True, or not given: torch then picks it) and none of "
-        f"its tensor inputs requires grad, so its output does not either: the {len(params)} parameter tensors inside "
-        f"({_b(nbytes)}, in {_few(r.modules)}) get no gradient and "
-        f"silently stop training.{failed}"
-    )
-    fix = (
-        "Pass use_reentrant=False (torch recommends it, and it has no such requirement); or make an input require "
-        "grad before the checkpoint (x.requires_grad_(); Hugging Face: model.enable_input_require_grads())."
-    )
-    return Finding("reentrant-no-grad-input", r.module, message, nbytes, fix, "correctness",
-                   dict(params=len(params), params_bytes=nbytes))
-
-
-def _first_clause(error: str) -> str:
-    """`remat: x does not require grad; expected ...` -> `x does not require grad`."""
-    return error.removeprefix("remat: ").split(";")[0].split(". ")[0]
-
-
-def rng_not_preserved(ev: Evidence) -> list[Finding]:
-    """preserve_rng_state=False around dropout: the recomputation draws another mask."""
-    return [_rng(ev, r) for r in ev.regions if not r.preserve_rng_state and (r.draws_random or _dropouts(ev, r))]
-
-
-def _dropouts(ev: Evidence, r: CheckpointRegion) -> list[str]:
-    return [n for n in r.modules if isinstance(m := ev.modules.get(n), _DropoutNd) and m.training and m.p > 0]
-
-
-def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
-    where = f"dropout: {_few(_dropouts(ev, r))}" if _dropouts(ev, r) else "dropout or another random op"
-    message = (
-        f"{r.label} runs with preserve_rng_state=False and its forward draws random numbers ({where}). When "
-        "backward recomputes it, dropout draws a new mask, so the gradients belong to a different network than "
-        "the one that produced the loss; nothing fails, training is silently off."
-    )
-    fix = (
-        "Drop preserve_rng_state=False: the default saves the RNG state (a few KB) and replays it in the "
-        "recomputation."
-    )
-    return Finding("rng-not-preserved", r.module, message, 0, fix, "correctness")
-
-
-def batchnorm_recomputed(ev: Evidence) -> list[Finding]:
-    """BatchNorm in training mode recomputed: its running statistics are updated twice per step."""
-    out = []
-    for r in ev.regions:
-        bns = [n for n in r.modules if n in ev.recomputed and _tracks_stats(ev.modules.get(n))]
-        if bns and r.depth == 0:
-            out.append(_batchnorm(ev, r, bns))
-    return out
-
-
-def _tracks_stats(m) -> bool:
-    return isinstance(m, _BatchNorm) and m.training and m.track_running_stats
-
-
-def _batchnorm(ev: Evidence, r: CheckpointRegion, bns: list[str]) -> Finding:
-    nbytes = sum(b.numel() * b.element_size() for n in bns for b in ev.modules[n].buffers())
-    message = (
-        f"{len(bns)} BatchNorm module{'s' if len(bns) > 1 else ''} in training mode ({_few(bns)}) run again "
-        f"when backward recomputes {r.label}: the running mean and "
-        "variance are updated twice per step (momentum applied twice, num_batches_tracked counts 2), so the "
-        "statistics used in eval drift from those of plain training."
-    )
-    fix = (
-        "Keep BatchNorm out of the checkpointed function (checkpoint conv blocks, call the norm outside), or save and "
-        "restore the running statistics around the recomputation (remat's plan, when applied, does)."
-    )
-    return Finding("batchnorm-recomputed", r.module, message, nbytes, fix, "correctness", dict(batchnorms=len(bns)))
-
-
-# -- measurement advice, KV cache, no checkpointing ------------------------------------------------------------------
-
-
-def measured_with_reserved_memory(ev: Evidence) -> list[Finding]:
-    """The user's figure looks like nvidia-smi or memory_reserved, not the tensors' peak."""
-    peak = _peak(ev)
-    if ev.observed_bytes:
-        seen, source = ev.observed_bytes, "You saw"
-    else:
-        seen, source = ev.reserved_bytes, "The caching allocator reserved"
-    if not seen or seen < (1 + RESERVE_MARGIN) * peak:
-        return []
-    message = (
-        f"{source} {_b(seen)}; the step's tensors peak at {_b(peak)} (measured: what torch.cuda.max_memory_allocated() "
-        f"reports). The other {_b(seen - peak)} is not tensors: the CUDA caching allocator keeps freed blocks "
-        "reserved for reuse (torch.cuda.memory_reserved()), and nvidia-smi adds the CUDA context (hundreds of MiB). "
-        "That reserve does not shrink when checkpointing frees tensors, so such figures barely move."
-    )
-    fix = (
-        "Measure the tensors' peak: torch.cuda.reset_peak_memory_stats() before the step, "
-        "torch.cuda.max_memory_allocated() after it; not nvidia-smi or memory_reserved() (the reserve), and not "
-        "memory_allocated() after the step (what is left then, not the peak)."
-    )
-    return [Finding("measured-with-reserved-memory", "", message, seen - peak, fix, "advice",
-                    dict(seen_bytes=seen, peak_bytes=peak))]
+# -- kv-cache-in-training --------------------------------------------------------------------------
 
 
 def kv_cache_in_training(ev: Evidence) -> list[Finding]:
@@ -460,37 +280,6 @@ def kv_cache_in_training(ev: Evidence) -> list[Finding]:
         "Face's gradient_checkpointing_enable() switches it off for this reason; torch.utils.checkpoint and "
         "checkpoint_wrapper do not."
     )
-    return [Finding("kv-cache-in-training", "", message, with_cache - without, fix, "memory",
+    return [Finding("kv-cache-in-training", "", message, with_cache - without, fix, Severity.MEMORY,
                     dict(peak_with_cache_bytes=with_cache, peak_without_cache_bytes=without))]
 
-
-def no_checkpointing(ev: Evidence) -> list[Finding]:
-    """No checkpoint in the model: the profile in plain words and the plan that would help."""
-    if ev.regions or ev.plain.recompute_flops:
-        return []
-    summary = " ".join(summarize_profile(ev.plain).split())
-    saved = ev.plain.peak_bytes - ev.plan.peak_bytes
-    if saved > 0:
-        fix = (
-            f"Checkpoint as remat's plan below says: predicted peak {_b(ev.plan.peak_bytes)} ({_b(saved)} less) for "
-            f"{_gflop(ev.plan.recompute_flops)} recomputed (+{ev.plan.recompute_fraction:.1%} of the step's FLOPs)."
-        )
-    else:
-        fix = "No checkpointing plan lowers this peak (see the other findings for what does)."
-    message = f"The model does no activation checkpointing. {summary}"
-    return [Finding("no-checkpointing", "", message, max(0, saved), fix, "advice",
-                    dict(peak_bytes=ev.plain.peak_bytes, plan_peak_bytes=ev.plan.peak_bytes))]
-
-
-RULES = (
-    whole_model_checkpoint,
-    checkpoint_too_small,
-    too_many_segments,
-    activations_not_dominant,
-    reentrant_no_grad_input,
-    rng_not_preserved,
-    batchnorm_recomputed,
-    measured_with_reserved_memory,
-    kv_cache_in_training,
-    no_checkpointing,
-)

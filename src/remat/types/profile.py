@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from remat import _jsondoc
 from remat.errors import RematError
+from remat.types import _json
+from remat.types._text import render
 
 PROFILE_FORMAT = "remat.StepProfile"
 PROFILE_VERSION = 2  # 2: BlockProfile gained the selective, op-count, offload and container fields
@@ -152,9 +153,6 @@ class Timeline:
     def __len__(self) -> int:
         return len(self.live_bytes)
 
-    def module_at(self, i: int) -> str:
-        return self.module_names[self.modules[i]]
-
     def phase_spans(self) -> list[tuple[str, int, int]]:
         """[(phase, first index, last index + 1)] in order."""
         spans: list[tuple[str, int, int]] = []
@@ -226,17 +224,15 @@ class StepProfile:
         )
 
     def __str__(self) -> str:
-        from remat.report.text import render_profile
-
-        return render_profile(self)
+        return render(self)
 
     # -- JSON ------------------------------------------------------------------
     def to_json(self, indent: int | None = None) -> str:
-        return _jsondoc.dump(self, PROFILE_FORMAT, PROFILE_VERSION, indent)
+        return _json.dump(self, PROFILE_FORMAT, PROFILE_VERSION, indent)
 
     @classmethod
     def from_json(cls, text: str) -> "StepProfile":
-        data = _jsondoc.load(
+        data = _json.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`"
         )
         def make() -> StepProfile:
@@ -246,4 +242,4 @@ class StepProfile:
             data["timeline"] = Timeline(**data["timeline"])
             return cls(**data)
 
-        return _jsondoc.build(PROFILE_FORMAT, PROFILE_VERSION, make, "profile")
+        return _json.build(PROFILE_FORMAT, PROFILE_VERSION, make, "profile")

@@ -1,7 +1,7 @@
 """The checkpointing attempts of the user reports, rebuilt on the models of `remat.zoo`.
 
 Each factory returns `(model, inputs)` or `(model, inputs, loss_fn)`, so each is a TARGET:
-`remat explain remat.lint.examples:report000`.  Sizes are scaled down to run on a CPU in
+`remat explain remat.explainer.examples:report000`.  Sizes are scaled down to run on a CPU in
 seconds; `report000_full` is the report's own size, for `--mode fake`.  docs/explain.md
 shows what `remat explain` prints for each, and tests/test_explain.py checks the figures.
 """

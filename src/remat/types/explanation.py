@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from remat.planner.plan import Plan
-from remat.types import StepProfile
-
-SEVERITIES = ("correctness", "memory", "advice")
-"""Order of the report: what silently changes training first, then memory, then advice."""
+from remat.types._text import render
+from remat.types.kinds import Severity
+from remat.types.plan import Plan
+from remat.types.profile import StepProfile
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,8 +23,8 @@ class Finding:
     bytes_at_stake: int
     """Bytes of the step's peak the finding is about (what the fix would give back, or what is affected)."""
     fix: str
-    severity: str = "memory"
-    """"correctness" (training silently changes), "memory" or "advice"."""
+    severity: Severity = Severity.MEMORY
+    """CORRECTNESS (training silently changes), MEMORY or ADVICE: the report's order."""
     figures: dict[str, int] = field(default_factory=dict)
     """The numbers in the message, by name (`*_bytes`, `*_flops`, counts), for programs and tests."""
 
@@ -96,8 +95,6 @@ class Explanation(list):
         return [f.code for f in self]
 
     def __str__(self) -> str:
-        from remat.report.explain_text import render_explanation
-
-        return render_explanation(self)
+        return render(self)
 
     __repr__ = list.__repr__

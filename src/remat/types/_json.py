@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 
 from remat.errors import RematError
 
@@ -13,19 +14,22 @@ def dump(obj, fmt: str, version: int, indent: int | None) -> str:
     return json.dumps({"format": fmt, "version": version, **dataclasses.asdict(obj)}, indent=indent)
 
 
-def load(text: str, fmt: str, version: int, fix: str) -> dict:
-    """The fields of a document written by `dump`, header removed; a `remat:` error otherwise."""
+def load(text: str, fmt: str, version: int, fix: str, upgrades: dict[int, Callable[[dict], dict]] | None = None) -> dict:
+    """The fields of a document written by `dump`, header removed; a `remat:` error otherwise.
+
+    `upgrades` maps an older version still read to the function that turns its fields into this version's."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RematError(f"remat: expected a {fmt} JSON document, but it does not parse ({e}). Fix: {fix}.") from e
     seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else type(data).__name__
-    if seen != (fmt, version):
+    upgrade = (upgrades or {}).get(seen[1]) if seen[0] == fmt else None
+    if seen != (fmt, version) and upgrade is None:
         raise RematError(
             f"remat: expected a {fmt} version {version} document, saw {seen!r}. Fix: {fix} with this version of remat."
         )
     del data["format"], data["version"]
-    return data
+    return upgrade(data) if upgrade is not None and seen != (fmt, version) else data
 
 
 def build(fmt: str, version: int, make, what: str):

@@ -2,7 +2,7 @@
 
 NOTE [How explain gets its numbers]
   Rule 1. The step is profiled as written (every checkpoint call recorded, see NOTE
-          [Recording the user's checkpoints] in `remat.lint.record`) and again with every
+          [Recording the user's checkpoints] in `remat.explainer.record`) and again with every
           checkpoint call running its function directly: "with" and "without" are both
           measured, on the same model, inputs, loss and optimizer.
   Rule 2. What one checkpoint does alone is predicted with the memory model of
@@ -30,13 +30,13 @@ import torch.nn as nn
 from remat import planner
 from remat._torch_compat import tree_flatten
 from remat.errors import InfeasibleBudget, RematError
-from remat.lint.finding import SEVERITIES, CheckpointRegion, Explanation, Finding
-from remat.lint.record import Policy, RecordedCall, Recorder
-from remat.lint.rules import RULES, Evidence
+from remat.types import CheckpointRegion, Explanation, Finding, Severity
+from remat.explainer.record import Policy, RecordedCall, Recorder
+from remat.explainer.rules import RULES, Evidence
 from remat.measure import profile
 from remat.measure.step import check_model, normalize_inputs
 from remat.planner.budget import parse_budget
-from remat.planner.plan import Plan
+from remat.types import Plan
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit
 from remat.types import StepProfile
 
@@ -97,7 +97,7 @@ def explain(
 
 
 def _order(f: Finding):
-    return SEVERITIES.index(f.severity), -f.bytes_at_stake, f.code, f.module
+    return list(Severity).index(f.severity), -f.bytes_at_stake, f.code, f.module
 
 
 # -- running the step ---------------------------------------------------------------------------

@@ -1,0 +1,131 @@
+"""What the verbs share: the step options, the optimizers the command line can name,
+loading and profiling the TARGET under a spinner, and writing the files asked for."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.status import Status
+
+import remat
+from remat.errors import RematError
+from remat.report.plot import plot_timeline
+from remat.target import Target, load_target
+from remat.types import StepProfile
+
+EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
+TARGET_HELP = (
+    "path/to/file.py:factory or package.module:factory; the factory returns (model, inputs) or (model, inputs, loss_fn)"
+)
+
+
+# -- optimizers the command line can name ---------------------------------------------------
+
+
+def adam(params) -> torch.optim.Optimizer:
+    return torch.optim.Adam(params)
+
+
+def sgd(params) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.01)  # plain SGD: no optimizer state
+
+
+OPTIMIZERS: dict[str, Callable | None] = {"adam": adam, "sgd": sgd, "none": None}
+
+
+# -- arguments ------------------------------------------------------------------------------
+
+
+def add_step_options(p: argparse.ArgumentParser) -> None:
+    """How the step is run: shared by every verb that profiles a TARGET."""
+    p.add_argument("--mode", choices=("real", "fake"), default="real",
+                   help="real: run the step; fake: predict it with fake tensors, allocating nothing (default: real)")
+    p.add_argument("--device", type=_device_arg, default=None,
+                   help="device to profile for, e.g. cuda (default: where the factory puts the model); "
+                   "with --mode fake a CUDA target is simulated on a machine without one")
+    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam",
+                   help="optimizer whose state counts in the step (default: adam; sgd has no state)")
+
+
+def add_outputs(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", metavar="F", type=Path, help="also write the profile as JSON to F")
+    p.add_argument("--plot", metavar="F", type=Path, help="also write the memory timeline as a PNG to F")
+
+
+def _device_arg(text: str) -> str:
+    try:
+        torch.device(text)
+    except RuntimeError as e:
+        raise argparse.ArgumentTypeError(f"not a torch device: {text!r} (e.g. cpu, cuda, cuda:1)") from e
+    return text
+
+
+# -- loading and profiling the TARGET ---------------------------------------------------------
+
+
+def load(target: str, mode: str, device: str | None) -> Target:
+    with spinner(f"loading {target}"):
+        return load_target(target, fake=(mode == "fake"), device=_build_device(mode, device))
+
+
+def profile_built(built: Target, mode: str, device: str | None, optimizer: Callable | None) -> StepProfile:
+    """`remat.profile` with a spinner on stderr saying which phase is running."""
+    with spinner("running the step") as status:
+        return remat.profile(
+            built.model, built.inputs, built.loss_fn,
+            optimizer=optimizer, mode=mode, device=device, progress=_progress(status),
+        )
+
+
+def _build_device(mode: str, device: str | None) -> str | None:
+    """Where the factory should build: `device`, except a CUDA target simulated in fake mode (CPU)."""
+    if device is None or not device.startswith("cuda") or torch.cuda.is_available():
+        return device
+    if mode == "real":
+        raise RematError(
+            f"remat: --device {device} with --mode real runs the step on a GPU, but this machine has no "
+            f"CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False). "
+            f"Fix: run on a machine with a GPU, or predict the step with --mode fake --device {device}."
+        )
+    return None
+
+
+def _progress(status: Status) -> Callable[[str, int], None]:
+    def report(phase: str, ops: int) -> None:
+        status.update(f"running the step: {phase} ({ops} ops)")
+
+    return report
+
+
+@contextlib.contextmanager
+def spinner(text: str) -> Iterator[Status]:
+    """A rich status spinner on stderr (shows nothing when stderr is not a terminal)."""
+    with Console(stderr=True).status(text) as status:
+        yield status
+
+
+# -- writing files ----------------------------------------------------------------------------
+
+
+def write_outputs(prof: StepProfile, json_path: Path | None, plot_path: Path | None) -> None:
+    if json_path is not None:
+        write(json_path, "the profile as JSON", lambda p: p.write_text(prof.to_json(), encoding="utf-8"))
+    if plot_path is not None:
+        write(plot_path, "the memory timeline plot", lambda p: plot_timeline(prof, p))
+
+
+def write(path: Path, what: str, write_to: Callable[[Path], None]) -> None:
+    """`write_to(path)`, then say so on stdout; an OSError becomes a RematError saying what could not be written."""
+    try:
+        write_to(path)
+    except OSError as e:
+        raise RematError(
+            f"remat: could not write {what} to {path}: {e.strerror or e}. Expected a writable file path. "
+            "Fix: create the folder first, or pick another path."
+        ) from e
+    print(f"wrote {what} to {path}")

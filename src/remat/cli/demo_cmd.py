@@ -1,0 +1,101 @@
+"""`remat demo`: profile, plan, apply and verify on a built-in GPT-2-style model, step by step."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import remat
+from remat.cli.common import EXIT_OK, adam, add_outputs, load, profile_built, spinner, write_outputs
+from remat.cli.plan_cmd import chain_baselines, report_baselines
+from remat.errors import InfeasibleBudget
+from remat.report.plan_text import render_plan
+from remat.report.text import render_profile, summarize_profile
+from remat.target import Target
+from remat.types import Plan, StepProfile
+
+DEMO_TARGET = "remat.zoo:demo"
+DEMO_BUDGET = 0.5  # of the demo step's unplanned peak
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser(
+        "demo",
+        help="profile, plan, apply and verify on a built-in GPT-2-style model",
+        description=f"Profile one training step of the built-in {DEMO_TARGET} (a GPT-2-style model, Adam) "
+        "and explain the result in plain words.",
+    )
+    add_outputs(p)
+    p.set_defaults(command=_cmd_demo)
+
+
+@dataclass
+class DemoRun:
+    """What the demo's steps pass along: each step reads what earlier steps left here."""
+
+    args: argparse.Namespace
+    target: Target | None = None
+    profile: StepProfile | None = None
+    plan: Plan | None = None
+
+
+def _demo_profile(run: DemoRun) -> None:
+    run.target = load(DEMO_TARGET, "real", None)
+    run.profile = profile_built(run.target, "real", None, adam)
+    print(render_profile(run.profile), end="")
+
+
+def _demo_explain(run: DemoRun) -> None:
+    print(summarize_profile(run.profile), end="")
+
+
+def _demo_plan(run: DemoRun) -> None:
+    """Plan the profiled step at DEMO_BUDGET of its peak (or at the least memory, if that is more)."""
+    try:
+        plan = remat.plan(run.profile, DEMO_BUDGET)
+    except InfeasibleBudget as e:
+        print(f"No plan reaches {DEMO_BUDGET:.0%} of the peak; planning for the least memory possible instead.")
+        plan = remat.plan(run.profile, e.min_bytes)
+    print(render_plan(plan, baselines=report_baselines(chain_baselines(run.profile), plan.budget_bytes)), end="")
+    run.plan = plan
+
+
+def _demo_verify(run: DemoRun) -> None:
+    """Apply the plan and check it: same gradients and buffers, FLOPs and peak as predicted."""
+    with spinner("running the step with and without the plan"):
+        report = remat.verify(run.target.model, run.target.inputs, run.plan, run.target.loss_fn, optimizer=adam)
+    print(str(report), end="")
+    verdict = "nothing but memory and time changed" if report.ok else "the plan does NOT hold: see MISMATCH above"
+    print(f"Verdict: {verdict}.")
+
+
+def _demo_outputs(run: DemoRun) -> None:
+    write_outputs(run.profile, run.args.json, run.args.plot)
+
+
+DemoStep = tuple[str, Callable[[DemoRun], None]]
+
+
+def _demo_steps(args: argparse.Namespace) -> list[DemoStep]:
+    """The demo, in order; later verbs (plan, apply, verify) add their steps here."""
+    steps: list[DemoStep] = [
+        (f"Profile one training step of {DEMO_TARGET} (GPT-2-style, Adam, real mode)", _demo_profile),
+        ("In plain words", _demo_explain),
+        (f"Plan checkpoints for a budget of {DEMO_BUDGET:.0%} of that peak", _demo_plan),
+        ("Apply the plan and verify it against the unplanned step", _demo_verify),
+    ]
+    if args.json is not None or args.plot is not None:
+        steps.append(("Write files", _demo_outputs))
+    return steps
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    run, steps = DemoRun(args), _demo_steps(args)
+    for i, (title, step) in enumerate(steps, start=1):
+        if i > 1:
+            print()
+        print(f"[{i}/{len(steps)}] {title}")
+        print()
+        step(run)
+    return EXIT_OK

@@ -1,0 +1,195 @@
+"""`remat plan TARGET --budget B`: the checkpointing plan with the least recomputation that fits,
+compared with the hand recipes; also the frontier of every Pareto-optimal plan, and --verify."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+import remat
+from remat.cli.common import (
+    EXIT_ERROR,
+    EXIT_OK,
+    OPTIMIZERS,
+    TARGET_HELP,
+    add_step_options,
+    load,
+    profile_built,
+    spinner,
+    write,
+)
+from remat.errors import RematError
+from remat.planner import baseline_plans
+from remat.planner.api import SOLVERS
+from remat.planner.budget import parse_budget
+from remat.planner.problem import NotAChain
+from remat.report.frontier_text import render_frontier
+from remat.report.plan_text import render_plan
+from remat.report.plot import plot_frontier
+from remat.target import Target
+from remat.types import Plan, StepProfile
+
+FRONTIER_MAX_POINTS = 256
+SEQUENTIAL = "checkpoint_sequential("
+
+
+def register(verbs) -> None:
+    p = verbs.add_parser(
+        "plan",
+        help="find the checkpointing plan with the least recomputation that fits a memory budget",
+        description="Profile one training step of TARGET (or read a profile saved with `remat profile --json`), "
+        "find the activation-checkpointing plan with the least recomputation whose predicted peak fits "
+        "--budget, and compare it with the hand recipes (checkpoint every block, Chen's sqrt(n), "
+        "checkpoint_sequential) on the same step.",
+    )
+    p.add_argument("target", metavar="TARGET",
+                   help=f"{TARGET_HELP}; or a profile JSON file written by `remat profile --json F`")
+    p.add_argument("--budget", metavar="B", type=_budget_arg, default=None,
+                   help='peak memory allowed for the whole step: "6GiB", "6GB", "800MiB", bytes (6442450944), '
+                   "a fraction of the unplanned peak (0.5) or a percentage (50%%); "
+                   "required unless --frontier or --plot")
+    p.add_argument("--solver", choices=SOLVERS, default="auto",
+                   help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
+                   "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)")
+    p.add_argument("--offload-bandwidth", metavar="R", default=None,
+                   help='host<->GPU copy speed, e.g. "16GB/s" or "25GiB/s": lets the plan offload saved tensors to '
+                   "CPU memory where the copies cost less than recomputing (CUDA steps only; a real CUDA profile "
+                   "measures it itself)")
+    p.add_argument("--device-flops", metavar="R", default=None,
+                   help='the GPU\'s FLOP rate, e.g. "400TFLOPs/s", to weigh copies against recomputation in a '
+                   "fake-mode profile (a real profile measures it)")
+    add_step_options(p)
+    p.add_argument("--out", metavar="F", type=Path, help="also write the plan as JSON to F (remat.load_plan reads it)")
+    p.add_argument("--frontier", action="store_true",
+                   help="also print the frontier: every Pareto-optimal plan from keep-everything to the least memory")
+    p.add_argument("--plot", metavar="F", type=Path,
+                   help="write the frontier plot (peak MiB vs extra GFLOP, with the budget and the hand recipes) "
+                   "as a PNG to F")
+    p.add_argument("--verify", action="store_true",
+                   help="apply the plan to the model and run the step with and without it: gradients, buffers, "
+                   "extra FLOPs and measured peak against the prediction (needs a TARGET, real mode)")
+    p.set_defaults(command=_cmd_plan)
+
+
+def _budget_arg(text: str) -> int | float | str:
+    """Bytes (int), a fraction (float, also from "50%"), or the text for `remat.plan` to read (units)."""
+    t = text.strip()
+    if re.fullmatch(r"[0-9]+", t):
+        return int(t)
+    if re.fullmatch(r"[0-9]*\.?[0-9]+%", t):
+        return float(t[:-1]) / 100
+    if re.fullmatch(r"[0-9]*\.[0-9]+", t):
+        return float(t)
+    return text
+
+
+def _offload_options(args: argparse.Namespace) -> dict:
+    return {"offload_bandwidth": args.offload_bandwidth, "device_flops": args.device_flops}
+
+
+def _cmd_plan(args: argparse.Namespace) -> int:
+    _check_plan_args(args)
+    built, prof = _plan_input(args)
+    baselines = chain_baselines(prof)
+    plan = None
+    if args.budget is not None:
+        with spinner("planning"):
+            plan = remat.plan(prof, args.budget, solver=args.solver, **_offload_options(args))
+        print(render_plan(plan, baselines=report_baselines(baselines, plan.budget_bytes)), end="")
+    if args.frontier or args.plot is not None:
+        with spinner("computing the frontier"):
+            plans = pareto(remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS,
+                                          **_offload_options(args)))
+        budget_bytes = plan.budget_bytes if plan is not None else None
+        if args.frontier:
+            print("\n" if plan is not None else "", end="")
+            print(render_frontier(plans, budget_bytes), end="")
+        if args.plot is not None:
+            write(args.plot, "the frontier plot", lambda p: plot_frontier(plans, p, budget_bytes, baselines))
+    if args.out is not None:
+        write(args.out, "the plan as JSON", plan.save)
+    if args.verify:
+        print()
+        with spinner("running the step with and without the plan"):
+            report = remat.verify(built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer])
+        print(str(report), end="")
+        return EXIT_OK if report.ok else EXIT_ERROR
+    return EXIT_OK
+
+
+def _check_plan_args(args: argparse.Namespace) -> None:
+    """Errors in the arguments, found before the (possibly long) step runs."""
+    if args.budget is None and not (args.frontier or args.plot is not None):
+        raise RematError(
+            "remat: `remat plan` needs a memory budget; none was given. "
+            "Fix: add --budget 6GiB (or 0.5 of the unplanned peak), or --frontier to list every plan."
+        )
+    if args.budget is None and args.out is not None:
+        raise RematError(
+            f"remat: --out {args.out} writes the plan made for --budget, but no budget was given. "
+            "Fix: add --budget B, or leave --out out."
+        )
+    if args.budget is not None:
+        parse_budget(args.budget, 1)  # raises "remat: cannot read the budget ..." now rather than after the step
+    if args.verify and (args.budget is None or args.mode != "real" or args.target.endswith(".json")):
+        raise RematError(
+            "remat: --verify runs the real step with and without the plan, so it needs --budget, --mode real "
+            "and a TARGET (not a profile JSON file). Fix: drop --verify, or give those."
+        )
+
+
+def _plan_input(args: argparse.Namespace) -> tuple[Target | None, StepProfile]:
+    """The profile to plan: read from a JSON file, or measured by running TARGET's step (with the target)."""
+    if args.target.endswith(".json") and ":" not in args.target:
+        return None, _read_profile(Path(args.target))
+    built = load(args.target, args.mode, args.device)
+    return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer])
+
+
+def _read_profile(path: Path) -> StepProfile:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise RematError(
+            f"remat: could not read the profile {str(path)!r}: {e.strerror or e}. Expected a JSON file written "
+            "by `remat profile TARGET --json F`. Fix: check the path, or pass the TARGET itself."
+        ) from e
+    return StepProfile.from_json(text)
+
+
+def chain_baselines(prof: StepProfile) -> dict[str, Plan]:
+    """The hand recipes on the profile's main chain ({} when no block frees memory)."""
+    try:
+        return baseline_plans(prof)
+    except NotAChain:
+        return {}
+
+
+def report_baselines(baselines: dict[str, Plan], budget_bytes: int | None) -> dict[str, Plan]:
+    """Every block, Chen's sqrt(n), and the one checkpoint_sequential(k) a user would pick for the budget:
+    the least recomputation among those that fit, else the one with the least memory."""
+    chosen = {n: baselines[n] for n in ("every-block", "chen") if n in baselines}
+    sequential = {n: p for n, p in baselines.items() if n.startswith(SEQUENTIAL)}
+    fitting = [n for n, p in sequential.items() if budget_bytes is None or p.peak_bytes <= budget_bytes]
+    if fitting:
+        best = min(fitting, key=lambda n: (sequential[n].recompute_flops, sequential[n].peak_bytes))
+    elif sequential:
+        best = min(sequential, key=lambda n: (sequential[n].peak_bytes, sequential[n].recompute_flops))
+    else:
+        return chosen
+    return {**chosen, best: sequential[best]}
+
+
+def pareto(frontier: list[Plan]) -> list[Plan]:
+    """`remat.frontier`'s first plan (keep everything, the reference), then the plans no other plan
+    beats on both peak and extra FLOPs: a plan with the same FLOPs as another and a higher peak goes."""
+    if not frontier:
+        return []
+    if any(p.offload for p in frontier):  # FLOPs alone do not rank offload plans: remat.frontier's own order
+        return list(frontier)
+    first, out = frontier[0], []
+    for p in sorted(frontier[1:], key=lambda p: (p.recompute_flops, p.peak_bytes)):
+        if p.peak_bytes < (out[-1] if out else first).peak_bytes:
+            out.append(p)
+    return [first, *out]

@@ -1,0 +1,105 @@
+"""The correctness findings of `remat.explain` (severity CORRECTNESS): checkpoints that change
+what the model learns (reentrant-no-grad-input, rng-not-preserved, batchnorm-recomputed).
+"""
+
+from __future__ import annotations
+
+from remat._torch_compat import BatchNormBase as _BatchNorm
+from remat._torch_compat import DropoutBase as _DropoutNd
+from remat.explainer.evidence import Evidence, _b, _few
+from remat.types import CheckpointRegion, Finding, Severity
+
+
+def reentrant_no_grad_input(ev: Evidence) -> list[Finding]:
+    """Reentrant checkpoint whose inputs do not require grad: the parameters inside get no gradient."""
+    out = []
+    for r in ev.regions:
+        params = _params(ev, r.modules)
+        if r.reentrant and not r.input_requires_grad and params:
+            out.append(_no_grad(ev, r, params))
+    return out
+
+
+def _params(ev: Evidence, names) -> list:
+    seen: dict[int, object] = {}
+    for name in names:
+        for p in ev.modules[name].parameters() if name in ev.modules else ():
+            if p.requires_grad:
+                seen.setdefault(id(p), p)
+    return list(seen.values())
+
+
+def _no_grad(ev: Evidence, r: CheckpointRegion, params: list) -> Finding:
+    nbytes = sum(p.numel() * p.element_size() for p in params)
+    failed = ""
+    if ev.written_error:
+        failed = f" Here no gradient reaches the loss at all, and the step fails ({_first_clause(ev.written_error)})."
+    message = (
+        f"{r.label} uses the reentrant checkpoint (use_reentrant=True, or not given: torch then picks it) and none of "
+        f"its tensor inputs requires grad, so its output does not either: the {len(params)} parameter tensors inside "
+        f"({_b(nbytes)}, in {_few(r.modules)}) get no gradient and "
+        f"silently stop training.{failed}"
+    )
+    fix = (
+        "Pass use_reentrant=False (torch recommends it, and it has no such requirement); or make an input require "
+        "grad before the checkpoint (x.requires_grad_(); Hugging Face: model.enable_input_require_grads())."
+    )
+    return Finding("reentrant-no-grad-input", r.module, message, nbytes, fix, Severity.CORRECTNESS,
+                   dict(params=len(params), params_bytes=nbytes))
+
+
+def _first_clause(error: str) -> str:
+    """`remat: x does not require grad; expected ...` -> `x does not require grad`."""
+    return error.removeprefix("remat: ").split(";")[0].split(". ")[0]
+
+
+def rng_not_preserved(ev: Evidence) -> list[Finding]:
+    """preserve_rng_state=False around dropout: the recomputation draws another mask."""
+    return [_rng(ev, r) for r in ev.regions if not r.preserve_rng_state and (r.draws_random or _dropouts(ev, r))]
+
+
+def _dropouts(ev: Evidence, r: CheckpointRegion) -> list[str]:
+    return [n for n in r.modules if isinstance(m := ev.modules.get(n), _DropoutNd) and m.training and m.p > 0]
+
+
+def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
+    where = f"dropout: {_few(_dropouts(ev, r))}" if _dropouts(ev, r) else "dropout or another random op"
+    message = (
+        f"{r.label} runs with preserve_rng_state=False and its forward draws random numbers ({where}). When "
+        "backward recomputes it, dropout draws a new mask, so the gradients belong to a different network than "
+        "the one that produced the loss; nothing fails, training is silently off."
+    )
+    fix = (
+        "Drop preserve_rng_state=False: the default saves the RNG state (a few KB) and replays it in the "
+        "recomputation."
+    )
+    return Finding("rng-not-preserved", r.module, message, 0, fix, Severity.CORRECTNESS)
+
+
+def batchnorm_recomputed(ev: Evidence) -> list[Finding]:
+    """BatchNorm in training mode recomputed: its running statistics are updated twice per step."""
+    out = []
+    for r in ev.regions:
+        bns = [n for n in r.modules if n in ev.recomputed and _tracks_stats(ev.modules.get(n))]
+        if bns and r.depth == 0:
+            out.append(_batchnorm(ev, r, bns))
+    return out
+
+
+def _tracks_stats(m) -> bool:
+    return isinstance(m, _BatchNorm) and m.training and m.track_running_stats
+
+
+def _batchnorm(ev: Evidence, r: CheckpointRegion, bns: list[str]) -> Finding:
+    nbytes = sum(b.numel() * b.element_size() for n in bns for b in ev.modules[n].buffers())
+    message = (
+        f"{len(bns)} BatchNorm module{'s' if len(bns) > 1 else ''} in training mode ({_few(bns)}) run again "
+        f"when backward recomputes {r.label}: the running mean and "
+        "variance are updated twice per step (momentum applied twice, num_batches_tracked counts 2), so the "
+        "statistics used in eval drift from those of plain training."
+    )
+    fix = (
+        "Keep BatchNorm out of the checkpointed function (checkpoint conv blocks, call the norm outside), or save and "
+        "restore the running statistics around the recomputation (remat's plan, when applied, does)."
+    )
+    return Finding("batchnorm-recomputed", r.module, message, nbytes, fix, Severity.CORRECTNESS, dict(batchnorms=len(bns)))

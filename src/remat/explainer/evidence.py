@@ -1,0 +1,51 @@
+"""What the rules of `remat.explain` read (`Evidence`, gathered by `remat.explainer.api`), and the
+text helpers they share.  The rules themselves: `remat.explainer.rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn as nn
+
+from remat.planner.problem import Problem
+from remat.report.text import fmt_bytes, fmt_flops
+from remat.types import CheckpointRegion, Plan, StepProfile
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """Everything the rules read (see `remat.explainer.api`)."""
+
+    modules: dict[str, nn.Module]
+    plain: StepProfile
+    """The step without the model's checkpoints (measured)."""
+    written: StepProfile | None
+    """The step as written (measured); None if it cannot run."""
+    written_error: str
+    regions: list[CheckpointRegion]
+    recomputed: set[str]
+    """Modules whose forward ran again in backward, as written."""
+    problem: Problem
+    """The planner's problem on `plain`."""
+    plan: Plan
+    least_peak_bytes: int
+    """The lowest peak any plan reaches (predicted)."""
+    kv_cache: tuple[int, int] | None
+    """(peak with the KV cache, peak with use_cache=False), measured; None if no cache is built."""
+    observed_bytes: int | None
+    reserved_bytes: int | None
+
+
+def _b(n: int) -> str:
+    return fmt_bytes(n, "auto")
+
+
+def _gflop(flops: int) -> str:
+    return f"{fmt_flops(flops)} GFLOP"
+
+
+def _few(names, n: int = 3) -> str:
+    """The first `n` names, "..." for the rest."""
+    names = list(names)
+    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")

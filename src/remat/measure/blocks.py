@@ -1,0 +1,225 @@
+"""Per candidate module: what it keeps for backward, what a checkpoint around it would free
+and cost, read off the tracker's records after the step (`BlockProfile`).
+
+See NOTE [When a saved tensor is attributed to a module] and NOTE [Recomputation] in
+`remat.measure.tracker`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+
+from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
+from remat.measure.tracker import OpRecord, StorageRecord, Tracker
+from remat.module_tree import enclosing, parent_name, runs_children_in_order, within
+from remat.ops import RANDOM_OPS, SAVE_OPS
+from remat.types import BlockProfile
+
+
+class BlockIO:
+    """Forward hooks that record each candidate's order, calls, input and output storages."""
+
+    def __init__(self, model: nn.Module, candidates: list[str], tracker: Tracker):
+        self.tracker = tracker
+        mods = dict(model.named_modules(remove_duplicate=True))
+        self.by_module = {id(mods[n]): n for n in candidates}
+        self.modules = {n: mods[n] for n in candidates}
+        self.containers = {n: mods.get(parent_name(n)) for n in candidates}
+        self.order: list[str] = []
+        self.calls: dict[str, int] = {}
+        self.inputs: dict[str, list[StorageRecord]] = {}
+        self.outputs: dict[str, list[StorageRecord]] = {}
+
+    @contextlib.contextmanager
+    def hooks(self):
+        h1 = register_module_forward_pre_hook(self._pre)
+        h2 = register_module_forward_hook(self._post)
+        try:
+            yield
+        finally:
+            h1.remove()
+            h2.remove()
+
+    def _records(self, obj) -> list[StorageRecord]:
+        recs = {}
+        for t in tree_flatten(obj)[0]:
+            if isinstance(t, torch.Tensor):
+                rec = self.tracker.record_of(t)
+                if rec is not None:
+                    recs[id(rec)] = rec
+        return list(recs.values())
+
+    def _pre(self, mod, args):
+        name = self.by_module.get(id(mod))
+        if name is None or in_backward():
+            return
+        if name not in self.calls:
+            self.order.append(name)
+        self.calls[name] = self.calls.get(name, 0) + 1
+        self.inputs[name] = self._records(args)
+
+    def _post(self, mod, args, out):
+        name = self.by_module.get(id(mod))
+        if name is None or in_backward():
+            return
+        self.outputs[name] = self._records(_flatten_output(out))
+
+
+def _flatten_output(out):
+    if hasattr(out, "to_tuple"):  # Hugging Face ModelOutput
+        return out.to_tuple()
+    if hasattr(out, "__dataclass_fields__"):
+        return [getattr(out, f) for f in out.__dataclass_fields__]
+    return out
+
+
+def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[BlockProfile]:
+    """One BlockProfile per candidate that ran, in the order their forwards first started."""
+    ran = list(io.order)
+    parents = {n: enclosing(n, ran) for n in ran}
+    siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
+    return [_Block(tracker, io, name, parents, siblings[name]).profile(i, live) for i, name in enumerate(ran)]
+
+
+@dataclass
+class _Block:
+    """The records of one candidate, gathered once; `profile` turns them into figures."""
+
+    tracker: Tracker
+    io: BlockIO
+    name: str
+    parents: dict[str, str | None]
+    siblings: list[str]
+
+    def __post_init__(self) -> None:
+        ops = self.tracker.ops
+        self.mine = [k for k, op in enumerate(ops) if within(op.module, self.name)]
+        self.fwd_k = [k for k in self.mine if ops[k].phase in ("forward", "loss")]
+        self.bwd_k = [k for k in self.mine if ops[k].phase == "backward"]
+        self.fwd = [ops[k] for k in self.fwd_k]
+        self.bwd = [ops[k] for k in self.bwd_k if not ops[k].recompute]
+        self.recomputed = [ops[k] for k in self.bwd_k if ops[k].recompute]
+        self.checkpoint_ops = _recomputed_ops(self.fwd, self.name)
+        self.selective_ops = _recomputed_ops(self.fwd, self.name, selective=True)
+        self.outputs = self.io.outputs.get(self.name, [])
+        self.inputs = self.io.inputs.get(self.name, [])
+        out_ids = {id(r) for r in self.outputs}
+        mine_records = [r for r in self.tracker.records if within(r.module, self.name)]
+        self.acts = [r for r in mine_records if r.category == "activations"]
+        self.internal = [r for r in self.acts if id(r) not in out_ids and _kept_only_in(r, self.name)]
+        self.cached = [r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"]
+        self.module = self.io.modules[self.name]
+
+    def profile(self, index: int, live: list[int]) -> BlockProfile:
+        kind = self._checkpoint_kind()
+        return BlockProfile(
+            name=self.name, type=type(self.module).__name__, index=index, depth=self._depth(),
+            parent=self.parents[self.name], calls=self.io.calls[self.name], **self._bytes(),
+            **self._costs(), peak_bytes=max((live[k] for k in self.mine), default=0), **self._spans(),
+            checkpointed=bool(kind), checkpoint_kind=kind,
+            has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
+            has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
+            container=_container_kind(self.io.containers.get(self.name)),
+        )
+
+    def _depth(self) -> int:
+        depth, p = 0, self.parents[self.name]
+        while p is not None:
+            depth, p = depth + 1, self.parents[p]
+        return depth
+
+    def _checkpoint_kind(self) -> str:
+        wrapper = checkpoint_wrapper_type()
+        if wrapper is not None and isinstance(self.module, wrapper):
+            return "checkpoint_wrapper"
+        return "recomputed" if self.recomputed else ""
+
+    def _bytes(self) -> dict[str, object]:
+        saved_outputs = [r for r in self.outputs if r.category == "activations"]
+        return dict(
+            saved_bytes=_sum(self.acts),
+            output_bytes=_sum(self.outputs),
+            output_saved_bytes=_sum(saved_outputs),
+            input_bytes=_sum(self.inputs),
+            internal_bytes=_sum(self.internal),
+            output_kept_by=_kept_by(saved_outputs, self.siblings),
+            input_unsaved_bytes=_sum(
+                r for r in self.inputs if not r.saved and r.category in ("activations", "temporaries")
+            ),
+            selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
+            selective_extra_bytes=_sum(self.cached),
+            offload_bytes=_sum(
+                r for r in self.tracker.records
+                if r.saved and r.category in ("inputs", "activations", "temporaries")
+                and any(within(m, self.name) for m in r.packers)
+            ),
+        )
+
+    def _costs(self) -> dict[str, object]:
+        return dict(
+            forward_flops=_flops(self.fwd),
+            backward_flops=_flops(self.bwd),
+            recompute_flops=_flops(self.recomputed),
+            checkpoint_recompute_flops=_flops(self.checkpoint_ops),
+            selective_recompute_flops=_flops(self.selective_ops),
+            selective_recompute_s=sum(op.seconds for op in self.selective_ops),
+            forward_s=sum(op.seconds for op in self.fwd),
+            backward_s=sum(op.seconds for op in self.bwd),
+            checkpoint_recompute_ops=len(self.checkpoint_ops),
+            selective_recompute_ops=len(self.selective_ops),
+        )
+
+    def _spans(self) -> dict[str, int]:
+        fwd, bwd = self.fwd_k, self.bwd_k
+        return dict(
+            forward_start_op=fwd[0] if fwd else -1,
+            forward_end_op=fwd[-1] if fwd else -1,
+            backward_start_op=bwd[0] if bwd else -1,
+            backward_end_op=bwd[-1] if bwd else -1,
+        )
+
+
+def _sum(records) -> int:
+    return sum(r.nbytes for r in records)
+
+
+def _flops(ops: list[OpRecord]) -> int:
+    return sum(op.flops for op in ops)
+
+
+def _recomputed_ops(fwd_ops: list[OpRecord], block: str, selective: bool = False) -> list[OpRecord]:
+    """The ops a checkpoint around `block` re-runs: up to the last one whose output is saved inside it
+    (see NOTE [Recomputation]); selective checkpointing takes the SAVE_OPS from its cache instead."""
+    last = -1
+    for i, op in enumerate(fwd_ops):
+        if any(within(m, block) for m in op.packed_by):
+            last = i
+    return [op for op in fwd_ops[: last + 1] if not (selective and op.name in SAVE_OPS)]
+
+
+def _kept_by(records: list[StorageRecord], siblings: list[str]) -> list[str]:
+    """The siblings whose ops pack any of `records`, "*" for a packer outside all of them."""
+    found: list[str] = []
+    for rec in records:
+        for m in rec.packers:
+            owner = next((s for s in siblings if within(m, s)), "*")
+            if owner not in found:
+                found.append(owner)
+    return sorted(found)
+
+
+def _container_kind(parent: nn.Module | None) -> str:
+    """"Sequential" when the parent runs its children in order (a subclass too), else its class name."""
+    if parent is None:
+        return ""
+    return "Sequential" if runs_children_in_order(parent) else type(parent).__name__
+
+
+def _kept_only_in(rec: StorageRecord, block: str) -> bool:
+    """Every op that saved `rec` for backward ran inside `block`."""
+    return bool(rec.packers) and all(within(m, block) for m in rec.packers)

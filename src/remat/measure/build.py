@@ -1,0 +1,110 @@
+"""From the tracker's records of one step to the `StepProfile` the user gets.
+
+Pure bookkeeping over what `remat.measure.tracker.Tracker` logged: live bytes after
+each op (NOTE [What counts as live memory]), the breakdown at the peak and at the end of
+forward, and the candidate blocks (`remat.measure.blocks`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from remat.errors import RematError
+from remat.measure.blocks import BlockIO, block_profiles
+from remat.measure.tracker import Tracker
+from remat.types import Breakdown, Mode, StepProfile, Timeline
+
+FORWARD = ("forward", "loss")
+
+
+@dataclass(frozen=True)
+class Setup:
+    """How the step is measured: decided by `remat.profile` before it runs."""
+
+    mode: Mode
+    target: torch.device
+    """The device the figures are for."""
+    rounding: int
+    """Every storage counted rounded up to this many bytes (the allocator's granularity)."""
+    simulated: bool
+    """A CUDA target run on this machine's CPU (fake mode without a GPU)."""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def cuda_real(self) -> bool:
+        return self.mode == Mode.REAL and self.target.type == "cuda"
+
+
+def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, step_s: float) -> StepProfile:
+    """The StepProfile of the logged step; a `remat:` error if the forward ran no tensor op."""
+    ops = tracker.ops
+    if not ops or _last_index(tracker, FORWARD) < 0:
+        raise RematError(
+            f"remat: the step of {model_name} ran no tensor op in forward; expected a model that "
+            "computes with tensors. Fix: check that forward uses its inputs."
+        )
+    live = _live_series(tracker)
+    k_peak = max(range(len(live)), key=live.__getitem__)
+    k_fwd, k_bwd = _last_index(tracker, FORWARD), _last_index(tracker, ("backward",))
+    at_peak, end_fwd = _breakdown(tracker, k_peak), _breakdown(tracker, k_fwd)
+    end_bwd = _breakdown(tracker, k_bwd) if k_bwd >= 0 else end_fwd
+    return StepProfile(
+        model=model_name, mode=setup.mode, device=setup.target.type,
+        peak_bytes=live[k_peak], peak_phase=ops[k_peak].phase, peak_module=ops[k_peak].module, peak_op=ops[k_peak].name,
+        param_bytes=at_peak.params_bytes, buffer_bytes=at_peak.buffers_bytes, input_bytes=at_peak.inputs_bytes,
+        grad_bytes=end_bwd.grads_bytes,
+        optimizer_bytes=_breakdown(tracker, len(ops) - 1).optimizer_bytes,
+        activation_bytes=end_fwd.activations_bytes,
+        at_peak=at_peak,
+        end_of_forward=end_fwd,
+        forward_flops=sum(op.flops for op in ops if op.phase in FORWARD),
+        backward_flops=sum(op.flops for op in ops if op.phase == "backward" and not op.recompute),
+        recompute_flops=sum(op.flops for op in ops if op.recompute),
+        step_s=step_s,
+        blocks=block_profiles(tracker, io, live),
+        timeline=_timeline(tracker, live),
+        torch_version=torch.__version__,
+        allocation_rounding_bytes=setup.rounding,
+        simulated_device=setup.simulated,
+        notes=setup.notes,
+    )
+
+
+def _timeline(tracker: Tracker, live: list[int]) -> Timeline:
+    names = sorted({op.module for op in tracker.ops})
+    index = {n: i for i, n in enumerate(names)}
+    return Timeline(live, [op.phase for op in tracker.ops], [index[op.module] for op in tracker.ops], names)
+
+
+def _live_series(tracker: Tracker) -> list[int]:
+    """Live bytes after each op (Rules 2-4 of NOTE [What counts as live memory])."""
+    n = len(tracker.ops)
+    delta = [0] * (n + 1)
+    for rec in tracker.records:
+        start = max(rec.alloc_step, 0)
+        end = n if rec.free_step is None else min(rec.free_step, n)
+        if start < end:
+            delta[start] += rec.nbytes
+            delta[end] -= rec.nbytes
+    live, acc = [], 0
+    for d in delta[:n]:
+        acc += d
+        live.append(acc)
+    return live
+
+
+def _breakdown(tracker: Tracker, k: int) -> Breakdown:
+    sums: dict[str, int] = {}
+    for rec in tracker.records:
+        if rec.live_at(k):
+            sums[rec.category] = sums.get(rec.category, 0) + rec.nbytes
+    return Breakdown(**{f"{c}_bytes": v for c, v in sums.items()})
+
+
+def _last_index(tracker: Tracker, phases: tuple[str, ...]) -> int:
+    for i in range(len(tracker.ops) - 1, -1, -1):
+        if tracker.ops[i].phase in phases:
+            return i
+    return -1

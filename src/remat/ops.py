@@ -1,0 +1,39 @@
+"""Classes of aten ops remat treats specially, by packet name ("mm" for aten.mm.default)."""
+
+from __future__ import annotations
+
+RANDOM_OPS = frozenset(  # ops that draw from the random generator (dropout and friends)
+    {
+        "native_dropout",
+        "bernoulli",
+        "bernoulli_",
+        "rand",
+        "rand_like",
+        "randn",
+        "randn_like",
+        "randint",
+        "randint_like",
+        "randperm",
+        "uniform_",
+        "normal_",
+        "multinomial",
+    }
+)
+
+# Ops whose outputs selective checkpointing keeps (the expensive ones, as in torchtitan's policy)
+SAVE_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "convolution",
+        "_convolution",
+        "mkldnn_convolution",
+        "cudnn_convolution",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+    }
+)

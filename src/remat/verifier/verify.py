@@ -1,0 +1,133 @@
+"""`remat.verify`: proof that a plan changed nothing but memory and time."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from remat.applier.apply import applied, apply, remove
+from remat.applier.wrapping import offloaded_bytes
+from remat.errors import RematError
+from remat.measure import profile
+from remat.measure.step import StateSnapshot, check_model, compute_loss, normalize_inputs
+from remat.types import Plan, VerifyReport
+
+
+def verify(
+    model: nn.Module,
+    inputs: Any,
+    plan: Plan,
+    loss_fn=None,
+    optimizer=None,
+    tolerance: float = 0.0,
+) -> VerifyReport:
+    """Run the step without and with `plan` from the same RNG state and compare.
+
+    Example:
+        >>> report = remat.verify(model, batch, plan)
+        >>> report.ok, report.grad_max_abs_diff, report.measured_peak_bytes
+
+    The model is left as it was (planned or not).  `tolerance` is the largest gradient
+    difference accepted: 0.0 (bit-exact) for deterministic CPU kernels.
+
+    Known limitations: peaks are measured by remat's tracker in real mode on the
+    model's device; the optimizer step is part of the peak but not of the gradients.
+    """
+    check_model(model)
+    if not isinstance(plan, Plan):
+        raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
+    with _unplanned(model, plan):
+        base = _Measured.of(model, inputs, loss_fn, optimizer)
+        apply(model, plan)
+        try:
+            planned = _Measured.of(model, inputs, loss_fn, optimizer)
+        finally:
+            remove(model)
+    grads = _pairs(base.step.grads, planned.step.grads)
+    return VerifyReport(
+        grad_max_abs_diff={n: (g1 - g0).abs().max().item() if g0.numel() else 0.0 for n, (g0, g1) in grads},
+        tolerance=tolerance,
+        buffers_equal=all(torch.equal(a, b) for a, b in zip(base.step.buffers, planned.step.buffers)),
+        unplanned_peak_bytes=base.peak_bytes,
+        measured_peak_bytes=planned.peak_bytes,
+        predicted_peak_bytes=plan.peak_bytes,
+        measured_recompute_flops=planned.step.flops - base.step.flops,
+        predicted_recompute_flops=plan.recompute_flops,
+        budget_bytes=plan.budget_bytes,
+        measured_offload_bytes=planned.offload_bytes,
+        predicted_offload_bytes=plan.offload_bytes,
+    )
+
+
+@contextlib.contextmanager
+def _unplanned(model: nn.Module, plan: Plan) -> Iterator[None]:
+    """The model without `plan` meanwhile (if it follows it), as it was afterwards."""
+    before = applied(model)
+    if before is not None and before is not plan:
+        raise RematError(
+            f"remat: {type(model).__name__} already follows another plan. Fix: remat.remove(model), then verify."
+        )
+    if before is not None:
+        remove(model)
+    try:
+        yield
+    finally:
+        if before is not None:
+            apply(model, plan)
+
+
+@dataclass
+class _StepResult:
+    grads: dict[str, torch.Tensor]
+    buffers: list[torch.Tensor]
+    flops: int
+
+
+@dataclass
+class _Measured:
+    """The step of the model as it is now: gradients, buffers and FLOPs, and the tracked peak."""
+
+    step: _StepResult
+    peak_bytes: int
+    offload_bytes: int
+    """Bytes offloaded modules copied to CPU memory in the gradient run."""
+
+    @classmethod
+    def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer) -> "_Measured":
+        step = _run(model, inputs, loss_fn)
+        moved = offloaded_bytes(model)
+        return cls(step, profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer).peak_bytes, moved)
+
+
+def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:
+    """Forward, loss, backward from a fixed RNG state; the model's state is restored after."""
+    step = normalize_inputs(inputs)
+    snapshot = StateSnapshot(model, None)
+    for p in model.parameters():
+        p.grad = None
+    try:
+        torch.manual_seed(0)
+        with FlopCounterMode(display=False) as counter:
+            out = model(*step.args, **step.kwargs)
+            compute_loss(out, loss_fn).backward()
+        grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+        buffers = [b.detach().clone() for b in model.buffers()]
+        return _StepResult(grads, buffers, counter.get_total_flops())
+    finally:
+        snapshot.restore()
+
+
+def _pairs(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]):
+    missing = sorted(set(a) ^ set(b))
+    if missing:
+        raise RematError(
+            f"remat: with the plan, these parameters got a gradient in one run and not the other: {missing[:5]}. "
+            "This is a bug in remat or in the model's use of checkpointing; please report it."
+        )
+    return [(n, (a[n], b[n])) for n in sorted(a)]

@@ -1,0 +1,67 @@
+"""What the command line prints and writes, pinned: text reports and JSON documents.
+
+Each case runs `remat` in this process and compares stdout (and any JSON it writes)
+with a file under tests/golden/cli/.  A change to any of them is a change to the
+public output: review it, say so in docs/changelog.md, and regenerate with
+REMAT_REGEN_GOLDEN=1.  Real-mode cases run under a fixed clock (each
+`time.perf_counter()` call advances 1 ms) so that kernel times print the same on
+every machine.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from remat.cli import main
+
+GOLDEN = Path(__file__).parent / "golden" / "cli"
+REGEN = os.environ.get("REMAT_REGEN_GOLDEN") == "1"
+
+CASES = {
+    "profile_mlp_fake": ["profile", "remat.zoo:mlp_report000", "--mode", "fake", "--json", "{json}"],
+    "profile_cnn_fake_cuda": ["profile", "remat.zoo:cnn_bn", "--mode", "fake", "--device", "cuda", "--top", "4"],
+    "plan_gpt2_fake_frontier": ["plan", "remat.zoo:gpt2", "--mode", "fake", "--budget", "0.5", "--frontier",
+                                "--out", "{json}"],
+    "plan_skipnet_ilp": ["plan", "remat.zoo:skipnet", "--mode", "fake", "--budget", "97%", "--solver", "ilp",
+                         "--optimizer", "sgd"],
+    "plan_skipnet_infeasible": ["plan", "remat.zoo:skipnet", "--mode", "fake", "--budget", "60%"],
+    "plan_gpt2_offload": ["plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--budget", "0.5",
+                         "--offload-bandwidth", "1TB/s", "--device-flops", "1TFLOPs/s"],
+    "plan_cnn_verify": ["plan", "remat.zoo:cnn_bn", "--budget", "0.7", "--verify"],
+    "explain_report002": ["explain", "remat.explainer.examples:report002"],
+    "explain_report001": ["explain", "remat.explainer.examples:report001"],
+    "demo": ["demo"],
+}
+
+
+@pytest.fixture
+def fixed_clock(monkeypatch):
+    ticks = itertools.count()
+    monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 1e-3)
+
+
+def _compare(path: Path, text: str) -> None:
+    if REGEN:
+        path.write_text(text, encoding="utf-8")
+    assert path.is_file(), f"no golden file {path.name}; generate it with REMAT_REGEN_GOLDEN=1"
+    assert text == path.read_text(encoding="utf-8"), (
+        f"{path.name} changed; review the difference, note it in docs/changelog.md, and regenerate with "
+        "REMAT_REGEN_GOLDEN=1"
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cli_output_is_unchanged(case, capsys, tmp_path, fixed_clock):
+    json_path = tmp_path / "out.json"
+    argv = [a.replace("{json}", str(json_path)) for a in CASES[case]]
+    code = main(argv)
+    captured = capsys.readouterr()
+    out, err = (text.replace(str(json_path), "OUT.json") for text in (captured.out, captured.err))
+    _compare(GOLDEN / f"{case}.txt", f"exit {code}\n{out}--- stderr\n{err}")
+    if json_path.exists():
+        _compare(GOLDEN / f"{case}.json", json_path.read_text(encoding="utf-8"))
