@@ -20,6 +20,7 @@ NOTE [How explain gets its numbers]
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -131,7 +132,7 @@ class _Step:
             with recorder.active(), _input_grads_kept(self.inputs):
                 prof = profile(self.model, self.inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         except RematError as e:
-            if not any(c.reentrant and not c.input_requires_grad for c in recorder.calls):
+            if not any(c.site.reentrant and not c.site.input_requires_grad for c in recorder.calls):
                 raise
             return None, recorder, e
         if self.mode == "real" and prof.device == "cuda":
@@ -167,9 +168,9 @@ def _observed(observed: int | str | None) -> int | None:
 
 def _run_of(call: RecordedCall) -> tuple[str, ...] | None:
     """The candidate blocks a checkpoint call wraps exactly, if it wraps blocks and nothing else."""
-    if call.kind == "module":
-        return (call.module,)
-    if call.kind == "sequential":
+    if call.site.kind == "module":
+        return (call.site.module,)
+    if call.site.kind == "sequential":
         names = call.sequence[call.start : call.end + 1]
         return None if "?" in names else names
     return None
@@ -182,20 +183,17 @@ def _longest_run(calls: list[RecordedCall]) -> int:
 def _region(call: RecordedCall, step: _Step, problem: Problem, plain: StepProfile, written, n_calls: int):
     unit = _unit(problem, call)
     if unit is not None:
-        flops = sum(plain.block(b).forward_flops for b in unit.blocks) if call.reentrant else unit.cost_flops
+        flops = sum(plain.block(b).forward_flops for b in unit.blocks) if call.site.reentrant else unit.cost_flops
         effect = (unit.reduction_bytes, flops, problem.peak([unit]), "predicted")
     elif n_calls == 1 and written is not None:
         effect = _measured(plain, written)
-    elif call.index < MAX_MEASURED and written is not None:  # a step that cannot run cannot be measured
-        effect = _measured(plain, step.run(lambda i: i == call.index)[0])
+    elif call.site.index < MAX_MEASURED and written is not None:  # a step that cannot run cannot be measured
+        effect = _measured(plain, step.run(lambda i: i == call.site.index)[0])
     else:
         effect = (None, None, None, "")
     return CheckpointRegion(
-        index=call.index, label=call.label, module=call.module, kind=call.kind, via=call.via,
-        reentrant=call.reentrant, preserve_rng_state=call.preserve_rng_state,
-        input_requires_grad=call.input_requires_grad, depth=call.depth, modules=tuple(call.modules),
-        draws_random=call.draws_random, blocks=unit.blocks if unit is not None else (),
-        freed_bytes=effect[0], recompute_flops=effect[1], peak_bytes=effect[2], source=effect[3],
+        **dataclasses.asdict(call.site), modules=tuple(call.modules), draws_random=call.draws_random,
+        blocks=unit.blocks if unit is not None else (), freed_bytes=effect[0], recompute_flops=effect[1], peak_bytes=effect[2], source=effect[3],
     )
 
 

@@ -36,6 +36,8 @@ from remat._torch_compat import (
     tree_flatten,
     unwrap_callable,
 )
+from remat.module_tree import parent_name
+from remat.types import CheckpointCallSite
 
 Policy = Callable[[int], bool]
 """index of a checkpoint call -> keep its checkpoint (True) or run the function directly."""
@@ -43,23 +45,10 @@ Policy = Callable[[int], bool]
 
 @dataclass(slots=True)
 class RecordedCall:
-    """One checkpoint call as it ran (see NOTE [Recording the user's checkpoints])."""
+    """One checkpoint call as it ran (see NOTE [Recording the user's checkpoints]): the call site, and
+    what the recording learns while its forward runs."""
 
-    index: int
-    label: str
-    """What was checkpointed, for people: `checkpoint(conv2)`, `checkpoint(F.relu)`, `checkpoint_wrapper(layers.0)`."""
-    module: str
-    """The checkpointed module's dotted name; for a plain function, the module that called checkpoint."""
-    kind: str
-    """"module" (a module of the model), "sequential" (a checkpoint_sequential segment) or "function"."""
-    via: str
-    """"checkpoint", "checkpoint_wrapper" or "checkpoint_sequential"."""
-    reentrant: bool
-    preserve_rng_state: bool
-    input_requires_grad: bool
-    """Some tensor argument requires grad (only top-level tensors count for the reentrant variant)."""
-    depth: int
-    """How many other checkpoint calls were open when it started."""
+    site: CheckpointCallSite
     sequence: tuple[str, ...] = ()
     """checkpoint_sequential: the names of all its functions ("?" for one that is not a module of the model)."""
     start: int = 0
@@ -113,7 +102,7 @@ class Recorder:
     def _on_call(self, call: CheckpointCall):
         rec = self._describe(call)
         self.calls.append(rec)
-        return self.policy(rec.index), self._scope(rec)
+        return self.policy(rec.site.index), self._scope(rec)
 
     @contextlib.contextmanager
     def _scope(self, rec: RecordedCall):
@@ -138,24 +127,24 @@ class Recorder:
         wrapper = checkpoint_wrapper_type()
         if wrapper is not None and isinstance(caller, wrapper):  # the wrapper is the block: same ops, and a candidate
             label = f"checkpoint_wrapper({_show(caller_name)})"
-            return RecordedCall(label=label, module=caller_name, kind="module", via="checkpoint_wrapper", **common)
+            return RecordedCall(CheckpointCallSite(label=label, module=caller_name, kind="module",
+                                                   via="checkpoint_wrapper", **common))
         target = unwrap_callable(call.function)
         if isinstance(target, nn.Module) and id(target) in self.names:
             name = self.names[id(target)]
             label = f"checkpoint({_show(name)})"
-            return RecordedCall(label=label, module=name, kind="module", via="checkpoint", **common)
+            return RecordedCall(CheckpointCallSite(label=label, module=name, kind="module", via="checkpoint", **common))
         label = f"checkpoint({self._function_label(target)})"
-        return RecordedCall(label=label, module=caller_name, kind="function", via="checkpoint", **common)
+        return RecordedCall(CheckpointCallSite(label=label, module=caller_name, kind="function", via="checkpoint",
+                                               **common))
 
     def _segment(self, segment, caller_name: str, common: dict) -> RecordedCall:
         start, end, functions = segment
         names = tuple(self.names.get(id(f), "?") if isinstance(f, nn.Module) else "?" for f in functions)
         module = _common_parent(names) if "?" not in names else caller_name
         label = f"checkpoint_sequential({_show(module)})[{start}..{end}]"
-        return RecordedCall(
-            label=label, module=module, kind="sequential", via="checkpoint_sequential", sequence=names, start=start,
-            end=end, **common,
-        )
+        site = CheckpointCallSite(label=label, module=module, kind="sequential", via="checkpoint_sequential", **common)
+        return RecordedCall(site, sequence=names, start=start, end=end)
 
     def _function_label(self, fn) -> str:
         owner = getattr(fn, "__self__", None)
@@ -183,5 +172,5 @@ def _show(name: str, root: str = "model") -> str:
 
 
 def _common_parent(names: tuple[str, ...]) -> str:
-    parents = {n.rsplit(".", 1)[0] if "." in n else "" for n in names}
+    parents = {parent_name(n) for n in names}
     return parents.pop() if len(parents) == 1 else ""

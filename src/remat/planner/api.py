@@ -18,8 +18,9 @@ from remat.types import Plan, Solver, StepProfile
 SOLVERS = tuple(Solver)
 MIB = 2**20
 FIXED_DOMINATES = 0.5
-"""Parameters, gradients and optimizer state above this share of the least peak: checkpointing is not
-the lever (the infeasible-budget message and explain's `activations-not-dominant` say so)."""
+"""Parameters, gradients and optimizer state above this share of a peak: checkpointing is not the lever.
+The infeasible-budget message measures it against the least peak any plan reaches, explain's
+`activations-not-dominant` against the step's measured peak."""
 
 
 def _without_cycle_collection(fn):

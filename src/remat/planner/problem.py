@@ -263,7 +263,7 @@ def chain_group(problem: Problem) -> Group:
     """The group of the chain (`remat.module_tree.main_chain` of the problem's blocks): what `dp` and
     the hand recipes plan."""
     names = main_chain([n for names in problem.groups.values() for n in names])
-    group = Group("", parent_name(names[0])) if names else None
+    group = next((g for g, members in problem.groups.items() if names and names[0] in members), None)
     if group is None or not any(problem.is_useful(u) for u in problem.units if u.group == group):
         raise NotAChain("no block of the chain frees memory when checkpointed")
     return group

@@ -7,7 +7,7 @@ Nothing here measures, plans or prints: `str()` of each is the report that
 `remat.report` registers (see `remat.types._text`).
 """
 
-from remat.types.explanation import CheckpointRegion, Explanation, Finding
+from remat.types.explanation import CheckpointCallSite, CheckpointRegion, Explanation, Finding
 from remat.types.kinds import KEEP_ALL_SOLVER, Action, Mode, Recipe, Severity, Solver
 from remat.types.plan import BY_HAND, PLAN_FORMAT, PLAN_VERSION, Plan, PlannedBlock, load_plan
 from remat.types.profile import (
@@ -34,6 +34,7 @@ __all__ = [
     "Action",
     "BlockProfile",
     "Breakdown",
+    "CheckpointCallSite",
     "CheckpointRegion",
     "Explanation",
     "Finding",

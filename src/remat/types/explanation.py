@@ -30,13 +30,13 @@ class Finding:
 
 
 @dataclass(frozen=True, slots=True)
-class CheckpointRegion:
-    """One `torch.utils.checkpoint` call of the model, with what it does to memory on its own."""
+class CheckpointCallSite:
+    """One `torch.utils.checkpoint` call of the model, as `remat.explain` recorded it."""
 
     index: int
     """Position among the model's checkpoint calls, in forward order."""
     label: str
-    """What was checkpointed: `checkpoint(conv2)`, `checkpoint_wrapper(layers.3)`, ..."""
+    """What was checkpointed: `checkpoint(conv2)`, `checkpoint(F.relu)`, `checkpoint_wrapper(layers.3)`, ..."""
     module: str
     """The checkpointed module; for a plain function, the module that called checkpoint."""
     kind: str
@@ -46,8 +46,15 @@ class CheckpointRegion:
     reentrant: bool
     preserve_rng_state: bool
     input_requires_grad: bool
+    """Some tensor argument requires grad (only top-level tensors count for the reentrant variant)."""
     depth: int
     """Checkpoint calls it runs inside (0: none)."""
+
+
+@dataclass(frozen=True, slots=True)
+class CheckpointRegion(CheckpointCallSite):
+    """One `torch.utils.checkpoint` call of the model, with what it does to memory on its own."""
+
     modules: tuple[str, ...]
     """Modules of the model whose forward ran inside it."""
     blocks: tuple[str, ...]
