@@ -1,5 +1,6 @@
-"""Shared helpers for the benchmark scripts: machine description, tables, dated results,
-fresh-process runs.  Nothing here is part of the `remat` package."""
+"""The benchmarks' one helpers module: machine description, tables, dated results, runs in a
+fresh interpreter.  Nothing here is part of the `remat` package; the process's memory counters
+(statm, VmHWM, clear_refs) are the package's own, `remat.verifier.process`."""
 
 from __future__ import annotations
 
@@ -9,14 +10,23 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "results"
-MiB = 2**20
+import torch
 
-# The environment MEASURING.md asks for when RSS must follow live tensors.
-RSS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
+from remat.verifier.process import PROCESS_ENV
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+RESULTS = HERE / "results"
+WORKER = HERE / "_worker.py"
+MiB = 2**20
+RESULT = "RESULT "
+"""The line a fresh-interpreter worker prints its JSON result on."""
+
+
+# -- the machine ---------------------------------------------------------------------------------
 
 
 def cpu_name() -> str:
@@ -32,23 +42,38 @@ def cpu_name() -> str:
     return platform.machine()
 
 
-def machine_info(threads: int | None = None) -> dict:
-    import torch
-
+def load_average() -> list[str]:
+    """The 1, 5 and 15 minute load averages, as /proc/loadavg writes them (["?"] without /proc)."""
     try:
-        import transformers
+        return open("/proc/loadavg").read().split()[:3]
+    except OSError:  # pragma: no cover
+        return ["?"]
+
+
+def git_state() -> dict:
+    """The commit the run measured, and whether src/ differed from it (uncommitted edits)."""
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):  # pragma: no cover
+            return ""
+
+    return {"commit": git("rev-parse", "--short", "HEAD"), "src_dirty": bool(git("status", "--porcelain", "--", "src"))}
+
+
+def machine_info(threads: int | None = None) -> dict:
+    try:
+        import transformers  # optional: only its version is recorded
 
         tf = transformers.__version__
     except ImportError:  # pragma: no cover
         tf = "not installed"
-    try:
-        load = open("/proc/loadavg").read().split()[:3]
-    except OSError:  # pragma: no cover
-        load = ["?"]
+    git = git_state()
     return {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "remat": _git_state(),
-        "loadavg": " ".join(load),
+        "remat": f"{git['commit']}{' + uncommitted src changes' if git['src_dirty'] else ''}" or "unknown",
+        "loadavg": " ".join(load_average()),
         "cpu": cpu_name(),
         "platform.processor()": platform.processor() or "(empty)",
         "cores": os.cpu_count(),
@@ -59,17 +84,6 @@ def machine_info(threads: int | None = None) -> dict:
     }
 
 
-def _git_state() -> str:
-    """Commit of the work tree and whether src/ has uncommitted changes (the measured remat)."""
-    try:
-        root = HERE.parent
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "src"], cwd=root, capture_output=True, text=True).stdout.strip()
-        return f"{head}{' + uncommitted src changes' if dirty else ''}" or "unknown"
-    except OSError:  # pragma: no cover
-        return "unknown"
-
-
 def machine_line(info: dict) -> str:
     return (
         f"{info['date']} · CPU {info['cpu']} (platform.processor()={info['platform.processor()']!s}), "
@@ -77,6 +91,9 @@ def machine_line(info: dict) -> str:
         f"python {info['python']} · torch threads {info['threads']} · load average at start {info['loadavg']} · "
         f"remat at {info['remat']}"
     )
+
+
+# -- tables and results --------------------------------------------------------------------------
 
 
 def md_table(headers: list[str], rows: list[list]) -> str:
@@ -93,32 +110,65 @@ def md_table(headers: list[str], rows: list[list]) -> str:
     return "\n".join(out)
 
 
-def write_results(name: str, title: str, info: dict, command: str, sections: list[tuple[str, str]], data) -> Path:
-    """Write results/<name>.md (human) and results/<name>.json (machine)."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
+def results_markdown(title: str, info: dict, command: str, sections: list[tuple[str, str]]) -> str:
+    """The dated document of one benchmark: title, machine, command, then each (heading, body)."""
     md = [f"# {title}", "", f"Machine: {machine_line(info)}", "", f"Command: `{command}`", ""]
     for head, body in sections:
         if head:
             md += [f"## {head}", ""]
         md += [body, ""]
+    return "\n".join(md)
+
+
+def write_results(name: str, title: str, info: dict, command: str, sections: list[tuple[str, str]], data) -> Path:
+    """Write results/<name>.md (human) and results/<name>.json (machine)."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}.md"
-    path.write_text("\n".join(md))
+    path.write_text(results_markdown(title, info, command, sections))
     (RESULTS / f"{name}.json").write_text(json.dumps({"machine": info, "command": command, "data": data}, indent=1))
     return path
 
 
-def run_fresh(spec: dict, env_extra: dict | None = None, timeout: int = 1800) -> dict:
-    """Run benchmarks/_worker.py with `spec` in a fresh interpreter; return its RESULT json."""
-    env = dict(os.environ)
-    env.update(RSS_ENV)
-    env.update(env_extra or {})
+def timed(fn) -> float:
+    """Wall-clock seconds of `fn()`."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# -- fresh interpreters --------------------------------------------------------------------------
+
+
+def fresh_env(extra: dict | None = None) -> dict:
+    """The environment of a measuring child: this one, `PROCESS_ENV` (resident memory follows the
+    live tensors), warnings off, this checkout's src/ first on the path, then `extra`."""
+    env = {**os.environ, **PROCESS_ENV}
     env.setdefault("PYTHONWARNINGS", "ignore")
-    cmd = [sys.executable, str(HERE / "_worker.py"), json.dumps(spec)]
-    p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT ") :])
-    raise RuntimeError(f"worker failed for {spec}:\n{p.stdout[-3000:]}\n{p.stderr[-3000:]}")
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT / "src"), env.get("PYTHONPATH", "")) if p)
+    env.update(extra or {})
+    return env
+
+
+def run_fresh(script: str | Path, spec: dict, *, env_extra: dict | None = None, timeout: int = 1800) -> dict:
+    """Run `python SCRIPT --worker SPEC` in a fresh interpreter (`fresh_env`); return its RESULT json.
+
+    SCRIPT ends in `main_or_worker(main, worker)`; `WORKER` (benchmarks/_worker.py) measures one step
+    of one benchmark model."""
+    cmd = [sys.executable, str(script), "--worker", json.dumps(spec)]
+    done = subprocess.run(cmd, env=fresh_env(env_extra), capture_output=True, text=True, timeout=timeout)
+    for line in done.stdout.splitlines():
+        if line.startswith(RESULT):
+            return json.loads(line[len(RESULT) :])
+    raise RuntimeError(f"worker failed for {spec}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+
+
+def main_or_worker(main, worker) -> None:
+    """A script's entry point: `--worker SPEC` (what run_fresh starts) prints `RESULT` and worker(spec)'s
+    JSON; anything else runs main()."""
+    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
+        print(RESULT + json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
+    else:
+        main()
 
 
 def cumulative_by_phase(timeline) -> dict[str, int]:

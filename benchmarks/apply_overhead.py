@@ -22,19 +22,20 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 from functools import partial
 from pathlib import Path
 
 import torch
 import torch.nn as nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import machine_info, md_table, write_results  # noqa: E402
+import remat
+from remat import zoo
+from remat._torch_compat import fsdp_checkpoint_wrapper
+from remat.planner import baseline_plans
 
-import remat  # noqa: E402
-from remat import zoo  # noqa: E402
-from remat._torch_compat import fsdp_checkpoint_wrapper  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, md_table, timed, write_results  # noqa: E402
+from _models import Switch, replace_submodule, unwrap_checkpoints  # noqa: E402
 
 
 def small_chain(blocks: int = 64, width: int = 256, batch: int = 256):
@@ -51,55 +52,60 @@ def step(model: nn.Module, inputs) -> None:
     model.zero_grad(set_to_none=True)
 
 
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
-
-
 def torch_every_block(model: nn.Module, blocks: list[str]) -> nn.Module:
     """A copy-free torch baseline: each block replaced by checkpoint_wrapper(block) in its parent."""
-    modules = dict(model.named_modules())
     for name in blocks:
-        parent, _, child = name.rpartition(".")
-        setattr(modules[parent] if parent else model, child, fsdp_checkpoint_wrapper(modules[name]))
+        replace_submodule(model, name, fsdp_checkpoint_wrapper(model.get_submodule(name)))
     return model
 
 
-def unwrap(model: nn.Module, blocks: list[str]) -> None:
-    modules = dict(model.named_modules())
-    for name in blocks:
-        parent, _, child = name.rpartition(".")
-        wrapped = getattr(modules[parent] if parent else model, child)
-        setattr(modules[parent] if parent else model, child, wrapped._checkpoint_wrapped_module)
-
-
-def pair(model, inputs, a_on, a_off, b_on, b_off, rounds: int) -> dict:
+def pair(model, inputs, a: Switch, b: Switch, rounds: int) -> dict:
     """Median over rounds of time(B) / time(A), the order A, B / B, A alternating; one warm-up round first."""
     ratios, a_s, b_s = [], [], []
 
-    def run(on, off) -> float:
-        on()
+    def run(s: Switch) -> float:
+        s.on()
         try:
             return timed(partial(step, model, inputs))
         finally:
-            off()
+            s.off()
 
     for r in range(rounds + 1):
         if r % 2:  # alternate which goes first, so that drift and cache warmth hit both alike
-            tb, ta = run(b_on, b_off), run(a_on, a_off)
+            tb, ta = run(b), run(a)
         else:
-            ta, tb = run(a_on, a_off), run(b_on, b_off)
+            ta, tb = run(a), run(b)
         if r:  # round 0 warms up
             ratios.append(tb / ta)
             a_s.append(ta)
             b_s.append(tb)
-    return {"ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
+    return {"a": a.name, "b": b.name, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
             "a_median_s": statistics.median(a_s), "b_median_s": statistics.median(b_s), "ratios": ratios}
 
 
 def nothing() -> None:
     pass
+
+
+def measure(model, inputs, rounds: int) -> dict[str, dict]:
+    """The two pairs on one model: keep-everything plan vs no plan, remat's wrapper vs torch's."""
+    prof = remat.profile(model, inputs)
+    keep = remat.plan(prof, 1.0)
+    assert set(keep.decisions.values()) == {"keep"}
+    blocks = [seg[0] for seg in baseline_plans(prof)["every-block"].segments]
+
+    def remove():
+        remat.remove(model)
+
+    return {
+        "keep": pair(model, inputs, Switch("no plan", nothing, nothing),
+                     Switch("remat keep-everything plan", lambda: remat.apply(model, keep), remove), rounds),
+        "wrapper": pair(model, inputs,
+                        Switch("torch checkpoint_wrapper on every block", lambda: torch_every_block(model, blocks),
+                               lambda: unwrap_checkpoints(model)),
+                        Switch('remat.apply(model, "every-block")', lambda: remat.apply(model, "every-block"), remove),
+                        rounds),
+    }
 
 
 def main() -> None:
@@ -118,24 +124,15 @@ def main() -> None:
     }
     rows, data = [], {}
     for label, (model, inputs) in cases.items():
-        prof = remat.profile(model, inputs)
-        keep = remat.plan(prof, 1.0)
-        assert set(keep.decisions.values()) == {"keep"}
-        res_keep = pair(model, inputs, nothing, nothing,
-                        lambda: remat.apply(model, keep), lambda: remat.remove(model), rounds)
-        blocks = [seg[0] for seg in remat.planner.api.baseline_plans(prof)["every-block"].segments]
-        res_wrap = pair(model, inputs,
-                        lambda: torch_every_block(model, blocks), lambda: unwrap(model, blocks),
-                        lambda: remat.apply(model, "every-block"), lambda: remat.remove(model), rounds)
-        for name, res, a, b in (("keep", res_keep, "no plan", "remat keep-everything plan"),
-                                ("wrapper", res_wrap, "torch checkpoint_wrapper on every block",
-                                 'remat.apply(model, "every-block")')):
+        results = measure(model, inputs, rounds)
+        for name, res in results.items():
             verdict = "met" if abs(res["ratio_median"] - 1) <= 0.02 else "**missed**"
-            rows.append([label, f"{b} / {a}", f"{res['a_median_s']:.3f}", f"{res['b_median_s']:.3f}",
+            rows.append([label, f"{res['b']} / {res['a']}", f"{res['a_median_s']:.3f}", f"{res['b_median_s']:.3f}",
                          f"{res['ratio_median']:.3f}", f"{res['ratio_min']:.3f}–{res['ratio_max']:.3f}",
                          f"within 2%: {verdict}"])
             data[f"{label} | {name}"] = res
-        print(f"{label}: keep {res_keep['ratio_median']:.3f}, wrapper {res_wrap['ratio_median']:.3f}", flush=True)
+        print(f"{label}: keep {results['keep']['ratio_median']:.3f}, wrapper {results['wrapper']['ratio_median']:.3f}",
+              flush=True)
     table = md_table(["model", "B / A", "A median s", "B median s", "median ratio", "range", "target"], rows)
     text = (f"{rounds} interleaved rounds after one warm-up round; each round times A and B (one forward + "
             "backward each; A first in even rounds, B first in odd ones); ratio = B / A within the round; "

@@ -17,6 +17,7 @@ import datetime
 import os
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -25,6 +26,9 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import remat
 from remat import zoo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _models import Switch  # noqa: E402
 
 MIB = 2**20
 RESULTS = Path(__file__).parent / "results" / "apply_vs_hf.md"
@@ -52,11 +56,6 @@ def grads(model, inputs):
     return g
 
 
-class Variant:
-    def __init__(self, name, on, off):
-        self.name, self.on, self.off = name, on, off
-
-
 def variants(model, prof):
     try:
         plan50 = remat.plan(prof, 0.5)
@@ -68,11 +67,11 @@ def variants(model, prof):
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
     return [
-        Variant("no checkpointing", lambda: None, lambda: None),
-        Variant("HF gradient checkpointing (every layer)", hf_on, model.activation_checkpointing_disable),
-        Variant(f"remat at {plan50.budget_bytes / prof.peak_bytes:.0%} ({plan50.solver}, {len(plan50.segments)} checkpoints)",
+        Switch("no checkpointing", lambda: None, lambda: None),
+        Switch("HF gradient checkpointing (every layer)", hf_on, model.activation_checkpointing_disable),
+        Switch(f"remat at {plan50.budget_bytes / prof.peak_bytes:.0%} ({plan50.solver}, {len(plan50.segments)} checkpoints)",
                 lambda: remat.apply(model, plan50), lambda: remat.remove(model)),
-        Variant("remat keep-everything plan", lambda: remat.apply(model, keep), lambda: remat.remove(model)),
+        Switch("remat keep-everything plan", lambda: remat.apply(model, keep), lambda: remat.remove(model)),
     ], plan50
 
 

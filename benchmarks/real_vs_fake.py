@@ -45,6 +45,54 @@ def pct(a, b):
     return 100.0 * (a - b) / b if b else 0.0
 
 
+def profile_both(name: str, kw: dict) -> tuple[dict, dict]:
+    """Real and fake mode profiles of one step with Adam, each on a freshly built model, and their seconds."""
+    profs, secs = {}, {}
+    for mode in ("real", "fake"):
+        model, inputs, loss_fn = build(name, kw)
+        opt = make_optimizer("adam", model)
+        t0 = time.perf_counter()
+        profs[mode] = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=opt, mode=mode)
+        secs[mode] = time.perf_counter() - t0
+        del model, inputs, opt
+    return profs, secs
+
+
+def _signed(d: dict) -> str:
+    return " ".join(f"{k[0].upper()} {v:+,}" for k, v in d.items() if v) or "0"
+
+
+def breakdown_rows(label: str, r, f) -> list[list]:
+    """The breakdowns of both modes at the peak and at the end of forward, and fake − real in bytes."""
+    dif = {k: f.at_peak.as_dict()[k] - r.at_peak.as_dict()[k] for k in CATEGORIES}
+    dif_fwd = {k: f.end_of_forward.as_dict()[k] - r.end_of_forward.as_dict()[k] for k in CATEGORIES}
+    return [[label, "real", abbrev(r.at_peak), abbrev(r.end_of_forward)],
+            ["", "fake", abbrev(f.at_peak), abbrev(f.end_of_forward)],
+            ["", "fake − real (bytes)", _signed(dif), _signed(dif_fwd)]]
+
+
+def mode_data(p, seconds: float) -> dict:
+    return {"peak": p.peak_bytes, "phase": p.peak_phase, "op": p.peak_op, "at_peak": p.at_peak.as_dict(),
+            "end_of_forward": p.end_of_forward.as_dict(), "activation_bytes": p.activation_bytes, "seconds": seconds}
+
+
+def compare_case(label: str, name: str, kw: dict) -> tuple[list, list[list], dict]:
+    profs, secs = profile_both(name, kw)
+    r, f = profs["real"], profs["fake"]
+    row = [label, r.peak_bytes / MiB, f.peak_bytes / MiB, f"{pct(f.peak_bytes, r.peak_bytes):+.3f}%",
+           f"{r.peak_phase}/{r.peak_op}", f"{f.peak_phase}/{f.peak_op}", r.activation_bytes / MiB,
+           f.activation_bytes / MiB, f"{secs['real']:.1f} / {secs['fake']:.1f}"]
+    print(f"  {label:<60} real {r.peak_bytes / MiB:9.2f}  fake {f.peak_bytes / MiB:9.2f} MiB", flush=True)
+    return row, breakdown_rows(label, r, f), {"label": label, "model": name, "kwargs": kw,
+                                             "real": mode_data(r, secs["real"]), "fake": mode_data(f, secs["fake"])}
+
+
+HEADERS = ["model", "real peak MiB", "fake peak MiB", "fake vs real", "real peak at", "fake peak at",
+           "real saved act. MiB", "fake saved act. MiB", "profile s real / fake"]
+LEGEND = ("P params, B buffers, I inputs, G grads, O optimizer state, A activations (saved for backward), "
+          "T temporaries. One step with Adam; loss = out.sum(), out.loss (HF), or the zoo's loss.")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -55,67 +103,20 @@ def main():
     t_start = time.perf_counter()
     rows, diff_rows, data = [], [], []
     for label, name, kw, quick_kw in CASES:
-        kw = {**kw, **(quick_kw if args.quick else {})}
-        profs, secs = {}, {}
-        for mode in ("real", "fake"):
-            model, inputs, loss_fn = build(name, kw)
-            opt = make_optimizer("adam", model)
-            t0 = time.perf_counter()
-            profs[mode] = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=opt, mode=mode)
-            secs[mode] = time.perf_counter() - t0
-            del model, inputs, opt
-        r, f = profs["real"], profs["fake"]
-        rows.append(
-            [
-                label,
-                r.peak_bytes / MiB,
-                f.peak_bytes / MiB,
-                f"{pct(f.peak_bytes, r.peak_bytes):+.3f}%",
-                f"{r.peak_phase}/{r.peak_op}",
-                f"{f.peak_phase}/{f.peak_op}",
-                r.activation_bytes / MiB,
-                f.activation_bytes / MiB,
-                f"{secs['real']:.1f} / {secs['fake']:.1f}",
-            ]
-        )
-        diff_rows.append([label, "real", abbrev(r.at_peak), abbrev(r.end_of_forward)])
-        diff_rows.append(["", "fake", abbrev(f.at_peak), abbrev(f.end_of_forward)])
-        dif = {k: f.at_peak.as_dict()[k] - r.at_peak.as_dict()[k] for k in CATEGORIES}
-        dif_fwd = {k: f.end_of_forward.as_dict()[k] - r.end_of_forward.as_dict()[k] for k in CATEGORIES}
-        diff_rows.append(
-            ["", "fake − real (bytes)", " ".join(f"{k[0].upper()} {v:+,}" for k, v in dif.items() if v) or "0",
-             " ".join(f"{k[0].upper()} {v:+,}" for k, v in dif_fwd.items() if v) or "0"]
-        )
-        data.append(
-            {
-                "label": label,
-                "model": name,
-                "kwargs": kw,
-                "real": {"peak": r.peak_bytes, "phase": r.peak_phase, "op": r.peak_op, "at_peak": r.at_peak.as_dict(),
-                         "end_of_forward": r.end_of_forward.as_dict(), "activation_bytes": r.activation_bytes, "seconds": secs["real"]},
-                "fake": {"peak": f.peak_bytes, "phase": f.peak_phase, "op": f.peak_op, "at_peak": f.at_peak.as_dict(),
-                         "end_of_forward": f.end_of_forward.as_dict(), "activation_bytes": f.activation_bytes, "seconds": secs["fake"]},
-            }
-        )
-        print(f"  {label:<60} real {r.peak_bytes / MiB:9.2f}  fake {f.peak_bytes / MiB:9.2f} MiB", flush=True)
+        row, diffs, case = compare_case(label, name, {**kw, **(quick_kw if args.quick else {})})
+        rows.append(row)
+        diff_rows += diffs
+        data.append(case)
     elapsed = time.perf_counter() - t_start
-    headers = ["model", "real peak MiB", "fake peak MiB", "fake vs real", "real peak at", "fake peak at",
-               "real saved act. MiB", "fake saved act. MiB", "profile s real / fake"]
-    table = md_table(headers, rows)
+    table = md_table(HEADERS, rows)
     dtable = md_table(["model", "mode", "breakdown at peak (MiB)", "breakdown at end of forward (MiB)"], diff_rows)
-    print()
-    print(table)
-    print()
-    print(dtable)
-    print(f"\n{elapsed:.0f} s, threads {args.threads}")
-    legend = ("P params, B buffers, I inputs, G grads, O optimizer state, A activations (saved for backward), "
-              "T temporaries. One step with Adam; loss = out.sum(), out.loss (HF), or the zoo's loss.")
+    print(f"\n{table}\n\n{dtable}\n\n{elapsed:.0f} s, threads {args.threads}")
     write_results(
         "real_vs_fake_quick" if args.quick else "real_vs_fake",
         "remat real mode vs fake mode",
         info,
         "python benchmarks/real_vs_fake.py" + (" --quick" if args.quick else ""),
-        [("Peaks", table), ("Breakdowns", legend + "\n\n" + dtable), ("", f"Elapsed {elapsed:.0f} s.")],
+        [("Peaks", table), ("Breakdowns", LEGEND + "\n\n" + dtable), ("", f"Elapsed {elapsed:.0f} s.")],
         {"cases": data, "elapsed_s": elapsed},
     )
 

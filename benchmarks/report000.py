@@ -92,64 +92,59 @@ def phases(prof) -> tuple[float, float, float, float]:
     return init / MiB, data / MiB, fwd / MiB, bwd / MiB
 
 
+NR, RE = CheckpointImpl.NO_REENTRANT, CheckpointImpl.REENTRANT
+RUNS = [
+    # key, label, model kind, wrap, impl, loss, optimizer, user key
+    ("a", "(a) no checkpointing", "report", "none", NR, None, None, "none"),
+    ("b", "(b) checkpoint_wrapper(model)", "report", "whole", NR, None, None, "whole"),
+    ("c", "(c) checkpoint_wrapper(each layer)", "report", "layer", NR, None, None, None),
+    ("a+", "(a) + Adam step", "report", "none", NR, None, "adam", None),
+    ("b+", "(b) + Adam step", "report", "whole", NR, None, "adam", None),
+    ("c+", "(c) + Adam step", "report", "layer", NR, None, "adam", None),
+    ("b-re", "(b) with CheckpointImpl.REENTRANT", "report", "whole", RE, None, None, None),
+    ("c-re", "(c) with CheckpointImpl.REENTRANT", "report", "layer", RE, None, None, None),
+    # the reconstruction of what the user most likely ran (see docs/reports.md)
+    ("r-a", "GELU + full grad, no checkpointing", "gelu", "none", NR, full_grad_loss, None, "none"),
+    ("r-b", "GELU + full grad, whole model, REENTRANT", "gelu", "whole", RE, full_grad_loss, None, "whole"),
+    ("r-b-nr", "GELU + full grad, whole model, NO_REENTRANT", "gelu", "whole", NR, full_grad_loss, None, None),
+    ("r-c", "GELU + full grad, each layer, NO_REENTRANT", "gelu", "layer", NR, full_grad_loss, None, None),
+    ("r-c-re", "GELU + full grad, each layer, REENTRANT", "gelu", "layer", RE, full_grad_loss, None, None),
+]
+HEADERS = ["variant", "after init", "after data", "after forward", "after backward", "whole-step peak",
+           "user: forward", "user: backward", "ours − user (fwd / bwd)", "recompute TFLOP"]
+
+
+def profile_run(run: tuple) -> tuple[list, dict]:
+    """One variant of RUNS in fake mode: its table row and its data."""
+    key, label, kind, wrap, impl, loss_fn, optname, user = run
+    model, x = build(kind, wrap, impl)
+    opt = (lambda ps: torch.optim.Adam(ps)) if optname == "adam" else None
+    t0 = time.perf_counter()
+    prof = remat.profile(model, x, loss_fn=loss_fn, optimizer=opt, mode="fake", device="cuda")
+    dt = time.perf_counter() - t0
+    init, dat, fwd, bwd = phases(prof)
+    step_peak = prof.peak_bytes / MiB
+    u = USER.get(user) if user else None
+    row = [label, f"{init:,.2f}", f"{dat:,.2f}", f"{fwd:,.2f}", f"{bwd:,.2f}",
+           f"{step_peak:,.2f}" + (f" ({prof.peak_phase})" if optname else ""),
+           "" if u is None else f"{u[2]:,.2f}", "" if u is None else f"{u[3]:,.2f}",
+           "" if u is None else f"{fwd - u[2]:+,.2f} / {bwd - u[3]:+,.2f}", f"{prof.recompute_flops / 1e12:.2f}"]
+    print(f"  {label:<48} fwd {fwd:10,.2f}  bwd {bwd:10,.2f} MiB  ({dt:.2f} s)", flush=True)
+    return row, {"key": key, "label": label, "init_mib": init, "data_mib": dat, "forward_mib": fwd,
+                 "backward_mib": bwd, "step_peak_mib": step_peak, "peak_phase": prof.peak_phase,
+                 "peak_op": prof.peak_op, "peak_module": prof.peak_module,
+                 "at_peak": prof.at_peak.as_dict(), "recompute_flops": prof.recompute_flops,
+                 "user": u, "profile_s": dt}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.parse_args()
     info = machine_info()
-    NR, RE = CheckpointImpl.NO_REENTRANT, CheckpointImpl.REENTRANT
-    runs = [
-        # key, label, model kind, wrap, impl, loss, optimizer, user key
-        ("a", "(a) no checkpointing", "report", "none", NR, None, None, "none"),
-        ("b", "(b) checkpoint_wrapper(model)", "report", "whole", NR, None, None, "whole"),
-        ("c", "(c) checkpoint_wrapper(each layer)", "report", "layer", NR, None, None, None),
-        ("a+", "(a) + Adam step", "report", "none", NR, None, "adam", None),
-        ("b+", "(b) + Adam step", "report", "whole", NR, None, "adam", None),
-        ("c+", "(c) + Adam step", "report", "layer", NR, None, "adam", None),
-        ("b-re", "(b) with CheckpointImpl.REENTRANT", "report", "whole", RE, None, None, None),
-        ("c-re", "(c) with CheckpointImpl.REENTRANT", "report", "layer", RE, None, None, None),
-        # the reconstruction of what the user most likely ran (see docs/reports.md)
-        ("r-a", "GELU + full grad, no checkpointing", "gelu", "none", NR, full_grad_loss, None, "none"),
-        ("r-b", "GELU + full grad, whole model, REENTRANT", "gelu", "whole", RE, full_grad_loss, None, "whole"),
-        ("r-b-nr", "GELU + full grad, whole model, NO_REENTRANT", "gelu", "whole", NR, full_grad_loss, None, None),
-        ("r-c", "GELU + full grad, each layer, NO_REENTRANT", "gelu", "layer", NR, full_grad_loss, None, None),
-        ("r-c-re", "GELU + full grad, each layer, REENTRANT", "gelu", "layer", RE, full_grad_loss, None, None),
-    ]
-    rows, data = [], []
-    for key, label, kind, wrap, impl, loss_fn, optname, user in runs:
-        model, x = build(kind, wrap, impl)
-        opt = (lambda ps: torch.optim.Adam(ps)) if optname == "adam" else None
-        t0 = time.perf_counter()
-        prof = remat.profile(model, x, loss_fn=loss_fn, optimizer=opt, mode="fake", device="cuda")
-        dt = time.perf_counter() - t0
-        init, dat, fwd, bwd = phases(prof)
-        step_peak = prof.peak_bytes / MiB
-        u = USER.get(user) if user else None
-        rows.append(
-            [
-                label,
-                f"{init:,.2f}",
-                f"{dat:,.2f}",
-                f"{fwd:,.2f}",
-                f"{bwd:,.2f}",
-                f"{step_peak:,.2f}" + (f" ({prof.peak_phase})" if optname else ""),
-                "" if u is None else f"{u[2]:,.2f}",
-                "" if u is None else f"{u[3]:,.2f}",
-                "" if u is None else f"{fwd - u[2]:+,.2f} / {bwd - u[3]:+,.2f}",
-                f"{prof.recompute_flops / 1e12:.2f}",
-            ]
-        )
-        data.append({"key": key, "label": label, "init_mib": init, "data_mib": dat, "forward_mib": fwd,
-                     "backward_mib": bwd, "step_peak_mib": step_peak, "peak_phase": prof.peak_phase,
-                     "peak_op": prof.peak_op, "peak_module": prof.peak_module,
-                     "at_peak": prof.at_peak.as_dict(), "recompute_flops": prof.recompute_flops,
-                     "user": u, "profile_s": dt})
-        print(f"  {label:<48} fwd {fwd:10,.2f}  bwd {bwd:10,.2f} MiB  ({dt:.2f} s)", flush=True)
+    rows, data = zip(*(profile_run(run) for run in RUNS))
     elapsed = time.perf_counter() - T_START
-    headers = ["variant", "after init", "after data", "after forward", "after backward", "whole-step peak",
-               "user: forward", "user: backward", "ours − user (fwd / bwd)", "recompute TFLOP"]
-    table = md_table(headers, rows)
-    print()
-    print(table)
+    table = md_table(HEADERS, list(rows))
+    print(f"\n{table}")
     print("\nThe user's numbers (MB): init 256.16, data 768.16; no checkpoint: forward 37641.28, backward 40224.41; "
           "checkpoint_wrapper(model): forward 5384.28, backward 40736.41.")
     print(f"whole script {elapsed:.1f} s (target < 60 s): {'met' if elapsed < 60 else 'MISSED'}")
@@ -163,7 +158,7 @@ def main():
     )
     write_results("report000", "User report 000 reproduced (fake mode, simulated CUDA)", info,
                   "python benchmarks/report000.py", [("", notes), ("Peaks (MiB)", table)],
-                  {"runs": data, "elapsed_s": elapsed})
+                  {"runs": list(data), "elapsed_s": elapsed})
 
 
 if __name__ == "__main__":

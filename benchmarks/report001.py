@@ -80,6 +80,71 @@ def span(ix: list[int]) -> str:
     return f"{ix[0]}–{ix[-1]} ({len(ix)})" if ix == list(range(ix[0], ix[-1] + 1)) else f"{len(ix)} modules"
 
 
+def torch_rule(s: int, rerun: list[int], batch: int, recompute_flops: int) -> dict:
+    """What checkpoint.py's remainder rule says for s segments, against the modules that re-ran."""
+    exp = expected_plain(s)
+    size = N_MODULES // s if s else 0
+    inside = list(range(N_MODULES - exp))  # modules inside checkpointed chunks, per checkpoint.py
+    # every re-run module is inside a checkpointed chunk, none of the trailing `exp` modules re-runs
+    ok = set(rerun) <= set(inside) and not any(i >= N_MODULES - exp for i in rerun)
+    # a Linear that ends its chunk saves only its input, packed before its matmul runs: the
+    # non-reentrant early stop ends the recomputation there, so that matmul is never re-run
+    ends = {size * (c + 1) - 1 for c in range(s - 1)} if s else set()
+    linears = sum(1 for i in rerun if i % 2 == 0 and i < 64 and i not in ends)
+    return {"segment_size": size, "inside_checkpoints": inside, "expected_plain": exp, "matches_torch_source": ok,
+            "recompute_flops_as_expected": recompute_flops == linears * 2 * batch * 1024 * 1024}
+
+
+def sweep_point(s: int, batch: int) -> tuple[list, dict]:
+    """One segment count: fake-mode peak, the modules that re-ran against torch's rule, the reentrant variant."""
+    prof, dt = profile(s, batch, "fake")
+    rerun = rerun_in_backward(s)
+    rule = torch_rule(s, rerun, batch, prof.recompute_flops)
+    re_model, re_x, _ = build("chain", {"batch": batch}, segments=s, use_reentrant=True)
+    re_x.requires_grad_(True)
+    re_peak = remat.profile(re_model, re_x, mode="fake").peak_bytes
+    flags = remat_flags(prof)
+    ref = MEASURING.get(s) if batch == 8192 else None
+    exp = rule["expected_plain"]
+    row = ["no checkpoint" if s == 0 else s, rule["segment_size"] or "", span(rule["inside_checkpoints"]), span(rerun),
+           f"{exp} (modules {N_MODULES - exp}–64)", "yes" if rule["matches_torch_source"] else "NO",
+           prof.peak_bytes / MiB, f"{prof.peak_bytes / (batch * 1024 * 4):.1f}", f"{prof.peak_phase}/{prof.peak_op}",
+           f"{prof.recompute_flops / 1e9:,.0f}" + ("" if rule["recompute_flops_as_expected"] else " (≠ expected!)"),
+           "yes" if flags == rerun else f"NO: {len(flags)} flagged, {len(set(flags) ^ set(rerun))} wrong",
+           re_peak / MiB, "" if ref is None else ref]
+    print(f"  segments {s:3d}: peak {prof.peak_bytes / MiB:8.1f} MiB, re-run {len(rerun):2d}, trailing plain "
+          f"{exp:2d}, recompute {prof.recompute_flops / 1e9:,.0f} GFLOP, remat flags "
+          f"{'ok' if flags == rerun else 'WRONG'}  [{dt:.1f} s]", flush=True)
+    return row, {"segments": s, **rule, "rerun_in_backward": rerun,
+                 "not_rerun": [i for i in range(N_MODULES) if i not in rerun], "remat_checkpointed_flags": flags,
+                 "remat_flags_match": flags == rerun, "reentrant_input_grad_peak": re_peak,
+                 "peak_bytes": prof.peak_bytes, "peak_phase": prof.peak_phase, "peak_op": prof.peak_op,
+                 "recompute_flops": prof.recompute_flops, "activation_bytes": prof.activation_bytes,
+                 "measuring_md_mib": ref, "profile_s": dt}
+
+
+def real_check() -> tuple[str, list]:
+    """Real mode against fake mode at REAL_BATCH for REAL_SEGMENTS."""
+    rows, data = [], []
+    for s in REAL_SEGMENTS:
+        r, dr = profile(s, REAL_BATCH, "real")
+        f, _ = profile(s, REAL_BATCH, "fake")
+        rows.append(["no checkpoint" if s == 0 else s, r.peak_bytes / MiB, f.peak_bytes / MiB,
+                     f"{100 * (f.peak_bytes - r.peak_bytes) / r.peak_bytes:+.2f}%",
+                     f"{r.recompute_flops / 1e9:,.0f} / {f.recompute_flops / 1e9:,.0f}", f"{dr:.1f}"])
+        data.append({"segments": s, "real_peak": r.peak_bytes, "fake_peak": f.peak_bytes,
+                     "real_recompute_flops": r.recompute_flops, "fake_recompute_flops": f.recompute_flops})
+        print(f"  real check, segments {s}: real {r.peak_bytes / MiB:.1f}  fake {f.peak_bytes / MiB:.1f} MiB", flush=True)
+    return md_table(["segments", "real peak MiB", "fake peak MiB", "fake vs real", "recompute GFLOP real / fake",
+                     "real profile s"], rows), data
+
+
+HEADERS = ["segments", "segment size", "inside checkpointed chunks (checkpoint.py)", "re-run in backward (hooks)",
+           "run plain (remainder)", "hooks agree", "predicted peak MiB", "peak / activation", "peak at",
+           "recompute GFLOP", "remat BlockProfile.checkpointed = re-run?",
+           "predicted, use_reentrant=True + input requires grad", "MEASURING.md process MiB"]
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true")
@@ -89,83 +154,17 @@ def main():
     torch.set_num_threads(args.threads)
     info = machine_info(args.threads)
     t_start = time.perf_counter()
-    act = args.batch * 1024 * 4  # one (batch, 1024) float32 activation
-    rows, data = [], []
-    for s in QUICK_SEGMENTS if args.quick else SEGMENTS:
-        prof, dt = profile(s, args.batch, "fake")
-        rerun = rerun_in_backward(s)
-        exp = expected_plain(s)
-        size = N_MODULES // s if s else 0
-        inside = list(range(N_MODULES - exp))  # modules inside checkpointed chunks, per checkpoint.py
-        plain = [i for i in range(N_MODULES) if i not in rerun]
-        # every re-run module is inside a checkpointed chunk, none of the trailing `exp` modules re-runs
-        ok = set(rerun) <= set(inside) and not any(i >= N_MODULES - exp for i in rerun)
-        # a Linear that ends its chunk saves only its input, packed before its matmul runs: the
-        # non-reentrant early stop ends the recomputation there, so that matmul is never re-run
-        ends = {size * (c + 1) - 1 for c in range(s - 1)} if s else set()
-        linears = sum(1 for i in rerun if i % 2 == 0 and i < 64 and i not in ends)
-        flops_ok = prof.recompute_flops == linears * 2 * args.batch * 1024 * 1024
-        re_model, re_x, _ = build("chain", {"batch": args.batch}, segments=s, use_reentrant=True)
-        re_x.requires_grad_(True)
-        re_peak = remat.profile(re_model, re_x, mode="fake").peak_bytes
-        flags = remat_flags(prof)
-        ref = MEASURING.get(s) if args.batch == 8192 else None
-        rows.append(
-            [
-                "no checkpoint" if s == 0 else s,
-                size or "",
-                span(inside),
-                span(rerun),
-                f"{exp} (modules {N_MODULES - exp}–64)",
-                "yes" if ok else "NO",
-                prof.peak_bytes / MiB,
-                f"{prof.peak_bytes / act:.1f}",
-                f"{prof.peak_phase}/{prof.peak_op}",
-                f"{prof.recompute_flops / 1e9:,.0f}" + ("" if flops_ok else " (≠ expected!)"),
-                "yes" if flags == rerun else f"NO: {len(flags)} flagged, {len(set(flags) ^ set(rerun))} wrong",
-                re_peak / MiB,
-                "" if ref is None else ref,
-            ]
-        )
-        data.append({"segments": s, "segment_size": size, "inside_checkpoints": inside, "rerun_in_backward": rerun,
-                     "not_rerun": plain, "remat_checkpointed_flags": flags, "remat_flags_match": flags == rerun,
-                     "recompute_flops_as_expected": flops_ok, "reentrant_input_grad_peak": re_peak,
-                     "expected_plain": exp, "matches_torch_source": ok, "peak_bytes": prof.peak_bytes,
-                     "peak_phase": prof.peak_phase, "peak_op": prof.peak_op, "recompute_flops": prof.recompute_flops,
-                     "activation_bytes": prof.activation_bytes, "measuring_md_mib": ref, "profile_s": dt})
-        print(f"  segments {s:3d}: peak {prof.peak_bytes / MiB:8.1f} MiB, re-run {len(rerun):2d}, trailing plain "
-              f"{exp:2d}, recompute {prof.recompute_flops / 1e9:,.0f} GFLOP, remat flags "
-              f"{'ok' if flags == rerun else 'WRONG'}  [{dt:.1f} s]", flush=True)
-    headers = ["segments", "segment size", "inside checkpointed chunks (checkpoint.py)", "re-run in backward (hooks)",
-               "run plain (remainder)", "hooks agree", "predicted peak MiB", "peak / activation", "peak at",
-               "recompute GFLOP", "remat BlockProfile.checkpointed = re-run?",
-               "predicted, use_reentrant=True + input requires grad", "MEASURING.md process MiB"]
-    table = md_table(headers, rows)
+    rows, data = zip(*(sweep_point(s, args.batch) for s in (QUICK_SEGMENTS if args.quick else SEGMENTS)))
+    table = md_table(HEADERS, list(rows))
     best = min(data, key=lambda d: d["peak_bytes"])
-    print()
-    print(table)
-    print(f"\nlowest predicted peak: segments={best['segments']} ({best['peak_bytes'] / MiB:.1f} MiB)")
-
-    real_table, real_data = "", []
-    if not args.quick:
-        rrows = []
-        for s in REAL_SEGMENTS:
-            r, dr = profile(s, REAL_BATCH, "real")
-            f, _ = profile(s, REAL_BATCH, "fake")
-            rrows.append(["no checkpoint" if s == 0 else s, r.peak_bytes / MiB, f.peak_bytes / MiB,
-                          f"{100 * (f.peak_bytes - r.peak_bytes) / r.peak_bytes:+.2f}%",
-                          f"{r.recompute_flops / 1e9:,.0f} / {f.recompute_flops / 1e9:,.0f}", f"{dr:.1f}"])
-            real_data.append({"segments": s, "real_peak": r.peak_bytes, "fake_peak": f.peak_bytes,
-                              "real_recompute_flops": r.recompute_flops, "fake_recompute_flops": f.recompute_flops})
-            print(f"  real check, segments {s}: real {r.peak_bytes / MiB:.1f}  fake {f.peak_bytes / MiB:.1f} MiB", flush=True)
-        real_table = md_table(["segments", "real peak MiB", "fake peak MiB", "fake vs real", "recompute GFLOP real / fake",
-                               "real profile s"], rrows)
-        print()
-        print(real_table)
+    print(f"\n{table}\n\nlowest predicted peak: segments={best['segments']} ({best['peak_bytes'] / MiB:.1f} MiB)")
+    real_table, real_data = ("", []) if args.quick else real_check()
+    if real_table:
+        print(f"\n{real_table}")
     elapsed = time.perf_counter() - t_start
     print(f"\n{elapsed:.0f} s, threads {args.threads}")
     notes = (f"Fake mode, batch {args.batch}, optimizer=None, loss out.sum(), checkpoint_sequential(use_reentrant=False). "
-             f"One activation (batch × 1024 float32) = {act / MiB:.0f} MiB. 'modules not checkpointed' lists the chain "
+             f"One activation (batch × 1024 float32) = {args.batch * 1024 * 4 / MiB:.0f} MiB. 'modules not checkpointed' lists the chain "
              "modules whose forward re-ran during backward, seen by forward-pre-hooks on a plain untracked step; "
              "'run plain' is 65 − (65 // segments) × (segments − 1), the trailing modules checkpoint.py runs "
              "without checkpoint; 'hooks agree' checks that none of them re-ran. Recompute GFLOP is remat's "
@@ -176,7 +175,7 @@ def main():
         sections.append((f"Real mode vs fake mode (batch {REAL_BATCH})", real_table))
     write_results("report001_quick" if args.quick else "report001", "User report 001: checkpoint_sequential segments",
                   info, "python benchmarks/report001.py" + (" --quick" if args.quick else ""), sections,
-                  {"sweep": data, "real_check": real_data, "elapsed_s": elapsed, "batch": args.batch})
+                  {"sweep": list(data), "real_check": real_data, "elapsed_s": elapsed, "batch": args.batch})
 
 
 if __name__ == "__main__":

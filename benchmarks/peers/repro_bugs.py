@@ -1,7 +1,7 @@
 """Minimal reproductions of the remat bugs the peers benchmark ran into (docs/peers.md, "Bugs found").
 
-    python benchmarks/peers/repro_bugs.py            # prints each check; exit 0 either way
-    python benchmarks/peers/repro_bugs.py --json OUT  # also writes the figures (run.py does this)
+    python benchmarks/peers/repro_bugs.py                 # prints each check; exit 0 either way
+    python benchmarks/peers/repro_bugs.py --worker '{}'   # also prints `RESULT {json}` (run.py runs this)
 
 Each check says `present` (the bug reproduces) or `fixed` / `not reproduced`.  Small models from benchmarks/peers/models.py,
 one thread, a few seconds each.
@@ -28,11 +28,17 @@ from pathlib import Path
 
 import torch
 
+import remat
+from remat import zoo
+from remat.planner import Problem, dp, ilp, make_plan
+from remat.planner.problem import chain_group
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
-import remat  # noqa: E402
-from common import adam_params  # noqa: E402
+from _common import main_or_worker  # noqa: E402
+from measure import adam_params  # noqa: E402
 from models import build  # noqa: E402
 
 
@@ -61,15 +67,11 @@ def chen_apply() -> dict:
 def ilp_solve() -> dict:
     """Sweep budgets from remat's least peak to the unplanned peak on report 000's MLP at the development
     run's size; count the budgets where ilp.solve returns None although dp finds a plan."""
-    from remat import zoo
-    from remat.planner import dp, ilp
-    from remat.planner.problem import Problem
-
     torch.manual_seed(0)
     model, x = zoo.mlp_report000(hidden=128, intermediate=512, layers=8, seq=256, batch=8)
     prof = remat.profile(model, x, optimizer=adam_params)
     problem = Problem.from_profile(prof)
-    group = dp.chain_group(problem)
+    group = chain_group(problem)
     lo, hi = dp.min_peak(problem, group), prof.peak_bytes
     n, failed = 60, []
     # evenly spread budgets, plus the one the development run hit (remat.frontier's last point there - 1 B)
@@ -91,9 +93,6 @@ def ilp_solve() -> dict:
 
 
 def selective_last(name: str = "gpt2") -> dict:
-    from remat.planner.api import make_plan
-    from remat.planner.problem import Problem
-
     b = build(name, "quick")
     prof = _profile(b)
     problem = Problem.from_profile(prof)
@@ -112,21 +111,22 @@ def selective_last(name: str = "gpt2") -> dict:
     return out
 
 
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+CHECKS = {"chen_apply": chen_apply, "ilp_solve": ilp_solve, "selective_last_gpt2": selective_last,
+          "selective_last_bert": lambda: selective_last("bert")}
+
+
+def check_all(spec: dict | None = None) -> dict:
+    """Every check, each printed as it ends; a check that cannot run says why."""
     torch.set_num_threads(1)
     res = {}
-    for name, fn in (("chen_apply", chen_apply), ("ilp_solve", ilp_solve), ("selective_last_gpt2", selective_last),
-                     ("selective_last_bert", lambda: selective_last("bert"))):
+    for name, fn in CHECKS.items():
         try:
             res[name] = fn()
         except Exception as e:  # the repro itself must not crash the benchmark
             res[name] = {"status": "could not run", "error": f"{type(e).__name__}: {str(e)[:200]}"}
         print(name, json.dumps(res[name]), flush=True)
-    if "--json" in argv:
-        Path(argv[argv.index("--json") + 1]).write_text(json.dumps(res, indent=1))
-    return 0
+    return res
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main_or_worker(check_all, check_all)

@@ -21,6 +21,8 @@ measured peak).  See docs/peers.md for what each figure means.
 from __future__ import annotations
 
 import argparse
+import getpass
+import importlib.util
 import json
 import os
 import subprocess
@@ -31,18 +33,20 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCH = HERE.parent
-ROOT = BENCH.parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(BENCH))
 
-from _common import RSS_ENV, machine_info  # noqa: E402
+import torch  # noqa: E402
 
-from models import ORDER, SIZES  # noqa: E402
+import report  # noqa: E402
+from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
+from catalog import ORDER, SIZES  # noqa: E402
 
-# OMP_WAIT_POLICY=PASSIVE: on a shared 2-core machine, OpenMP threads that spin-wait for a
-# descheduled sibling made 2-thread steps 5-50x slower (measured: 0.73 s vs 0.016 s for the
-# quick chain under load 10); passive waiting removes that without changing idle-machine speed.
-WORKER_ENV = {**RSS_ENV, "OMP_WAIT_POLICY": "PASSIVE", "PYTHONWARNINGS": "ignore", "TOKENIZERS_PARALLELISM": "false"}
+# On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
+# shared 2-core machine, OpenMP threads that spin-wait for a descheduled sibling made 2-thread steps
+# 5-50x slower (measured: 0.73 s vs 0.016 s for the quick chain under load 10); passive waiting
+# removes that without changing idle-machine speed.
+WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
 
 PROFILES = {
     "default": dict(
@@ -71,15 +75,12 @@ def sweep_for(model: str, size: str, sweep_max: int | None) -> list[int]:
 
 
 def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> dict:
-    env = dict(os.environ)
-    env.update(WORKER_ENV)
-    src = str(ROOT / "src")
-    env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "") if (ROOT / "src").exists() else env.get("PYTHONPATH", "")
+    """Run a peers worker (SPEC.json OUT.json) in a fresh interpreter, its progress printed as it goes."""
     with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
         sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         sp.write_text(json.dumps(spec))
         t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, str(HERE / script), str(sp), str(op)], env=env,
+        p = subprocess.Popen([sys.executable, str(HERE / script), str(sp), str(op)], env=fresh_env(WORKER_ENV),
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         lines = []
         try:
@@ -104,44 +105,25 @@ def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> d
 
 def inductor_cache_state() -> dict:
     """Inductor's on-disk cache at the start (compile seconds depend on it: a cold cache compiles every kernel)."""
-    import getpass
-
     d = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
     n = sum(1 for _ in d.rglob("*.so")) if d.exists() else 0
     return {"dir": str(d), "compiled_kernels_at_start": n}
 
 
-def git_state() -> dict:
-    """The commit the run measured, and whether src/ differed from it (uncommitted edits)."""
-    def git(*a):
-        try:
-            return subprocess.run(["git", *a], cwd=ROOT, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-    return {"commit": git("rev-parse", "--short", "HEAD"), "src_dirty": bool(git("status", "--porcelain", "--", "src"))}
-
-
 def run_bugs() -> dict | None:
     """repro_bugs.py in a fresh interpreter: is each remat bug found by this benchmark still there?"""
-    env = dict(os.environ)
-    env.update(WORKER_ENV)
-    if (ROOT / "src").exists():
-        env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
-    with tempfile.TemporaryDirectory(prefix="peers-bugs-") as tmp:
-        out = Path(tmp) / "bugs.json"
-        t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, str(HERE / "repro_bugs.py"), "--json", str(out)], env=env,
-                           capture_output=True, text=True, timeout=600)
-        print(f"bugs      {time.perf_counter() - t0:6.0f} s" + ("" if p.returncode == 0 else f"  ERROR rc {p.returncode}"), flush=True)
-        return json.loads(out.read_text()) if out.exists() else None
+    t0 = time.perf_counter()
+    try:
+        res = run_fresh(HERE / "repro_bugs.py", {}, env_extra=WORKER_ENV, timeout=600)
+    except (RuntimeError, subprocess.SubprocessError) as e:
+        print(f"bugs      {time.perf_counter() - t0:6.0f} s  ERROR {str(e)[:2000]}", flush=True)
+        return None
+    print(f"bugs      {time.perf_counter() - t0:6.0f} s", flush=True)
+    return res
 
 
 def rockmate_status() -> dict:
     """Live: is `rockmate` importable here and is there a GPU?  Plus the probe's record."""
-    import importlib.util
-
-    import torch
-
     live = {"importable_here": importlib.util.find_spec("rockmate") is not None, "cuda": torch.cuda.is_available()}
     probe_path = BENCH / "results" / "peers_rockmate.json"
     probe = json.loads(probe_path.read_text()) if probe_path.exists() else None
@@ -154,7 +136,7 @@ def rockmate_status() -> dict:
     return {"live": live, "probe": probe, "status": status}
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI smoke test: two tiny models, few rounds (< 3 min)")
     ap.add_argument("--models", help=f"comma-separated subset of {','.join(ORDER)}")
@@ -169,15 +151,20 @@ def main(argv=None) -> int:
     ap.add_argument("--from-json", metavar="PATH",
                     help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
-    args = ap.parse_args(argv)
-    if args.from_json:
-        import report
+    return ap.parse_args(argv)
 
-        data = json.loads(Path(args.from_json).read_text())
-        name = args.out or Path(args.from_json).stem
-        docs = (not data["profile"]["size"] == "quick") if args.docs is None else args.docs
-        print(f"re-rendered {report.write_all(data, name=name, docs=docs, quick=not docs)}")
-        return 0
+
+def from_json(args: argparse.Namespace) -> int:
+    """Re-render an earlier run's results (no measuring): the docs unless it was a --quick run."""
+    data = json.loads(Path(args.from_json).read_text())
+    name = args.out or Path(args.from_json).stem
+    docs = (not data["profile"]["size"] == "quick") if args.docs is None else args.docs
+    print(f"re-rendered {report.write_all(data, name=name, docs=docs)}")
+    return 0
+
+
+def run_profile(args: argparse.Namespace) -> dict:
+    """The sizes, rounds and budgets of this run: the default or quick profile, with the options applied."""
     prof = dict(PROFILES["quick" if args.quick else "default"])
     if args.rounds:
         prof["rounds"] = args.rounds
@@ -187,6 +174,46 @@ def main(argv=None) -> int:
         prof["compile_budgets"] = []
     if prof["compile_budgets"] and 1.0 not in prof["compile_budgets"]:
         prof["compile_budgets"] = [1.0] + prof["compile_budgets"]
+    return prof
+
+
+def run_info(args: argparse.Namespace) -> dict:
+    info = machine_info(args.threads)
+    info["OMP_WAIT_POLICY"] = WORKER_ENV["OMP_WAIT_POLICY"]
+    info["git"] = git_state()
+    info["inductor_cache"] = inductor_cache_state()
+    info["loadavg_at_start"] = load_average()
+    return info
+
+
+def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bool) -> dict:
+    """The compile worker (when asked), then the eager worker, which matches remat to the compile points."""
+    t0 = time.perf_counter()
+    comp = None
+    if prof["compile_budgets"] and with_compile:
+        comp = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
+                                                "rounds": prof["rounds"], "budgets": prof["compile_budgets"]},
+                          args.timeout)
+    points = []
+    if comp and "budgets" in comp:
+        points = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"],
+                   "extra_flops": r.get("extra_flops")} for r in comp["budgets"] if "rss_peak" in r]
+    eager = run_worker("worker_eager.py", {
+        "model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
+        "budgets": prof["budgets"], "solvers": prof["solvers"], "frontier_points": prof["frontier_points"],
+        "sweep": sweep_for(m, prof["size"], prof["sweep_max"]), "compile_points": points}, args.timeout)
+    err = eager.get("worker_error") or (comp or {}).get("worker_error")
+    print(f"{m:<9} {time.perf_counter() - t0:6.0f} s" + (f"  ERROR {err}" if err else ""), flush=True)
+    if err:
+        print((eager.get("log_tail") or (comp or {}).get("log_tail") or "")[-2000:], flush=True)
+    return {"eager": eager, "compile": comp}
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.from_json:
+        return from_json(args)
+    prof = run_profile(args)
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else ORDER)
     compile_models = QUICK_COMPILE_MODELS if (args.quick and not args.models) else models
     name = args.out or ("peers_quick" if args.quick else "peers")
@@ -194,49 +221,14 @@ def main(argv=None) -> int:
     cmd = "python benchmarks/peers/run.py" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
 
     t_start = time.perf_counter()
-    info = machine_info(args.threads)
-    info["OMP_WAIT_POLICY"] = WORKER_ENV["OMP_WAIT_POLICY"]
-    info["git"] = git_state()
-    info["inductor_cache"] = inductor_cache_state()
-    try:
-        info["loadavg_at_start"] = open("/proc/loadavg").read().split()[:3]
-    except OSError:
-        pass
-    results = {}
-    for m in models:
-        t0 = time.perf_counter()
-        comp = None
-        if prof["compile_budgets"] and m in compile_models:
-            comp = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
-                                                    "rounds": prof["rounds"], "budgets": prof["compile_budgets"]},
-                              args.timeout)
-        points = []
-        if comp and "budgets" in comp:
-            points = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"],
-                       "extra_flops": r.get("extra_flops")} for r in comp["budgets"] if "rss_peak" in r]
-        eager = run_worker("worker_eager.py", {
-            "model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
-            "budgets": prof["budgets"], "solvers": prof["solvers"], "frontier_points": prof["frontier_points"],
-            "sweep": sweep_for(m, prof["size"], prof["sweep_max"]), "compile_points": points}, args.timeout)
-        results[m] = {"eager": eager, "compile": comp}
-        err = eager.get("worker_error") or (comp or {}).get("worker_error")
-        print(f"{m:<9} {time.perf_counter() - t0:6.0f} s" + (f"  ERROR {err}" if err else ""), flush=True)
-        if err:
-            print((eager.get("log_tail") or (comp or {}).get("log_tail") or "")[-2000:], flush=True)
+    info = run_info(args)
+    results = {m: measure_model(m, prof, args, m in compile_models) for m in models}
     info["elapsed_s"] = time.perf_counter() - t_start
-    try:
-        info["loadavg_at_end"] = open("/proc/loadavg").read().split()[:3]
-    except OSError:
-        pass
+    info["loadavg_at_end"] = load_average()
     rock = rockmate_status()
-    bugs = None
-    if not args.quick and not args.no_bugs:
-        bugs = run_bugs()
-
-    import report
-
+    bugs = None if args.quick or args.no_bugs else run_bugs()
     data = {"machine": info, "command": cmd, "profile": prof, "models": results, "rockmate": rock, "bugs": bugs}
-    md_path = report.write_all(data, name=name, docs=docs, quick=args.quick)
+    md_path = report.write_all(data, name=name, docs=docs)
     print(f"\n{time.perf_counter() - t_start:.0f} s in all; wrote {md_path}")
     failed = [m for m, r in results.items() if r["eager"].get("worker_error")]
     return 1 if failed else 0

@@ -26,13 +26,14 @@ import torch
 import torch.nn as nn
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     CheckpointImpl,
-    CheckpointWrapper,
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
 
 import remat
+
+from _models import unwrap_checkpoints
 
 aten = torch.ops.aten
 
@@ -57,18 +58,16 @@ def sac_context_fn():
     return create_selective_checkpoint_contexts(_sac_policy)
 
 
+LABELS = {"none": "no checkpointing", "every_block": "every block", "chen": "Chen sqrt(n)",
+          "sac": "selective (SAC, save matmuls)"}
+
+
 def label(spec: dict) -> str:
     k = spec["kind"]
-    if k == "none":
-        return "no checkpointing"
-    if k == "every_block":
-        return "every block"
+    if k in LABELS:
+        return LABELS[k]
     if k == "ckpt_seq":
         return f"checkpoint_sequential({spec['k']})"
-    if k == "chen":
-        return "Chen sqrt(n)"
-    if k == "sac":
-        return "selective (SAC, save matmuls)"
     if k == "remat":
         return spec["label"]
     if k == "compile":
@@ -95,6 +94,14 @@ def applicable(bench, spec: dict) -> str | None:
     return None
 
 
+HOW = {
+    "ckpt_seq": "forward = checkpoint_sequential(layers, k, x, use_reentrant=False)",
+    "chen": "forward = checkpoint(segment, x, use_reentrant=False) per round(sqrt(n)) layers",
+    "sac": "checkpoint_wrapper(block, context_fn=create_selective_checkpoint_contexts(policy), preserve_rng_state=False)",
+    "remat": "remat.apply(model, remat.plan(profile, budget, solver))",
+}
+
+
 def how(bench, spec: dict) -> str:
     """One line: the API call used."""
     k = spec["kind"]
@@ -102,15 +109,7 @@ def how(bench, spec: dict) -> str:
         if bench.hf:
             return "model.activation_checkpointing_enable(activation_checkpointing_kwargs={'use_reentrant': False})"
         return "apply_activation_checkpointing(model, checkpoint_wrapper (NO_REENTRANT), check_fn=block)"
-    if k == "ckpt_seq":
-        return "forward = checkpoint_sequential(layers, k, x, use_reentrant=False)"
-    if k == "chen":
-        return "forward = checkpoint(segment, x, use_reentrant=False) per round(sqrt(n)) layers"
-    if k == "sac":
-        return "checkpoint_wrapper(block, context_fn=create_selective_checkpoint_contexts(policy), preserve_rng_state=False)"
-    if k == "remat":
-        return "remat.apply(model, remat.plan(profile, budget, solver))"
-    return ""
+    return HOW.get(k, "")
 
 
 class Applied:
@@ -123,74 +122,60 @@ class Applied:
     def on(self) -> None:
         b, k = self.bench, self.spec["kind"]
         m = b.model
-        if k == "none":
-            return
-        if k == "every_block":
-            if b.hf:
-                m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-            else:
-                targets = _targets(m, b.blocks)
-                apply_activation_checkpointing(
-                    m,
-                    checkpoint_wrapper_fn=partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
-                    check_fn=lambda mod: id(mod) in targets,
-                )
-            return
-        if k == "sac":
-            targets = _targets(m, b.blocks)
-            apply_activation_checkpointing(
-                m,
-                checkpoint_wrapper_fn=partial(
-                    checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                    context_fn=sac_context_fn, preserve_rng_state=False,
-                ),
-                check_fn=lambda mod: id(mod) in targets,
-            )
-            return
-        if k == "ckpt_seq":
+        if k == "every_block" and b.hf:
+            m.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+        elif k == "every_block":
+            _wrap_blocks(m, b.blocks, partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
+        elif k == "sac":
+            _wrap_blocks(m, b.blocks, partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                                              context_fn=sac_context_fn, preserve_rng_state=False))
+        elif k == "ckpt_seq":
             layers, segs = b.sequence(m), self.spec["k"]
             m.forward = lambda x: checkpoint_sequential(layers, segs, x, use_reentrant=False)
-            return
-        if k == "chen":
-            layers = b.sequence(m)
-            size = max(1, round(math.sqrt(len(layers))))
-            chunks = [layers[i : i + size] for i in range(0, len(layers), size)]
-
-            def run(chunk, x):
-                for layer in chunk:
-                    x = layer(x)
-                return x
-
-            def forward(x):
-                for c in chunks:
-                    x = checkpoint(partial(run, c), x, use_reentrant=False)
-                return x
-
-            m.forward = forward
-            return
-        if k == "remat":
+        elif k == "chen":
+            m.forward = _chen_forward(b.sequence(m))
+        elif k == "remat":
             remat.apply(m, self._plan)
-            return
-        raise ValueError(k)
+        elif k != "none":
+            raise ValueError(k)
 
     def off(self) -> None:
         b, k = self.bench, self.spec["kind"]
         m = b.model
-        if k == "none":
-            return
         if k == "every_block" and b.hf:
             m.activation_checkpointing_disable()
-            return
-        if k in ("every_block", "sac"):
-            _unwrap(m)
-            return
-        if k in ("ckpt_seq", "chen"):
+        elif k in ("every_block", "sac"):
+            unwrap_checkpoints(m)
+        elif k in ("ckpt_seq", "chen"):
             del m.forward
-            return
-        if k == "remat":
+        elif k == "remat":
             remat.remove(m)
-            return
-        raise ValueError(k)
+        elif k != "none":
+            raise ValueError(k)
+
+
+def _wrap_blocks(model: nn.Module, blocks: list[str], wrapper) -> None:
+    """apply_activation_checkpointing with `wrapper` on the modules named `blocks`."""
+    targets = _targets(model, blocks)
+    apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrapper, check_fn=lambda mod: id(mod) in targets)
+
+
+def _chen_forward(layers: list[nn.Module]):
+    """Chen et al.'s sqrt(n): the layers cut into segments of round(sqrt(n)), each one checkpoint."""
+    size = max(1, round(math.sqrt(len(layers))))
+    chunks = [layers[i : i + size] for i in range(0, len(layers), size)]
+
+    def run(chunk, x):
+        for layer in chunk:
+            x = layer(x)
+        return x
+
+    def forward(x):
+        for c in chunks:
+            x = checkpoint(partial(run, c), x, use_reentrant=False)
+        return x
+
+    return forward
 
 
 def _targets(model: nn.Module, names: list[str]) -> set[int]:
@@ -198,11 +183,3 @@ def _targets(model: nn.Module, names: list[str]) -> set[int]:
     if len(found) != len(names):
         raise ValueError(f"blocks not in the model: {sorted(set(names) - set(found))[:3]}")
     return set(found.values())
-
-
-def _unwrap(root: nn.Module) -> None:
-    """Undo apply_activation_checkpointing: put each wrapped module back in its parent."""
-    for parent in list(root.modules()):
-        for name, child in list(parent.named_children()):
-            if isinstance(child, CheckpointWrapper):
-                setattr(parent, name, child._checkpoint_wrapped_module)

@@ -28,23 +28,18 @@ import warnings
 from pathlib import Path
 
 import torch
-
-try:
-    import transformers  # noqa: F401
-
-    transformers.logging.set_verbosity_error()
-except ImportError:  # pragma: no cover
-    pass
 import torch._functorch.config as functorch_config
 import torch._inductor.compile_fx as compile_fx_mod
 import torch._inductor.config as inductor_config
 from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import adam, compare_grads, flops_and_grads, grads_of, rss_step_peak, step, zero_grads  # noqa: E402
-from models import build  # noqa: E402
+from remat._torch_compat import flops_of  # the same formulas FlopCounterMode uses
 
-from remat._torch_compat import flops_of  # noqa: E402  (the same formulas FlopCounterMode uses)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from _common import timed  # noqa: E402
+from measure import adam, compare_grads, flops_and_grads, grads_of, rss_step_peak, step, zero_grads  # noqa: E402
+from models import build  # noqa: E402
 
 warnings.filterwarnings("ignore")
 inductor_config.fx_graph_cache = False
@@ -105,13 +100,12 @@ def main(spec: dict) -> dict:
     torch.set_num_threads(int(spec["threads"]))
     t_start = time.perf_counter()
     bench = build(spec["model"], spec["size"])
-    model = bench.model
 
     def eager():
         return bench.loss(bench.call())
 
-    step(bench, eager, adam(model))  # warm-up
-    zero_grads(model)
+    step(bench, eager, adam(bench.model))  # warm-up
+    zero_grads(bench.model)
     # Inductor's one-time start-up (imports, compile workers), so that it is not billed to the first budget
     t0 = time.perf_counter()
     w = torch.randn(8, 8, requires_grad=True)
@@ -122,53 +116,74 @@ def main(spec: dict) -> dict:
            "inductor_startup_s": startup_s}
     variants = {}
     for b in spec["budgets"]:
-        record = {"budget": b, "fw_flops": 0, "bw_flops": 0, "graphs": 0}
-        name = f"step_budget_{str(b).replace('.', '_')}"
-        compiled = torch.compile(fresh_function(eager, name), backend=counting_backend(record))
-
-        def call(compiled=compiled, b=b):
-            with functorch_config.patch(activation_memory_budget=b):
-                return compiled()
-
-        _partition_s[0] = 0.0
-        gc.collect()
-        try:
-            zero_grads(model)
-            t0 = time.perf_counter()
-            call().backward()
-            first = time.perf_counter() - t0
-            zero_grads(model)
-            steady = statistics.median(_timed_fwd_bwd(call) for _ in range(2))
-            record.update(first_call_s=first, compile_s=max(0.0, first - steady), partition_s=_partition_s[0])
-            record["flops"] = record["fw_flops"] + record["bw_flops"]
-            record["grads_vs_eager"] = compare_grads(ref_grads, grads_of(bench, call))
-            record["rss_peak"] = rss_step_peak(bench, call)
+        record, call = compile_at(bench, eager, b, ref_grads)
+        if call is not None:
             variants[b] = call
-        except Exception as e:
-            record["error"] = f"{type(e).__name__}: {str(e)[:300]}"
-        zero_grads(model)
         out.setdefault("budgets", []).append(record)
-        log(f"  compile budget {b}: {record.get('compile_s', 0):.1f} s (partition {record.get('partition_s', 0):.2f} s) "
-            f"rss {record.get('rss_peak', 0) / 2**20:.1f} MiB, {record.get('flops', 0) / 1e9:.2f} GFLOP {record.get('error', '')}")
-    base = next((r for r in out.get("budgets", []) if r["budget"] == 1.0 and "error" not in r), None)
-    if base is not None:
-        ref_c = grads_of(bench, variants[1.0])
-        for r in out["budgets"]:
-            if "error" not in r:
-                r["extra_flops_vs_compiled"] = r["flops"] - base["flops"]
-                r["grads_vs_compiled_1"] = compare_grads(ref_c, grads_of(bench, variants[r["budget"]]))
+    against_compiled(bench, out.get("budgets", []), variants)
     for r in out.get("budgets", []):
         if "error" not in r:
             r["extra_flops"] = r["flops"] - ref_flops
-    # interleaved step times against eager without checkpointing
-    opt = adam(model)
-    names = ["eager"] + list(variants)
+    time_interleaved(bench, eager, variants, out, spec["rounds"])
+    out["threads"] = torch.get_num_threads()
+    out["elapsed_s"] = time.perf_counter() - t_start
+    return out
+
+
+def compile_at(bench, eager, b: float, ref_grads: dict):
+    """The step compiled afresh at activation_memory_budget b: its figures, and the compiled call (None if it failed)."""
+    record = {"budget": b, "fw_flops": 0, "bw_flops": 0, "graphs": 0}
+    name = f"step_budget_{str(b).replace('.', '_')}"
+    compiled = torch.compile(fresh_function(eager, name), backend=counting_backend(record))
+
+    def call(compiled=compiled, b=b):
+        with functorch_config.patch(activation_memory_budget=b):
+            return compiled()
+
+    _partition_s[0] = 0.0
+    gc.collect()
+    ok = None
+    try:
+        zero_grads(bench.model)
+        t0 = time.perf_counter()
+        call().backward()
+        first = time.perf_counter() - t0
+        zero_grads(bench.model)
+        steady = statistics.median(timed(lambda: call().backward()) for _ in range(2))
+        record.update(first_call_s=first, compile_s=max(0.0, first - steady), partition_s=_partition_s[0])
+        record["flops"] = record["fw_flops"] + record["bw_flops"]
+        record["grads_vs_eager"] = compare_grads(ref_grads, grads_of(bench, call))
+        record["rss_peak"] = rss_step_peak(bench, call)
+        ok = call
+    except Exception as e:
+        record["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    zero_grads(bench.model)
+    log(f"  compile budget {b}: {record.get('compile_s', 0):.1f} s (partition {record.get('partition_s', 0):.2f} s) "
+        f"rss {record.get('rss_peak', 0) / 2**20:.1f} MiB, {record.get('flops', 0) / 1e9:.2f} GFLOP {record.get('error', '')}")
+    return record, ok
+
+
+def against_compiled(bench, records: list[dict], variants: dict) -> None:
+    """FLOPs and gradients of each budget against the same step compiled at budget 1.0."""
+    base = next((r for r in records if r["budget"] == 1.0 and "error" not in r), None)
+    if base is None:
+        return
+    ref_c = grads_of(bench, variants[1.0])
+    for r in records:
+        if "error" not in r:
+            r["extra_flops_vs_compiled"] = r["flops"] - base["flops"]
+            r["grads_vs_compiled_1"] = compare_grads(ref_c, grads_of(bench, variants[r["budget"]]))
+
+
+def time_interleaved(bench, eager, variants: dict, out: dict, rounds: int) -> None:
+    """Step times against eager without checkpointing, interleaved; round 0 is the warm-up."""
+    opt = adam(bench.model)
     fns = {"eager": eager, **variants}
-    times = {k: [] for k in names}
-    for r in range(spec["rounds"] + 1):
-        for k in names:
+    times = {k: [] for k in fns}
+    for r in range(rounds + 1):
+        for k, fn in fns.items():
             t0 = time.perf_counter()
-            step(bench, fns[k], opt)
+            step(bench, fn, opt)
             dt = time.perf_counter() - t0
             opt.zero_grad(set_to_none=True)
             if r:
@@ -181,16 +196,6 @@ def main(spec: dict) -> dict:
             rec["time_ratio"] = statistics.median(t / e for t, e in zip(ts, times["eager"]))
             if 1.0 in variants:
                 rec["time_ratio_vs_compiled"] = statistics.median(t / e for t, e in zip(ts, times[1.0]))
-    out["threads"] = torch.get_num_threads()
-    out["elapsed_s"] = time.perf_counter() - t_start
-    return out
-
-
-def _timed_fwd_bwd(call) -> float:
-    t0 = time.perf_counter()
-    call().backward()
-    dt = time.perf_counter() - t0
-    return dt
 
 
 if __name__ == "__main__":

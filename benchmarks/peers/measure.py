@@ -1,36 +1,23 @@
-"""Measurement helpers shared by the peers workers (process RSS, FLOPs, gradients, timing)."""
+"""What the peers workers measure of one strategy on one Bench: the process peak of a step,
+FLOPs, gradients.  The process's memory counters are `remat.verifier.process`'s."""
 
 from __future__ import annotations
 
 import gc
-import os
-import time
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-PAGE = os.sysconf("SC_PAGE_SIZE")
-MiB = 2**20
+try:  # imported here, before a worker reads its baseline RSS, so that its code is not counted
+    import transformers
 
+    transformers.logging.set_verbosity_error()
+except ImportError:  # pragma: no cover
+    pass
 
-def rss_now() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE
+from remat.verifier.process import high_water_mark_bytes, reset_high_water_mark, resident_bytes
 
-
-def hwm() -> int:
-    """VmHWM: the process's peak RSS since start or since the last `reset_hwm()`."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
-
-
-def reset_hwm() -> None:
-    """Linux >= 4.0: writing 5 to clear_refs resets the peak RSS (VmHWM) to the current RSS."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
+from _models import input_tensors
 
 
 def storages_bytes(tensors) -> int:
@@ -45,13 +32,6 @@ def storages_bytes(tensors) -> int:
         seen.add(key)
         total += s.nbytes()
     return total
-
-
-def input_tensors(inputs) -> list[torch.Tensor]:
-    if isinstance(inputs, torch.Tensor):
-        return [inputs]
-    vals = inputs.values() if isinstance(inputs, dict) else inputs
-    return [t for t in vals if isinstance(t, torch.Tensor)]
 
 
 def static_bytes(bench) -> int:
@@ -95,10 +75,10 @@ def rss_step_peak(bench, fn) -> int:
     gc.collect()
     gc.disable()
     try:
-        reset_hwm()
-        before = rss_now()
+        reset_high_water_mark()
+        before = resident_bytes()
         step(bench, fn, opt)
-        peak = hwm()
+        peak = high_water_mark_bytes()
     finally:
         gc.enable()
     zero_grads(bench.model)
@@ -109,17 +89,13 @@ def rss_step_peak(bench, fn) -> int:
 
 def flops_and_grads(bench, fn):
     """FlopCounterMode total of forward + backward from seed 0, and the gradients."""
-    zero_grads(bench.model)
-    torch.manual_seed(0)
     with FlopCounterMode(display=False) as fc:
-        loss = fn()
-        loss.backward()
-    grads = named_grads(bench)
-    zero_grads(bench.model)
+        grads = grads_of(bench, fn)
     return fc.get_total_flops(), grads
 
 
 def grads_of(bench, fn):
+    """The gradients of one forward + backward from seed 0, by parameter name."""
     zero_grads(bench.model)
     torch.manual_seed(0)
     fn().backward()
@@ -142,9 +118,3 @@ def compare_grads(ref: dict, got: dict) -> dict:
     scale = max((ref[n].abs().max().item() if ref[n].numel() else 0.0) for n in ref) or 1.0
     equal = all(torch.equal(ref[n], got[n]) for n in ref)
     return {"equal": equal, "max_abs": diff, "rel": diff / scale}
-
-
-def timed(fn) -> float:
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0

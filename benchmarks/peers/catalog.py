@@ -1,0 +1,38 @@
+"""The names, titles and sizes of the peers benchmark's zoo (no torch: the report reads them too).
+
+Sizes: "default" (the published run, < 30 min on 2 cores for the whole zoo) and "quick"
+(the CI smoke test).  models.py builds each one.
+"""
+
+from __future__ import annotations
+
+ORDER = ["mlp000", "chain001", "cnn002", "gpt2", "bert", "llama", "vit", "skipnet"]
+
+TITLES = {
+    "mlp000": "report 000's MLP (FeedForward, scaled)",
+    "chain001": "report 001's chain of Linear+ReLU blocks",
+    "cnn002": "report 002's CNN (own size)",
+    "gpt2": "Hugging Face GPT-2 (small config)",
+    "bert": "Hugging Face BERT (small config)",
+    "llama": "Hugging Face Llama (small config)",
+    "vit": "Hugging Face ViT (small config)",
+    "skipnet": "MLP with long skip connections (U-Net-like)",
+}
+
+_SIZES = {  # model: (default, quick)
+    "mlp000": (dict(hidden=128, intermediate=512, layers=8, seq=256, batch=4),
+               dict(hidden=32, intermediate=128, layers=4, seq=64, batch=4)),
+    "chain001": (dict(width=128, blocks=32, batch=2048), dict(width=32, blocks=8, batch=512)),
+    "cnn002": (dict(batch=100), dict(batch=10)),
+    "gpt2": (dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048),
+             dict(n_layer=3, n_embd=32, n_head=2, seq=64, batch=2, vocab=128)),
+    "bert": (dict(n_layer=6, hidden=128, heads=4, seq=128, batch=4, vocab=2048),
+             dict(n_layer=3, hidden=32, heads=2, seq=64, batch=2, vocab=128)),
+    "llama": (dict(n_layer=6, hidden=128, heads=4, seq=128, batch=4, vocab=2048),
+              dict(n_layer=3, hidden=32, heads=2, seq=64, batch=2, vocab=128)),
+    "vit": (dict(n_layer=6, hidden=128, heads=4, image=64, patch=8, batch=16),
+            dict(n_layer=3, hidden=32, heads=2, image=32, patch=8, batch=4)),
+    "skipnet": (dict(width=256, depth=4, batch=2048), dict(width=64, depth=2, batch=256)),
+}
+SIZES: dict[str, dict[str, dict]] = {size: {m: kw[i] for m, kw in _SIZES.items()} for i, size in enumerate(("default", "quick"))}
+"""size ("default" or "quick") -> model -> the keyword arguments of its factory."""
