@@ -256,8 +256,10 @@ def test_a_plan_whose_module_types_differ_is_refused():
 
 def test_applying_twice_and_removing_from_an_unplanned_model():
     model, _ = zoo.chain_report001(width=64, blocks=4, batch=8)
-    with pytest.raises(remat.RematError, match=r"^remat: Sequential follows no remat plan"):
-        remat.remove(model)
+    before = _forwards(model)
+    assert remat.remove(model) is model and _forwards(model) == before  # nothing to undo: a no-op (issue 13)
+    with pytest.raises(remat.RematError, match=r"^remat: remove expects a torch.nn.Module, saw str"):
+        remat.remove("model")
     remat.apply(model, "every-block")
     before = _forwards(model)
     with pytest.raises(remat.RematError, match=r"^remat: Sequential already follows a plan \(recipe 'every-block'\)"):
@@ -265,6 +267,20 @@ def test_applying_twice_and_removing_from_an_unplanned_model():
     assert _forwards(model) == before
     with pytest.raises(remat.RematError, match=r"^remat: unknown recipe 'all'"):
         remat.apply(zoo.chain_report001(width=8, blocks=2, batch=2)[0], "all")
+
+
+def test_a_plan_for_a_shallower_model_is_refused_naming_the_first_layer_it_never_saw():
+    small, inputs = zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
+    prof = remat.profile(small, inputs, mode="fake")
+    plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)  # the least-memory plan: every layer planned
+    assert plan.segments or plan.selective
+    deep, _ = zoo.gpt2(n_layer=8, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
+    before = _forwards(deep)
+    with pytest.raises(remat.RematError, match=r"^remat: the plan was made for a different model: transformer\.h\.4 "
+                       r"\(here, not in the plan\), transformer\.h\.5 .*Fix: profile and plan this model"):
+        remat.apply(deep, plan)
+    assert _forwards(deep) == before
+    remat.apply(small, plan)  # the model it was made for takes it
 
 
 def test_selective_checkpointing_keeps_matmuls_and_costs_no_flops():

@@ -1,6 +1,7 @@
 """remat.plan: optimality against brute force, predictions against measurement, budgets, errors."""
 
 import itertools
+import re
 from pathlib import Path
 
 import pytest
@@ -379,3 +380,31 @@ def test_a_version_1_plan_file_still_loads(tmp_path):
     assert again == plan and '"version": 2' in plan.to_json() and "output_bytes" not in plan.to_json()
     with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 2 document, saw \('remat.Plan', 0\)"):
         remat.Plan.from_json(old.read_text().replace('"version": 1', '"version": 0'))
+
+
+@pytest.mark.parametrize("budget, fraction", [("70%", 0.7), ("0.7", 0.7), (0.7, 0.7), ("97.5%", 0.975)])
+def test_budgets_take_the_same_forms_in_python_as_on_the_command_line(chain_profile, budget, fraction):
+    _, _, prof = chain_profile
+    assert remat.plan(prof, budget).budget_bytes == int(fraction * prof.peak_bytes)
+
+
+@pytest.mark.parametrize("budget, why", [
+    (0, r"more than 0 bytes"), ("0B", r"at least 1 byte"), ("0%", r"a percentage in \(0%, 100%\]"),
+    ("150%", r"a percentage in \(0%, 100%\]"), (1.5, r"must be in \(0, 1\]"),
+])
+def test_an_invalid_budget_says_why(chain_profile, budget, why):
+    _, _, prof = chain_profile
+    with pytest.raises(remat.RematError, match=rf"^remat: cannot read the budget {re.escape(repr(budget))} \(.*{why}"):
+        remat.plan(prof, budget)
+
+
+def test_frontier_runs_down_to_the_least_peak_even_when_cut_short(chain_profile):
+    _, _, prof = chain_profile
+    full = remat.frontier(prof)
+    least = remat.plan(prof, full[-1].peak_bytes)
+    with pytest.raises(remat.InfeasibleBudget) as e:
+        remat.plan(prof, full[-1].peak_bytes - 1)
+    assert e.value.min_bytes == full[-1].peak_bytes == least.peak_bytes
+    short = remat.frontier(prof, max_points=3)
+    assert len(short) == 3 and short[-1].peak_bytes == full[-1].peak_bytes
+    assert [p.peak_bytes for p in short] == sorted({p.peak_bytes for p in short}, reverse=True)

@@ -84,6 +84,8 @@ def fsdp_checkpoint_wrapper(module, reentrant: bool = False):
     return checkpoint_wrapper(module, checkpoint_impl=impl)
 
 
+import itertools  # noqa: E402
+
 from torch.utils.module_tracker import ModuleTracker as _ModuleTracker  # noqa: E402
 
 
@@ -105,10 +107,23 @@ class ModuleTracker(_ModuleTracker):
     def __init__(self) -> None:
         super().__init__()
         self.recomputing: set[str] = set()
+        self.entered: dict[str, int] = {}
+        """Module name -> when it was last entered (forward, backward or recomputation), for `innermost`."""
+        self._entries = itertools.count()
+
+    def _get_append_fn(self, name, is_bw):
+        enter = super()._get_append_fn(name, is_bw)
+
+        def fn(*args) -> None:
+            self.entered[name] = next(self._entries)
+            enter(*args)
+
+        return fn
 
     def _fw_pre_hook(self, mod, input) -> None:
         if in_backward():
             name = self._get_mod_name(mod)
+            self.entered[name] = next(self._entries)
             self.recomputing = {n for n in self.recomputing if name.startswith(n + ".")} | {name}
         else:
             super()._fw_pre_hook(mod, input)
@@ -119,9 +134,17 @@ class ModuleTracker(_ModuleTracker):
         else:
             super()._fw_post_hook(mod, input, output)
 
-    def active(self, recompute: bool) -> set[str]:
-        """Names of the modules running now: the recomputed ones for a recomputed op, else the others."""
-        return self.recomputing if recompute else self.parents
+    def innermost(self, recompute: bool) -> str | None:
+        """The module running now: of the recomputed ones for a recomputed op, else of the others, the
+        deepest; among equally deep ones (two embeddings whose backward hooks are both open), the one
+        entered last, then the first by name, so that the answer never depends on set order."""
+        names = [n for n in (self.recomputing if recompute else self.parents) if n != "Global"]
+        return max(names, key=lambda n: (n.count("."), self.entered.get(n, -1), _reverse(n)), default=None)
+
+
+def _reverse(name: str) -> tuple[int, ...]:
+    """A key under which max() picks the first name in alphabetical order."""
+    return tuple(-ord(c) for c in name)
 
 
 # -- intercepting torch.utils.checkpoint (used by remat.explainer) ------------------------------------

@@ -80,14 +80,12 @@ def _few(names: list[str]) -> str:
 
 
 def remove(model: nn.Module) -> nn.Module:
-    """Undo `remat.apply` (and `remat.checkpoint`) on `model`: every module's forward as before."""
-    wrapped = [m for m in model.modules() if is_wrapped(m)]
-    if APPLIED not in model.__dict__ and not wrapped:
-        raise RematError(
-            f"remat: {type(model).__name__} follows no remat plan, so there is nothing to remove. "
-            "Expected a model given to remat.apply, remat.auto or remat.checkpoint. Fix: nothing to do."
-        )
-    for m in wrapped:
+    """Undo `remat.apply` (and `remat.checkpoint`) on `model`: every module's forward as before.
+
+    A model that follows no plan is returned as it is."""
+    if not isinstance(model, nn.Module):
+        raise RematError(f"remat: remove expects a torch.nn.Module, saw {type(model).__name__}. Fix: pass the model.")
+    for m in [m for m in model.modules() if is_wrapped(m)]:
         unwrap(m)
     model.__dict__.pop(APPLIED, None)
     return model
@@ -134,10 +132,13 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
         )
     changed = [f"{b.name} ({b.type} in the plan, {type(modules[b.name]).__name__} here)" for b in plan.blocks
                if type(modules[b.name]).__name__ != b.type]
+    planned = {b.name for b in plan.blocks}
+    changed += [f"{n} (here, not in the plan)" for n in main_chain(find_candidates(model)) if n not in planned]
     if changed:
         raise RematError(
-            f"remat: the plan was made for a different model: {', '.join(changed[:4])}. "
-            "Fix: profile and plan this model, then apply."
+            f"remat: the plan was made for a different model: {', '.join(changed[:4])}"
+            f"{' ...' if len(changed) > 4 else ''}. Expected the modules the plan was made for (plan.model = "
+            f"{plan.model!r}). Fix: profile and plan this model, then apply."
         )
     for seg in plan.segments:
         _check_segment(modules, seg)

@@ -4,7 +4,6 @@ compared with the hand recipes; also the frontier of every Pareto-optimal plan, 
 from __future__ import annotations
 
 import argparse
-import re
 from pathlib import Path
 
 import remat
@@ -45,7 +44,7 @@ def register(verbs) -> None:
     )
     p.add_argument("target", metavar="TARGET",
                    help=f"{TARGET_HELP}; or a profile JSON file written by `remat profile --json F`")
-    p.add_argument("--budget", metavar="B", type=_budget_arg, default=None,
+    p.add_argument("--budget", metavar="B", default=None,
                    help='peak memory allowed for the whole step: "6GiB", "6GB", "800MiB", bytes (6442450944), '
                    "a fraction of the unplanned peak (0.5) or a percentage (50%%); "
                    "required unless --frontier or --plot")
@@ -70,18 +69,6 @@ def register(verbs) -> None:
                    help="apply the plan to the model and run the step with and without it: gradients, buffers, "
                    "extra FLOPs and measured peak against the prediction (needs a TARGET, real mode)")
     p.set_defaults(command=_cmd_plan)
-
-
-def _budget_arg(text: str) -> int | float | str:
-    """Bytes (int), a fraction (float, also from "50%"), or the text for `remat.plan` to read (units)."""
-    t = text.strip()
-    if re.fullmatch(r"[0-9]+", t):
-        return int(t)
-    if re.fullmatch(r"[0-9]*\.?[0-9]+%", t):
-        return float(t[:-1]) / 100
-    if re.fullmatch(r"[0-9]*\.[0-9]+", t):
-        return float(t)
-    return text
 
 
 def _offload_options(args: argparse.Namespace) -> dict:

@@ -160,7 +160,13 @@ def _observed(observed: int | str | None) -> int | None:
             f"remat: observed must be bytes (an int) or a string with units such as '7212MiB'; saw {observed!r}. "
             "Fix: pass the figure you saw, e.g. observed='7212MiB'."
         )
-    return parse_budget(observed, 0)
+    seen = parse_budget(observed, 0)  # a fraction or percentage of 0 is 0: not a figure anyone saw
+    if seen == 0:
+        raise RematError(
+            f"remat: observed must be bytes (an int) or a string with units such as '7212MiB'; saw {observed!r}, "
+            "a fraction. Fix: pass the figure you saw, e.g. observed='7212MiB'."
+        )
+    return seen
 
 
 # -- one checkpoint alone (Rule 2) ------------------------------------------------------------------

@@ -159,15 +159,8 @@ class Tracker(TorchDispatchMode):
     def current_module(self) -> str:
         if self.modules is None:
             return ""
-        best, depth = "", -1
-        recompute = in_backward() and torch.is_grad_enabled()  # NOTE [Recomputation]
-        for p in self.modules.active(recompute):
-            if p == "Global":
-                continue
-            d = p.count(".")
-            if d > depth:
-                best, depth = p, d
-        return self.module_name(best) if depth >= 0 else ""
+        innermost = self.modules.innermost(in_backward() and torch.is_grad_enabled())  # NOTE [Recomputation]
+        return self.module_name(innermost) if innermost is not None else ""
 
     # -- dispatch --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):

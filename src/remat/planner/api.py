@@ -97,6 +97,10 @@ def frontier(
     """Pareto-optimal plans, from keep-everything down to the least memory possible.
 
     Example: for p in remat.frontier(prof): print(p.peak_bytes, p.recompute_flops)
+
+    Plans come in order of decreasing peak, each the cheapest for its memory; the last one
+    is always the least-memory plan, also when `max_points` cuts the descent short (it then
+    takes the place of the last point reached).
     """
     _check_profile(profile)
     problem = Problem.from_profile(profile, MAX_SEGMENT, offload_rates(profile, offload_bandwidth, device_flops))
@@ -107,10 +111,10 @@ def frontier(
     while len(plans) < max_points:
         chosen = _solve(problem, name, budget, time_limit_s)
         if chosen is None:
-            break
+            return plans
         p = make_plan(profile, problem, chosen, name, None)
         if p.peak_bytes >= plans[-1].peak_bytes:
-            break
+            return plans
         cost = (problem.cost(chosen), p.recompute_ops)  # FLOPs, offload as FLOP-equivalents (Rule 6)
         if cost <= costs[-1] and len(plans) > 1:
             plans.pop()  # the new plan needs less memory for no more cost: the last one is dominated
@@ -118,6 +122,13 @@ def frontier(
         plans.append(p)
         costs.append(cost)
         budget = p.peak_bytes - 1
+    least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
+    if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
+        cost = (problem.cost(least), sum(u.cost_ops for u in least))
+        while len(plans) > 1 and (len(plans) >= max_points or costs[-1] >= cost):
+            plans.pop()  # make room for the least-memory plan, or dominated by it
+            costs.pop()
+        plans.append(make_plan(profile, problem, least, name, None))
     return plans
 
 

@@ -13,35 +13,46 @@ UNITS = {
 }
 ACCEPTED = (
     'an int of bytes (6442450944), a string with binary or decimal units ("6GiB", "6GB", "800MiB", "1.5 GB"), '
-    "or a float 0 < f <= 1 as a fraction of the unplanned peak (0.5)"
+    'or a fraction of the unplanned peak: a float 0 < f <= 1 (0.5), or a percentage ("50%", "0.5")'
 )
 _PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]i?b|b)?\s*$", re.IGNORECASE)
+_PERCENT = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*%\s*$")
+_FRACTION = re.compile(r"^\s*[0-9]*\.[0-9]+\s*$")
 
 
 def parse_budget(budget: int | float | str, peak_bytes: int) -> int:
-    """Bytes for `budget`. "6GB" is 6e9 bytes and "6GiB" is 6*2**30: both accepted, told apart.
+    """Bytes for `budget`; the same forms in Python and on the command line.
 
-    Example: parse_budget("800MiB", prof.peak_bytes) == 838860800
+    Example: parse_budget("800MiB", prof.peak_bytes) == 838860800; parse_budget("50%", 1000) == 500
+
+    "6GB" is 6e9 bytes and "6GiB" is 6*2**30: both accepted, told apart.  A float, a
+    percentage, or a string with a decimal point and no unit ("0.5") is a fraction of
+    `peak_bytes`; an int, or a string of digits, is bytes.
     """
-    if isinstance(budget, bool):
+    if isinstance(budget, bool) or not isinstance(budget, (int, float, str)):
         raise _bad(budget)
+    if isinstance(budget, str) and (_PERCENT.match(budget) or _FRACTION.match(budget)):
+        percent = _PERCENT.match(budget)
+        return _fraction(float(percent.group(1)) / 100 if percent else float(budget), budget, peak_bytes)
+    if isinstance(budget, float):
+        return _fraction(budget, budget, peak_bytes)
     if isinstance(budget, int):
         if budget <= 0:
-            raise _bad(budget)
+            raise _bad(budget, " (a budget is the memory the step may use: more than 0 bytes)")
         return budget
-    if isinstance(budget, float):
-        if not 0 < budget <= 1:
-            raise _bad(budget, " (a float is a fraction of the peak, so it must be in (0, 1])")
-        return int(budget * peak_bytes)
-    if isinstance(budget, str):
-        m = _PATTERN.match(budget)
-        if m is None:
-            raise _bad(budget)
-        value = float(m.group(1)) * UNITS[(m.group(2) or "").lower()]
-        if value < 1:
-            raise _bad(budget)
-        return int(value)
-    raise _bad(budget)
+    m = _PATTERN.match(budget)
+    if m is None:
+        raise _bad(budget)
+    value = float(m.group(1)) * UNITS[(m.group(2) or "").lower()]
+    if value < 1:
+        raise _bad(budget, " (a budget is the memory the step may use: at least 1 byte)")
+    return int(value)
+
+
+def _fraction(f: float, given, peak_bytes: int) -> int:
+    if not 0 < f <= 1:
+        raise _bad(given, " (a fraction of the unplanned peak must be in (0, 1], a percentage in (0%, 100%])")
+    return int(f * peak_bytes)
 
 
 def _bad(budget, extra: str = "") -> RematError:
