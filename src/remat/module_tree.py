@@ -11,11 +11,16 @@ from remat._torch_compat import checkpoint_wrapper_type
 from remat.errors import RematError
 
 
+CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+"""Modules that hold blocks: their children are the natural units of checkpointing."""
+
+
 def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[str]:
     """Dotted names of candidate modules, in registration order.
 
-    Candidates are the children of every `nn.Sequential` / `nn.ModuleList` (this
-    covers transformer layers: `transformer.h.N`, `encoder.layer.N`, `model.layers.N`),
+    Candidates are the children of every `nn.Sequential` / `nn.ModuleList` /
+    `nn.ModuleDict` (this covers transformer layers: `transformer.h.N`, `encoder.layer.N`,
+    `model.layers.N`, and blocks kept by name),
     modules wrapped by `checkpoint_wrapper`, and the modules the user names.  A model
     with none of these gets its direct children.
     """
@@ -23,7 +28,7 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
     found: list[str] = []
     wrapper = checkpoint_wrapper_type()
     for name, mod in modules.items():
-        if isinstance(mod, (nn.Sequential, nn.ModuleList)):
+        if isinstance(mod, CONTAINERS):
             found += [join(name, child) for child, _ in mod.named_children()]
         if wrapper is not None and isinstance(mod, wrapper) and name:
             found.append(name)

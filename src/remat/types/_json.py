@@ -22,14 +22,18 @@ def load(text: str, fmt: str, version: int, fix: str, upgrades: dict[int, Callab
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise RematError(f"remat: expected a {fmt} JSON document, but it does not parse ({e}). Fix: {fix}.") from e
-    seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else type(data).__name__
-    upgrade = (upgrades or {}).get(seen[1]) if seen[0] == fmt else None
-    if seen != (fmt, version) and upgrade is None:
-        raise RematError(
-            f"remat: expected a {fmt} version {version} document, saw {seen!r}. Fix: {fix} with this version of remat."
-        )
+    seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else None
+    upgrade = None
+    if seen != (fmt, version):
+        upgrade = (upgrades or {}).get(seen[1]) if seen is not None and seen[0] == fmt else None
+        if upgrade is None:
+            shown = seen if seen is not None else type(data).__name__
+            raise RematError(
+                f"remat: expected a {fmt} version {version} document, saw {shown!r}. "
+                f"Fix: {fix} with this version of remat."
+            )
     del data["format"], data["version"]
-    return upgrade(data) if upgrade is not None and seen != (fmt, version) else data
+    return upgrade(data) if upgrade is not None else data
 
 
 def build(fmt: str, version: int, make, what: str):
