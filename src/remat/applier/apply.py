@@ -8,6 +8,7 @@ from typing import Any
 import torch.nn as nn
 
 from remat.errors import RematError
+from remat.hf import NoCacheInTraining
 from remat.measure import profile
 from remat.planner import plan as make_plan
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
@@ -16,6 +17,7 @@ from remat.planner.recipes import RECIPES
 from remat.types import Action, Plan, Recipe
 
 APPLIED = "_remat_applied"  # on the root model: the Plan (or recipe) applied to it
+NO_CACHE = "_remat_no_cache"  # on the root model: its NoCacheInTraining hook while a plan is applied
 RECIPE_NAMES = tuple(str(r) for r in Recipe)
 
 
@@ -53,6 +55,7 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
         )
     skipped = _wrap_all(model, segments, selective, offload)
     object.__setattr__(model, APPLIED, plan)
+    object.__setattr__(model, NO_CACHE, NoCacheInTraining(model))  # NOTE [The key/value cache in training]
     if skipped:
         warnings.warn(
             f"remat: {_few(skipped)} already checkpointed by Hugging Face gradient checkpointing: left to it, "
@@ -88,6 +91,8 @@ def remove(model: nn.Module) -> nn.Module:
     for m in [m for m in model.modules() if is_wrapped(m)]:
         unwrap(m)
     model.__dict__.pop(APPLIED, None)
+    if NO_CACHE in model.__dict__:
+        model.__dict__.pop(NO_CACHE).remove()
     return model
 
 

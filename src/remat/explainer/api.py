@@ -31,6 +31,7 @@ import torch.nn as nn
 from remat import planner
 from remat._torch_compat import tree_flatten
 from remat.errors import InfeasibleBudget, RematError
+from remat.hf import cache_as_configured
 from remat.types import CheckpointRegion, Explanation, Finding, Severity
 from remat.explainer.record import Policy, RecordedCall, Recorder
 from remat.explainer.rules import RULES, Evidence
@@ -120,7 +121,7 @@ class _Step:
     def run(self, policy: Policy, inputs: Any = None) -> tuple[StepProfile, Recorder]:
         recorder = Recorder(self.model, policy)
         inputs = self.inputs if inputs is None else inputs
-        with recorder.active(), _input_grads_kept(inputs):
+        with recorder.active(), _input_grads_kept(inputs), cache_as_configured():  # Rule 3 of the cache NOTE
             prof = profile(self.model, inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         return prof, recorder
 
@@ -129,7 +130,7 @@ class _Step:
         gradient is a finding, not an error, so it comes back as (None, recorder, error)."""
         recorder = Recorder(self.model, lambda i: True)
         try:
-            with recorder.active(), _input_grads_kept(self.inputs):
+            with recorder.active(), _input_grads_kept(self.inputs), cache_as_configured():
                 prof = profile(self.model, self.inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         except RematError as e:
             if not any(c.site.reentrant and not c.site.input_requires_grad for c in recorder.calls):

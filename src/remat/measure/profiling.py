@@ -13,6 +13,7 @@ import torch.nn as nn
 
 from remat._torch_compat import FAKE_OP_ERRORS, FakeTensorMode, ModuleTracker
 from remat.errors import RematError, UnsupportedOp
+from remat.hf import CACHE_NOTE, no_cache_in_training
 from remat.measure import fake
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
@@ -117,9 +118,12 @@ class _Run:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base_allocated = torch.cuda.memory_allocated()
-        t0 = time.perf_counter()
-        self._step(tracker, io, step, opt)
-        step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
+        with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
+            t0 = time.perf_counter()
+            self._step(tracker, io, step, opt)
+            step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
+        if cache.turned_off:
+            self.setup.notes.append(CACHE_NOTE)
         if cuda_real:
             torch.cuda.synchronize()
             allocator_peak = torch.cuda.max_memory_allocated() - base_allocated

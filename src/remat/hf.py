@@ -1,0 +1,87 @@
+"""The Hugging Face convention remat follows in training: no key/value cache.
+
+NOTE [The key/value cache in training]
+  Rule 1. Hugging Face models build a key/value cache in forward when `use_cache` is
+          True (the default of most configs, or an argument).  Training never reads it,
+          and a checkpointed layer that appends to it appends again when it is
+          recomputed, so the recomputation sees other tensors than the forward saw:
+          torch raises "different number of tensors saved" (T5) or "aten.slice.Tensor
+          encountered during backward but not found in storage" (GPT-2, selective).
+  Rule 2. Hugging Face's own gradient checkpointing turns the cache off for training
+          forwards; remat does the same with a forward pre-hook on the model that
+          passes use_cache=False when the model is in training mode with grad enabled
+          and its forward takes `use_cache`: `remat.profile` for the step it measures
+          (so the plan predicts the step that will run) and `remat.apply` for as long
+          as the plan is applied.  Eval mode and `generate` keep the cache.
+  Rule 3. `remat.explain` judges the step as written, cache included (its
+          `kv-cache-in-training` finding measures what the cache costs): it runs under
+          `cache_as_configured()`, where the hook does nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import inspect
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+
+CACHE_NOTE = (
+    "use_cache=True turned off for the training step, as Hugging Face does under gradient checkpointing "
+    "(training never reads the key/value cache); remat.apply does the same while a plan is applied"
+)
+_AS_CONFIGURED = contextvars.ContextVar("remat_cache_as_configured", default=False)
+
+
+class NoCacheInTraining:
+    """Rule 2 on one model, until `remove()`; `turned_off` says whether a forward had the cache on."""
+
+    def __init__(self, model: nn.Module):
+        self.turned_off = False
+        self._handle = None
+        if _takes_use_cache(model):
+            self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
+
+    def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
+        if _AS_CONFIGURED.get() or not (module.training and torch.is_grad_enabled()):
+            return None
+        asked = kwargs.get("use_cache")
+        on = asked if asked is not None else getattr(getattr(module, "config", None), "use_cache", False)
+        if not on:
+            return None
+        self.turned_off = True
+        return args, {**kwargs, "use_cache": False}
+
+    def remove(self) -> None:
+        if self._handle is not None:
+            self._handle.remove()
+            self._handle = None
+
+
+@contextlib.contextmanager
+def no_cache_in_training(model: nn.Module) -> Iterator[NoCacheInTraining]:
+    """Rule 2 for the length of a `with` block."""
+    hook = NoCacheInTraining(model)
+    try:
+        yield hook
+    finally:
+        hook.remove()
+
+
+@contextlib.contextmanager
+def cache_as_configured() -> Iterator[None]:
+    """Rule 3: inside, the model's cache is as its config and arguments say."""
+    token = _AS_CONFIGURED.set(True)
+    try:
+        yield
+    finally:
+        _AS_CONFIGURED.reset(token)
+
+
+def _takes_use_cache(model: nn.Module) -> bool:
+    try:
+        return "use_cache" in inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # no signature to read
+        return False
