@@ -8,6 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import architectures
 import remat
 from remat import zoo
 
@@ -358,23 +359,8 @@ def test_a_keep_everything_plan_installs_nothing_so_the_step_is_the_unplanned_on
     remat.remove(model)
 
 
-class _Stages(nn.Module):
-    """Blocks kept in an nn.ModuleDict by name, each an nn.Sequential, run in order."""
-
-    def __init__(self, width: int = 256):
-        super().__init__()
-        block = lambda: nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width))  # noqa: E731
-        self.stages = nn.ModuleDict({name: block() for name in ("stem", "body", "neck", "head")})
-
-    def forward(self, x):  # (B, width)
-        for stage in self.stages.values():
-            x = stage(x)
-        return x
-
-
 def test_blocks_in_a_module_dict_are_the_chain_every_block_checkpoints():
-    torch.manual_seed(0)
-    model, x = _Stages(), torch.randn(512, 256)
+    model, x = architectures.stages()
     unplanned = remat.profile(model, x)
     remat.apply(model, "every-block")
     wrapped = [n for n, m in model.named_modules() if "forward" in m.__dict__]

@@ -12,31 +12,24 @@ import subprocess
 import sys
 
 SCRIPT = r'''
-import hashlib, json, torch, transformers
+import hashlib, json, sys, torch
 torch.set_num_threads(1)
-transformers.logging.set_verbosity_error()
+sys.path.insert(0, TESTS)
 import remat
-from remat import zoo
-
-def t5():
-    torch.manual_seed(0)
-    cfg = transformers.T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=3, num_heads=4,
-                                decoder_start_token_id=0)
-    ids = torch.randint(0, 512, (4, 32))
-    return transformers.T5ForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
+from architectures import gpt2, t5
 
 out = {}
-for name, build in [("gpt2", lambda: zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=64, batch=2, vocab=256)), ("t5", t5)]:
+for build in (gpt2, t5):
     model, inputs = build()
     prof = remat.profile(model, inputs, mode="fake")
     frontier = remat.frontier(prof)
-    out[name] = {
+    out[build.__name__] = {
         "profile": hashlib.sha256(prof.to_json().encode()).hexdigest(),
         "frontier": [(p.peak_bytes, p.recompute_flops) for p in frontier],
         "plan": remat.plan(prof, (frontier[0].peak_bytes + frontier[-1].peak_bytes) // 2).to_json(),
     }
 print(json.dumps(out, sort_keys=True))
-'''
+'''.replace("TESTS", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _run(env_extra: dict[str, str]) -> str:

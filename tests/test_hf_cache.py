@@ -8,28 +8,14 @@ storage", because a recomputed layer appended to the cache again.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
+import architectures
 import remat
-from remat import zoo
 from remat.hf import CACHE_NOTE
-
-
-def _t5():
-    import transformers
-
-    torch.manual_seed(0)
-    cfg = transformers.T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=3, num_heads=4,
-                                decoder_start_token_id=0)
-    ids = torch.randint(0, 512, (4, 32))
-    return transformers.T5ForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
-
-
-def _gpt2():
-    model, inputs = zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=64, batch=2, vocab=256)
-    model.config.use_cache = True  # the Hugging Face default (remat's zoo turns it off)
-    return model, inputs
 
 
 def _train(model, inputs, steps: int = 2) -> None:
@@ -40,7 +26,7 @@ def _train(model, inputs, steps: int = 2) -> None:
         opt.zero_grad(set_to_none=True)
 
 
-@pytest.mark.parametrize("build", [_gpt2, _t5], ids=["gpt2", "t5"])
+@pytest.mark.parametrize("build", [architectures.gpt2, architectures.t5], ids=["gpt2", "t5"])
 def test_a_model_with_the_cache_on_plans_applies_verifies_and_trains(build):
     model, inputs = build()
     prof = remat.profile(model, inputs)
@@ -57,18 +43,16 @@ def test_a_model_with_the_cache_on_plans_applies_verifies_and_trains(build):
 
 
 def test_a_selective_plan_on_gpt2_with_the_cache_on_trains():
-    model, inputs = _gpt2()
+    model, inputs = architectures.gpt2()
     prof = remat.profile(model, inputs)
     selective = [b.name for b in prof.blocks]
-    plan = remat.plan(prof, prof.peak_bytes - 1)
-    plan = type(plan)(**{**{f: getattr(plan, f) for f in plan.__dataclass_fields__}, "segments": [],
-                         "selective": selective})
+    plan = dataclasses.replace(remat.plan(prof, prof.peak_bytes - 1), segments=[], selective=selective)
     remat.apply(model, plan)
     _train(model, inputs)
 
 
 def test_the_cache_is_off_only_while_a_plan_is_applied_and_only_in_training():
-    model, inputs = _gpt2()
+    model, inputs = architectures.gpt2()
     assert model(**inputs).past_key_values is not None
     remat.apply(model, "every-block")
     assert model(**inputs).past_key_values is None  # training forward: no cache
@@ -78,3 +62,17 @@ def test_the_cache_is_off_only_while_a_plan_is_applied_and_only_in_training():
     model.train()
     remat.remove(model)
     assert model(**inputs).past_key_values is not None
+
+
+def test_a_step_the_plan_breaks_is_a_remat_error_from_verify_not_a_raw_traceback():
+    """With the cache kept on (as explain measures), a selective plan breaks GPT-2's backward: verify says so."""
+    from remat.hf import cache_as_configured
+
+    model, inputs = architectures.gpt2()
+    prof = remat.profile(model, inputs)
+    selective = [b.name for b in prof.blocks]
+    plan = dataclasses.replace(remat.plan(prof, prof.peak_bytes - 1), segments=[], selective=selective)
+    with cache_as_configured(), pytest.raises(remat.RematError, match=r"^remat: backward with the plan applied raised "
+                                              r"RuntimeError: .*the plan broke it.*Fix: remat.remove\(model\)"):
+        remat.verify(model, inputs, plan)
+    assert all("forward" not in m.__dict__ for m in model.modules())  # verify left the model unplanned

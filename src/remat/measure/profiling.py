@@ -11,13 +11,21 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from remat._torch_compat import FAKE_OP_ERRORS, FakeTensorMode, ModuleTracker
-from remat.errors import RematError, UnsupportedOp
+from remat._torch_compat import FakeTensorMode, ModuleTracker
+from remat.errors import RematError
 from remat.hf import CACHE_NOTE, no_cache_in_training
 from remat.measure import fake
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
-from remat.measure.step import StateSnapshot, StepInputs, check_model, compute_loss, make_optimizer, normalize_inputs
+from remat.measure.step import (
+    StateSnapshot,
+    StepInputs,
+    check_model,
+    compute_loss,
+    make_optimizer,
+    normalize_inputs,
+    run_user_code,
+)
 from remat.measure.tracker import Tracker
 from remat.module_tree import find_candidates
 from remat.types import Mode, StepProfile
@@ -147,15 +155,15 @@ class _Run:
             try:
                 phase("forward")
                 with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, _identity):
-                    out = _run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
+                    out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
                     phase("loss")
-                    loss = _run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))
+                    loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))
                 phase("backward")
-                _run_user_code("backward", loss.backward)
+                run_user_code("backward", loss.backward)
                 kinds["grads"] += [p.grad for p in model.parameters() if p.grad is not None]
                 if opt is not None:
                     phase("optimizer")
-                    _run_user_code("the optimizer step", opt.step)
+                    run_user_code("the optimizer step", opt.step)
                     kinds["optimizer"] += _optimizer_state(opt)
                 _classify(tracker, kinds)
                 del out, loss
@@ -199,27 +207,6 @@ def _phase_setter(tracker: Tracker, progress: Progress | None):
             progress(name, len(tracker.ops))
 
     return set_phase
-
-
-def _run_user_code(what: str, fn):
-    try:
-        return fn()
-    except RematError:
-        raise
-    except FAKE_OP_ERRORS as e:
-        op = str(getattr(e, "func", "") or e)
-        raise UnsupportedOp(
-            f"remat: fake mode cannot run op {op} during {what}: its output depends on tensor values "
-            "that fake tensors do not have. Expected only shape-determined ops. "
-            "Fix: profile with mode='real' (on a smaller batch if memory is short), or avoid the "
-            "data-dependent op (.item(), nonzero, boolean masking) in the training step.",
-            op,
-        ) from e
-    except Exception as e:
-        raise RematError(
-            f"remat: {what} raised {type(e).__name__}: {e}. Expected the training step to run on the given "
-            "inputs. Fix: check that the inputs match what the model takes (try calling it yourself first)."
-        ) from e
 
 
 def _register_state(tracker: Tracker, model: nn.Module, step, opt) -> dict[str, list]:

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from remat._torch_compat import tree_flatten
-from remat.errors import RematError
+from remat._torch_compat import FAKE_OP_ERRORS, tree_flatten
+from remat.errors import RematError, UnsupportedOp
 
 FIX_INPUTS = "Fix: pass a tensor, a tuple of positional arguments, or a dict of keyword arguments."
 
@@ -145,3 +145,28 @@ class StateSnapshot:
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:
             torch.cuda.set_rng_state_all(self.cuda_rng)
+
+
+RUN_FIX = "Fix: check that the inputs match what the model takes (try calling it yourself first)."
+
+
+def run_user_code(what: str, fn: Callable[[], Any], fix: str = RUN_FIX) -> Any:
+    """`fn()`, a part of the user's training step; what it raises becomes a `remat:` error saying which part."""
+    try:
+        return fn()
+    except RematError:
+        raise
+    except FAKE_OP_ERRORS as e:
+        op = str(getattr(e, "func", "") or e)
+        raise UnsupportedOp(
+            f"remat: fake mode cannot run op {op} during {what}: its output depends on tensor values "
+            "that fake tensors do not have. Expected only shape-determined ops. "
+            "Fix: profile with mode='real' (on a smaller batch if memory is short), or avoid the "
+            "data-dependent op (.item(), nonzero, boolean masking) in the training step.",
+            op,
+        ) from e
+    except Exception as e:
+        raise RematError(
+            f"remat: {what} raised {type(e).__name__}: {str(e).rstrip('.')}. Expected the training step to run on the given "
+            f"inputs. {fix}"
+        ) from e

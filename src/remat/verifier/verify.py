@@ -15,7 +15,7 @@ from remat.applier.apply import applied, apply, remove
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
 from remat.measure import profile
-from remat.measure.step import StateSnapshot, check_model, compute_loss, normalize_inputs
+from remat.measure.step import RUN_FIX, StateSnapshot, check_model, compute_loss, normalize_inputs, run_user_code
 from remat.types import Plan, VerifyReport
 
 
@@ -63,6 +63,12 @@ def verify(
         measured_offload_bytes=planned.offload_bytes,
         predicted_offload_bytes=plan.offload_bytes,
     )
+
+
+PLANNED_FIX = (
+    "The step runs without the plan, so the plan broke it: a forward that changes state outside its "
+    "tensors (a cache, a counter) cannot be recomputed. Fix: remat.remove(model), and report the model to remat."
+)
 
 
 @contextlib.contextmanager
@@ -113,9 +119,11 @@ def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:
         p.grad = None
     try:
         torch.manual_seed(0)
+        planned, fix = (" with the plan applied", PLANNED_FIX) if applied(model) is not None else ("", RUN_FIX)
         with FlopCounterMode(display=False) as counter:
-            out = model(*step.args, **step.kwargs)
-            compute_loss(out, loss_fn).backward()
+            out = run_user_code(f"the model's forward{planned}", lambda: model(*step.args, **step.kwargs), fix)
+            loss = run_user_code(f"the loss{planned}", lambda: compute_loss(out, loss_fn), fix)
+            run_user_code(f"backward{planned}", loss.backward, fix)
         grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
         buffers = [b.detach().clone() for b in model.buffers()]
         return _StepResult(grads, buffers, counter.get_total_flops())
