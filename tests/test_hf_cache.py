@@ -76,3 +76,17 @@ def test_a_step_the_plan_breaks_is_a_remat_error_from_verify_not_a_raw_traceback
                                               r"RuntimeError: .*the plan broke it.*Fix: remat.remove\(model\)"):
         remat.verify(model, inputs, plan)
     assert all("forward" not in m.__dict__ for m in model.modules())  # verify left the model unplanned
+
+
+def test_use_cache_passed_by_position_or_by_name_is_turned_off_in_training():
+    import inspect
+
+    model, inputs = architectures.gpt2()
+    names = list(inspect.signature(model.forward).parameters)
+    args = [None] * (names.index("use_cache") + 1)
+    args[names.index("input_ids")], args[names.index("use_cache")] = inputs["input_ids"], True
+    remat.apply(model, "every-block")
+    assert model(*args).past_key_values is None
+    assert model(**inputs, use_cache=True).past_key_values is None
+    remat.remove(model)
+    assert model(*args).past_key_values is not None

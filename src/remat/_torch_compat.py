@@ -137,14 +137,9 @@ class ModuleTracker(_ModuleTracker):
     def innermost(self, recompute: bool) -> str | None:
         """The module running now: of the recomputed ones for a recomputed op, else of the others, the
         deepest; among equally deep ones (two embeddings whose backward hooks are both open), the one
-        entered last, then the first by name, so that the answer never depends on set order."""
+        entered last (then the last by name), so that the answer never depends on set order."""
         names = [n for n in (self.recomputing if recompute else self.parents) if n != "Global"]
-        return max(names, key=lambda n: (n.count("."), self.entered.get(n, -1), _reverse(n)), default=None)
-
-
-def _reverse(name: str) -> tuple[int, ...]:
-    """A key under which max() picks the first name in alphabetical order."""
-    return tuple(-ord(c) for c in name)
+        return max(names, key=lambda n: (n.count("."), self.entered.get(n, -1), n), default=None)
 
 
 # -- intercepting torch.utils.checkpoint (used by remat.explainer) ------------------------------------

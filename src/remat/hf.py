@@ -41,17 +41,22 @@ class NoCacheInTraining:
     def __init__(self, model: nn.Module):
         self.turned_off = False
         self._handle = None
-        if _takes_use_cache(model):
+        self._position = _use_cache_position(model)
+        """Index of `use_cache` among the forward's parameters (an argument may pass it by position)."""
+        if self._position is not None:
             self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
         if _AS_CONFIGURED.get() or not (module.training and torch.is_grad_enabled()):
             return None
-        asked = kwargs.get("use_cache")
+        positional = len(args) > self._position
+        asked = args[self._position] if positional else kwargs.get("use_cache")
         on = asked if asked is not None else getattr(getattr(module, "config", None), "use_cache", False)
         if not on:
             return None
         self.turned_off = True
+        if positional:
+            return (*args[: self._position], False, *args[self._position + 1 :]), kwargs
         return args, {**kwargs, "use_cache": False}
 
     def remove(self) -> None:
@@ -80,8 +85,10 @@ def cache_as_configured() -> Iterator[None]:
         _AS_CONFIGURED.reset(token)
 
 
-def _takes_use_cache(model: nn.Module) -> bool:
+def _use_cache_position(model: nn.Module) -> int | None:
+    """Where `use_cache` stands among the parameters of the model's forward; None if it takes none."""
     try:
-        return "use_cache" in inspect.signature(model.forward).parameters
+        names = list(inspect.signature(model.forward).parameters)
     except (TypeError, ValueError):  # no signature to read
-        return False
+        return None
+    return names.index("use_cache") if "use_cache" in names else None
