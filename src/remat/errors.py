@@ -4,6 +4,12 @@ expected, what was seen, and how to fix it."""
 from __future__ import annotations
 
 
+def listing(names, most: int) -> str:
+    """How a message lists names: the first `most`, comma-separated, then " ..." if there are more."""
+    names = list(names)
+    return ", ".join(names[:most]) + (" ..." if len(names) > most else "")
+
+
 class RematError(Exception):
     """A user-facing error: bad input, an unsupported model part, an impossible request."""
 

@@ -50,9 +50,7 @@ class NoCacheInTraining:
         if _AS_CONFIGURED.get() or not (module.training and torch.is_grad_enabled()):
             return None
         positional = len(args) > self._position
-        asked = args[self._position] if positional else kwargs.get("use_cache")
-        on = asked if asked is not None else getattr(getattr(module, "config", None), "use_cache", False)
-        if not on:
+        if not builds_cache(module, args[self._position] if positional else kwargs.get("use_cache")):
             return None
         self.turned_off = True
         if positional:
@@ -63,6 +61,11 @@ class NoCacheInTraining:
         if self._handle is not None:
             self._handle.remove()
             self._handle = None
+
+
+def builds_cache(model: nn.Module, asked: bool | None) -> bool:
+    """Whether a forward of `model` builds the cache (Rule 1): `use_cache` as passed, else as its config says."""
+    return bool(asked if asked is not None else getattr(getattr(model, "config", None), "use_cache", False))
 
 
 @contextlib.contextmanager

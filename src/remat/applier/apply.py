@@ -7,11 +7,11 @@ from typing import Any
 
 import torch.nn as nn
 
-from remat.errors import RematError
+from remat import planner
+from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
+from remat.errors import RematError, listing
 from remat.hf import NoCacheInTraining
 from remat.measure import profile
-from remat.planner import plan as make_plan
-from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.module_tree import find_candidates, join, main_chain, parent_name, runs_children_in_order
 from remat.planner.recipes import RECIPES
 from remat.types import Action, Plan, Recipe
@@ -48,7 +48,7 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
     segments, selective, offload = _what_to_wrap(model, plan)
     if offload and not any(t.is_cuda for t in [*model.parameters(), *model.buffers()]):
         warnings.warn(
-            f"remat: the plan offloads {_few(offload)}, but {type(model).__name__} is not on a GPU: its saved "
+            f"remat: the plan offloads {listing(offload, 4)}, but {type(model).__name__} is not on a GPU: its saved "
             "tensors are copied within CPU memory, which saves nothing. Move the model to the GPU the plan was "
             "made for.",
             stacklevel=2,
@@ -58,7 +58,7 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
     object.__setattr__(model, NO_CACHE, NoCacheInTraining(model))  # NOTE [The key/value cache in training]
     if skipped:
         warnings.warn(
-            f"remat: {_few(skipped)} already checkpointed by Hugging Face gradient checkpointing: left to it, "
+            f"remat: {listing(skipped, 4)} already checkpointed by Hugging Face gradient checkpointing: left to it, "
             "not checkpointed twice.",
             stacklevel=2,
         )
@@ -75,11 +75,6 @@ def _what_to_wrap(model: nn.Module, plan: Plan | str) -> tuple[list[list[str]], 
         f"remat: apply expects a remat.Plan or one of {RECIPE_NAMES}, saw {type(plan).__name__}. "
         "Fix: pass remat.plan(profile, budget) or 'every-block'."
     )
-
-
-def _few(names: list[str]) -> str:
-    """The first four names, "..." for the rest."""
-    return ", ".join(names[:4]) + (" ..." if len(names) > 4 else "")
 
 
 def remove(model: nn.Module) -> nn.Module:
@@ -115,7 +110,7 @@ def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, **
     Example: plan = remat.auto(model, batch, budget="6GiB", optimizer=opt)
     """
     prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
-    p = make_plan(prof, budget, **plan_options)
+    p = planner.plan(prof, budget, **plan_options)
     apply(model, p)
     return p
 
@@ -131,8 +126,8 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
     missing += [n for n in named if n not in modules and n not in missing]
     if missing:
         raise RematError(
-            f"remat: the plan names modules this {type(model).__name__} does not have: {', '.join(missing[:6])}"
-            f"{' ...' if len(missing) > 6 else ''}. Expected a plan made for this model (plan.model = "
+            f"remat: the plan names modules this {type(model).__name__} does not have: {listing(missing, 6)}. "
+            f"Expected a plan made for this model (plan.model = "
             f"{plan.model!r}). Fix: profile and plan this model, then apply."
         )
     changed = [f"{b.name} ({b.type} in the plan, {type(modules[b.name]).__name__} here)" for b in plan.blocks
@@ -141,8 +136,8 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
     changed += [f"{n} (here, not in the plan)" for n in main_chain(find_candidates(model)) if n not in planned]
     if changed:
         raise RematError(
-            f"remat: the plan was made for a different model: {', '.join(changed[:4])}"
-            f"{' ...' if len(changed) > 4 else ''}. Expected the modules the plan was made for (plan.model = "
+            f"remat: the plan was made for a different model: {listing(changed, 4)}. "
+            f"Expected the modules the plan was made for (plan.model = "
             f"{plan.model!r}). Fix: profile and plan this model, then apply."
         )
     for seg in plan.segments:

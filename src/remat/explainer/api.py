@@ -30,17 +30,15 @@ import torch.nn as nn
 
 from remat import planner
 from remat._torch_compat import tree_flatten
-from remat.errors import InfeasibleBudget, RematError
-from remat.hf import cache_as_configured
-from remat.types import CheckpointRegion, Explanation, Finding, Severity
+from remat.errors import InfeasibleBudget, RematError, listing
 from remat.explainer.record import Policy, RecordedCall, Recorder
 from remat.explainer.rules import RULES, Evidence
+from remat.hf import builds_cache, cache_as_configured
 from remat.measure import profile
 from remat.measure.step import check_model, normalize_inputs
 from remat.planner.budget import parse_budget
-from remat.types import Plan
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit
-from remat.types import StepProfile
+from remat.types import CheckpointRegion, Explanation, Finding, Severity, StepProfile
 
 MAX_MEASURED = 12
 """Most checkpoints measured one at a time (each costs one more profiled step)."""
@@ -118,11 +116,13 @@ class _Step:
     reserved_bytes: int | None = None
     """CUDA, real mode: `torch.cuda.max_memory_reserved()` over the step as written."""
 
-    def run(self, policy: Policy, inputs: Any = None) -> tuple[StepProfile, Recorder]:
+    def run(self, policy: Policy, *, as_written: bool = True) -> tuple[StepProfile, Recorder]:
+        """The step under `policy`; with its key/value cache as written, or turned off as Hugging Face
+        trains under checkpointing (NOTE [The key/value cache in training])."""
         recorder = Recorder(self.model, policy)
-        inputs = self.inputs if inputs is None else inputs
-        with recorder.active(), _input_grads_kept(inputs), cache_as_configured():  # Rule 3 of the cache NOTE
-            prof = profile(self.model, inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
+        cache = cache_as_configured() if as_written else contextlib.nullcontext()
+        with recorder.active(), _input_grads_kept(self.inputs), cache:
+            prof = profile(self.model, self.inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         return prof, recorder
 
     def run_as_written(self) -> tuple[StepProfile | None, Recorder, RematError | None]:
@@ -156,16 +156,12 @@ def _input_grads_kept(inputs: Any) -> Iterator[None]:
 def _observed(observed: int | str | None) -> int | None:
     if observed is None:
         return None
-    if isinstance(observed, float) or isinstance(observed, bool):
+    # a fraction or percentage of a peak of 0 reads as 0: like a float, not a figure anyone saw
+    seen = 0 if isinstance(observed, (float, bool)) else parse_budget(observed, 0)
+    if seen == 0:
         raise RematError(
             f"remat: observed must be bytes (an int) or a string with units such as '7212MiB'; saw {observed!r}. "
             "Fix: pass the figure you saw, e.g. observed='7212MiB'."
-        )
-    seen = parse_budget(observed, 0)  # a fraction or percentage of 0 is 0: not a figure anyone saw
-    if seen == 0:
-        raise RematError(
-            f"remat: observed must be bytes (an int) or a string with units such as '7212MiB'; saw {observed!r}, "
-            "a fraction. Fix: pass the figure you saw, e.g. observed='7212MiB'."
         )
     return seen
 
@@ -200,7 +196,8 @@ def _region(call: RecordedCall, step: _Step, problem: Problem, plain: StepProfil
         effect = (None, None, None, "")
     return CheckpointRegion(
         **dataclasses.asdict(call.site), modules=tuple(call.modules), draws_random=call.draws_random,
-        blocks=unit.blocks if unit is not None else (), freed_bytes=effect[0], recompute_flops=effect[1], peak_bytes=effect[2], source=effect[3],
+        blocks=unit.blocks if unit is not None else (), freed_bytes=effect[0], recompute_flops=effect[1],
+        peak_bytes=effect[2], source=effect[3],
     )
 
 
@@ -237,26 +234,12 @@ def _least_peak(plain: StepProfile) -> int:
 
 def _kv_cache(step: _Step, model: nn.Module, written, plain: StepProfile) -> tuple[int, int] | None:
     """(peak with the cache, peak without it), measured, when the model would build a KV cache in training."""
-    config = getattr(model, "config", None)
     asked = step.inputs.get("use_cache") if isinstance(step.inputs, dict) else None
-    if not (asked is True or (asked is None and getattr(config, "use_cache", None) is True)):
+    if not builds_cache(model, asked):
         return None
     base = written if written is not None else plain  # the step as written, if it runs
-    with _cache_off(config, step.inputs) as inputs:
-        without = step.run(lambda i: written is not None, inputs)[0]
+    without = step.run(lambda i: written is not None, as_written=False)[0]
     return base.peak_bytes, without.peak_bytes
-
-
-@contextlib.contextmanager
-def _cache_off(config, inputs) -> Iterator[Any]:
-    if isinstance(inputs, dict) and "use_cache" in inputs:
-        yield {**inputs, "use_cache": False}
-        return
-    config.use_cache = False
-    try:
-        yield inputs
-    finally:
-        config.use_cache = True
 
 
 # -- notes -------------------------------------------------------------------------------------------------
@@ -274,6 +257,6 @@ def _notes(plain: StepProfile, regions: list[CheckpointRegion], calls: list[Reco
         why = "the step as written does not run" if failed else f"more than {MAX_MEASURED} would each need a step"
         notes.append(
             f"{len(unmeasured)} checkpoint(s) not measured one by one ({why}): "
-            + ", ".join(unmeasured[:4]) + (" ..." if len(unmeasured) > 4 else "")
+            + listing(unmeasured, 4)
         )
     return notes

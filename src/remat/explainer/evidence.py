@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from remat.errors import listing
 from remat.planner.problem import Problem
 from remat.report.text import fmt_bytes, fmt_flops
 from remat.types import CheckpointRegion, Plan, StepProfile
@@ -48,4 +49,4 @@ def _gflop(flops: int) -> str:
 def _few(names, n: int = 3) -> str:
     """The first `n` names, "..." for the rest."""
     names = list(names)
-    return ", ".join(names[:n]) + (" ..." if len(names) > n else "")
+    return listing(names, n)

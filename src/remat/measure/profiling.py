@@ -122,13 +122,14 @@ class _Run:
         sync = torch.cuda.synchronize if cuda_real else None
         tracker = Tracker(type(self.model).__name__, self.setup.rounding, self.setup.mode == Mode.REAL, sync)
         io = BlockIO(self.model, self.candidates, tracker)
+        kinds = _register_state(tracker, self.model, step, opt)  # before the clock starts, as before the step
         if cuda_real:
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             base_allocated = torch.cuda.memory_allocated()
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             t0 = time.perf_counter()
-            self._step(tracker, io, step, opt)
+            self._step(tracker, io, step, opt, kinds)
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
         if cache.turned_off:
             self.setup.notes.append(CACHE_NOTE)
@@ -143,10 +144,10 @@ class _Run:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
 
-    def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt: torch.optim.Optimizer | None) -> None:
-        """Forward, loss, backward and the optimizer step, each phase labelled on the tracker."""
+    def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list]) -> None:
+        """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the
+        tensors whose category is known (`_register_state`), grown by the gradients and optimizer state."""
         model = self.model
-        kinds = _register_state(tracker, model, step, opt)
         with contextlib.ExitStack() as stack:
             tracker.modules = stack.enter_context(ModuleTracker())
             stack.enter_context(io.hooks())

@@ -124,11 +124,12 @@ def frontier(
         budget = p.peak_bytes - 1
     least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
     if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
-        cost = (problem.cost(least), sum(u.cost_ops for u in least))
+        p = make_plan(profile, problem, least, name, None)
+        cost = (problem.cost(least), p.recompute_ops)
         while len(plans) > 1 and (len(plans) >= max_points or costs[-1] >= cost):
             plans.pop()  # make room for the least-memory plan, or dominated by it
             costs.pop()
-        plans.append(make_plan(profile, problem, least, name, None))
+        plans.append(p)
     return plans
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from remat.errors import RematError
+from remat.errors import RematError, listing
 from remat.types import _json
 from remat.types._text import render
 
@@ -216,10 +216,9 @@ class StepProfile:
         for b in self.blocks:
             if b.name == name:
                 return b
-        known = ", ".join(b.name for b in self.blocks[:8])
         raise RematError(
             f"remat: no candidate block named {name!r} in this profile; "
-            f"expected one of: {known}{' ...' if len(self.blocks) > 8 else ''}. "
+            f"expected one of: {listing((b.name for b in self.blocks), 8)}. "
             "Fix: pass blocks=[...] to remat.profile to add a module as a candidate."
         )
 
