@@ -18,13 +18,13 @@ PROCESS_TARGETS = __file__.replace("conftest.py", "process_targets.py")
 
 @pytest.fixture
 def process_peak(monkeypatch):
-    """`process_peak(factory, plan_path=None)`: the peak of one plain training step (Adam) of
-    tests/process_targets.py:`factory`, measured by the process that ran it (its VmHWM minus its
-    resident set before the model was built, in a fresh interpreter; NOTE [Measuring a step by the
-    process]), never by remat's tracker.  One intra-op thread, as in this suite."""
+    """`process_peak(factory, plan_path=None, step="steady", accumulate=1)`: the peak of the measured step
+    of a plain training loop (one Adam kept across steps; the third step in steady mode) of
+    tests/process_targets.py:`factory`, measured by the process that ran it in a fresh interpreter
+    (NOTE [Measuring a step by the process]), never by remat's tracker.  One intra-op thread, as in this suite."""
     monkeypatch.setenv("REMAT_THREADS", "1")
 
-    def measure(factory: str, plan_path=None) -> int:
-        return step_peak_bytes(f"{PROCESS_TARGETS}:{factory}", plan_path).peak_bytes
+    def measure(factory: str, plan_path=None, step: str = "steady", accumulate: int = 1) -> int:
+        return step_peak_bytes(f"{PROCESS_TARGETS}:{factory}", plan_path, step=step, accumulate=accumulate).peak_bytes
 
     return measure

@@ -93,8 +93,33 @@ def fake_optimizer(opt: torch.optim.Optimizer, table: dict[int, torch.Tensor], m
         new = type(opt)(groups)
     for p, st in opt.state.items():
         if id(p) in table:
-            new.state[table[id(p)]] = {
-                k: (_fake_like(v, mode, device if v.dim() else v.device) if isinstance(v, torch.Tensor) else v)
-                for k, v in st.items()
-            }
+            new.state[table[id(p)]] = {k: _fake_state(v, mode, device) for k, v in st.items()}
     return new
+
+
+def _fake_state(v, mode: FakeTensorMode, device: torch.device):
+    """A fake copy of one optimizer state value.  A step counter (a scalar tensor that has stepped) keeps
+    its value as a fake constant: the optimizer reads it with `.item()`, which fake tensors otherwise refuse."""
+    if not isinstance(v, torch.Tensor) or isinstance(v, FakeTensor):
+        return v
+    if v.dim() == 0:
+        value = v.item()
+        with mode:
+            return torch.tensor(value, dtype=v.dtype, device=v.device)
+    return _fake_like(v, mode, device)
+
+
+FOREACH_NOTE = (
+    "optimizer: its multi-tensor (foreach) kernels simulated, as torch picks them for CUDA parameters by default."
+)
+
+
+def multi_tensor_as_on_cuda(opt: torch.optim.Optimizer) -> bool:
+    """Give the (fake) optimizer the kernels torch picks for CUDA parameters: foreach where the user left the
+    choice to torch (it picks single-tensor kernels for fake tensors).  True if a group was changed."""
+    changed = False
+    for g in opt.param_groups:
+        if "foreach" in g and g["foreach"] is None and not g.get("fused") and not g.get("differentiable"):
+            g["foreach"] = True
+            changed = True
+    return changed

@@ -17,10 +17,12 @@ from remat.hf import CACHE_NOTE, no_cache_in_training
 from remat.measure import fake
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
+from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, tensors_in
 from remat.measure.step import (
     StateSnapshot,
     StepInputs,
     check_model,
+    check_optimizer,
     compute_loss,
     make_optimizer,
     normalize_inputs,
@@ -48,6 +50,8 @@ def profile(
     device: str | torch.device | None = None,
     blocks: list[str] | None = None,
     progress: Progress | None = None,
+    step: str = "steady",
+    accumulate: int = 1,
 ) -> StepProfile:
     """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
 
@@ -60,14 +64,21 @@ def profile(
     for a `device="cuda"` this machine does not have.  The model, its optimizer and the
     RNG are left as they were (a real step's updates are undone).
 
+    `step="steady"` (the default) measures the step a training loop repeats, with the
+    optimizer's state resident from its start; `step="first"` the first step of the
+    optimizer as given.  `accumulate=K` runs K forward/backward passes of `inputs` per
+    optimizer step (gradient accumulation).  See NOTE [The step that is measured].
+
     Known limitations: memory a kernel allocates and frees inside one op (cuBLAS
     workspaces) is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`)
     cannot run; a simulated CUDA target uses CPU kernels (e.g. CPU attention).
     """
     check_model(model)
+    loop = Loop.of(step, accumulate)
     step_inputs = normalize_inputs(inputs)
     setup = _setup(model, mode, device)
-    run = _Run(model, loss_fn, find_candidates(model, blocks), setup, progress)
+    check_optimizer(optimizer, model)
+    run = _Run(model, loss_fn, find_candidates(model, blocks), setup, progress, loop)
     if setup.mode == Mode.REAL:
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, step_inputs.tensors())
@@ -103,6 +114,8 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
         opt = make_optimizer(optimizer, run.model)
         if opt is not None and any(id(p) in table for g in opt.param_groups for p in g["params"]):
             opt = fake.fake_optimizer(opt, table, fake_mode, run_device)
+        if opt is not None and run.setup.target.type == "cuda" and fake.multi_tensor_as_on_cuda(opt):
+            run.setup.notes.append(fake.FOREACH_NOTE)
         with fake_mode:
             return run.measure(fake_step, opt)
 
@@ -116,20 +129,22 @@ class _Run:
     candidates: list[str]
     setup: Setup
     progress: Progress | None
+    loop: Loop = Loop()
 
     def measure(self, step: StepInputs, opt: torch.optim.Optimizer | None) -> StepProfile:
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
         tracker = Tracker(type(self.model).__name__, self.setup.rounding, self.setup.mode == Mode.REAL, sync)
         io = BlockIO(self.model, self.candidates, tracker)
-        kinds = _register_state(tracker, self.model, step, opt)  # before the clock starts, as before the step
-        if cuda_real:
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base_allocated = torch.cuda.memory_allocated()
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
+            lead = lead_in(self.model, step, self.loss_fn, opt, self.loop, self.setup.rounding)
+            kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
+            if cuda_real:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
+                base_allocated = torch.cuda.memory_allocated()
             t0 = time.perf_counter()
-            self._step(tracker, io, step, opt, kinds)
+            self._step(tracker, io, step, opt, kinds, lead.held)
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
         if cache.turned_off:
             self.setup.notes.append(CACHE_NOTE)
@@ -140,13 +155,21 @@ class _Run:
                 f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes"
             )
         prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
+        first_peak = lead.first_peak
+        notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
+        prof = dataclasses.replace(
+            prof, step=str(self.loop.step), accumulate=self.loop.accumulate, first_step_peak_bytes=first_peak,
+            notes=prof.notes + notes,
+        )
         if cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
 
-    def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list]) -> None:
+    def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
         """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the
-        tensors whose category is known (`_register_state`), grown by the gradients and optimizer state."""
+        tensors whose category is known (`_register_state`), grown by the gradients and optimizer state;
+        `held`, the previous pass's output and loss, is let go when the forward returns (NOTE [The step
+        that is measured], Rule 4)."""
         model = self.model
         with contextlib.ExitStack() as stack:
             tracker.modules = stack.enter_context(ModuleTracker())
@@ -157,6 +180,7 @@ class _Run:
                 phase("forward")
                 with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, _identity):
                     out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
+                    held.clear()
                     phase("loss")
                     loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))
                 phase("backward")
@@ -210,8 +234,9 @@ def _phase_setter(tracker: Tracker, progress: Progress | None):
     return set_phase
 
 
-def _register_state(tracker: Tracker, model: nn.Module, step, opt) -> dict[str, list]:
-    """Pre-existing storages (Rule 3) and the tensors whose category is known."""
+def _register_state(tracker: Tracker, model: nn.Module, step, opt, held: list) -> dict[str, list]:
+    """Pre-existing storages (Rule 3) and the tensors whose category is known; `held` (the previous pass's
+    output and loss) is pre-existing too, and ends up a temporary."""
     kinds: dict[str, list] = {
         "params": list(model.parameters()),
         "buffers": list(model.buffers()),
@@ -221,9 +246,8 @@ def _register_state(tracker: Tracker, model: nn.Module, step, opt) -> dict[str, 
     }
     if opt is not None:
         kinds["optimizer"] = _optimizer_state(opt)
-    for ts in kinds.values():
-        for t in ts:
-            tracker.record_of(t, before_step=True)
+    for t in [t for ts in kinds.values() for t in ts] + tensors_in(held):
+        tracker.record_of(t, before_step=True)
     return kinds
 
 

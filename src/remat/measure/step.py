@@ -58,12 +58,21 @@ def check_model(model: Any) -> nn.Module:
     return model
 
 
+OPTIMIZER_FIX = "Fix: pass e.g. torch.optim.Adam(model.parameters()), or a factory `lambda ps: torch.optim.Adam(ps)`."
+
+
 def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | None:
     """None, an optimizer instance, or a factory `params -> optimizer`."""
     if optimizer is None or isinstance(optimizer, torch.optim.Optimizer):
         return optimizer
     if callable(optimizer):
-        opt = optimizer(model.parameters())
+        try:
+            opt = optimizer(model.parameters())
+        except Exception as e:
+            raise RematError(
+                f"remat: the optimizer factory raised {type(e).__name__}: {str(e).rstrip('.')}. Expected a callable "
+                f"that takes the model's parameters and returns a torch.optim.Optimizer. {OPTIMIZER_FIX}"
+            ) from e
         if not isinstance(opt, torch.optim.Optimizer):
             raise RematError(
                 f"remat: the optimizer factory returned {type(opt).__name__}, expected a torch.optim.Optimizer. "
@@ -72,7 +81,24 @@ def make_optimizer(optimizer: Any, model: nn.Module) -> torch.optim.Optimizer | 
         return opt
     raise RematError(
         f"remat: optimizer must be None, a torch.optim.Optimizer or a factory params -> optimizer; "
-        f"saw {type(optimizer).__name__}. Fix: pass e.g. torch.optim.Adam(model.parameters())."
+        f"saw {type(optimizer).__name__}. {OPTIMIZER_FIX}"
+    )
+
+
+def check_optimizer(optimizer: Any, model: nn.Module) -> None:
+    """An optimizer instance must update this model's parameters and no other tensors."""
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        return
+    ours = {id(p) for p in model.parameters()}
+    held = [p for g in optimizer.param_groups for p in g["params"]]
+    foreign = sum(id(p) not in ours for p in held)
+    if held and not foreign:
+        return
+    seen = f"{foreign} of the {len(held)} tensors it holds are not" if held else "it holds no tensor, so none is"
+    raise RematError(
+        f"remat: the optimizer does not hold the parameters of {type(model).__name__}: {seen} among the model's "
+        f"{len(ours)} parameters (an optimizer built before a copy of the model, or for another model?). "
+        f"Expected an optimizer over this model's parameters. {OPTIMIZER_FIX}"
     )
 
 

@@ -190,3 +190,49 @@ class Tracker(TorchDispatchMode):
             )
         )
         return out
+
+
+class PeakMeter(TorchDispatchMode):
+    """The peak of live tensor bytes of a stretch of ops, and nothing else (Rules 1-4 of
+    NOTE [What counts as live memory]): the cheap meter of a step that is not profiled."""
+
+    def __init__(self, state: list[torch.Tensor], rounding: int = 1):
+        super().__init__()
+        self.rounding = rounding
+        self.live_bytes = 0
+        self.peak_bytes = 0
+        self._live: dict[int, int] = {}
+        for t in state:
+            self.see(t)
+        self.peak_bytes = self.live_bytes
+
+    def see(self, t: torch.Tensor) -> None:
+        if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
+            return
+        try:
+            st = t.untyped_storage()
+        except (RuntimeError, NotImplementedError):
+            return
+        key = id(st)
+        if key in self._live:
+            return
+        r = self.rounding
+        n = st.nbytes() if r <= 1 else (st.nbytes() + r - 1) // r * r
+        self._live[key] = n
+        self.live_bytes += n
+        weakref.finalize(st, self._freed, key)
+
+    def _freed(self, key: int) -> None:
+        self.live_bytes -= self._live.pop(key, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        for a in tree_flatten((args, kwargs))[0]:
+            if isinstance(a, torch.Tensor):
+                self.see(a)
+        out = func(*args, **kwargs)
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor):
+                self.see(t)
+        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+        return out

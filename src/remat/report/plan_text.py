@@ -9,6 +9,7 @@ from rich.console import Console
 from rich.table import Table
 
 from remat.types import BY_HAND, Plan
+from remat.types.verification import PREDICTION_AGREES
 from remat.report.text import REPORT_WIDTH, fmt_bytes
 
 
@@ -82,11 +83,21 @@ def render_verify(report) -> str:
         ok(report.measured_recompute_flops == report.predicted_recompute_flops),
     )
     table.add_row(
-        "peak (tracked, real mode)",
+        f"peak ({report.step} step, tracked)",
         fmt_bytes(report.measured_peak_bytes, "auto"),
         fmt_bytes(report.predicted_peak_bytes, "auto"),
-        f"{report.peak_error:+.1%} " + ok(abs(report.peak_error) <= 0.05),
+        f"{report.peak_error:+.1%} " + ok(abs(report.peak_error) <= PREDICTION_AGREES),
     )
+    if report.independent_peak_bytes is not None:
+        gap = (report.measured_peak_bytes - report.independent_peak_bytes) / report.independent_peak_bytes
+        table.add_row(
+            f"peak by the {report.independent_counter}",
+            fmt_bytes(report.independent_peak_bytes, "auto"),
+            f"tracked {gap:+.1%}",
+            ok(report.counters_agree),
+        )
+    if report.budget_bytes is not None:
+        table.add_row("budget", fmt_bytes(report.budget_bytes, "auto"), "", ok(report.fits_budget))
     if report.predicted_offload_bytes or report.measured_offload_bytes:
         table.add_row(
             "offloaded to CPU memory",

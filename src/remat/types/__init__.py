@@ -8,7 +8,7 @@ Nothing here measures, plans or prints: `str()` of each is the report that
 """
 
 from remat.types.explanation import CheckpointCallSite, CheckpointRegion, Explanation, Finding
-from remat.types.kinds import KEEP_ALL_SOLVER, Action, Mode, Recipe, Severity, Solver
+from remat.types.kinds import KEEP_ALL_SOLVER, Action, Mode, Recipe, Severity, Solver, Step
 from remat.types.plan import BY_HAND, PLAN_FORMAT, PLAN_VERSION, Plan, PlannedBlock, load_plan
 from remat.types.profile import (
     CATEGORIES,
@@ -44,6 +44,7 @@ __all__ = [
     "Recipe",
     "Severity",
     "Solver",
+    "Step",
     "StepProfile",
     "Timeline",
     "VerifyReport",

@@ -14,6 +14,15 @@ class Mode(StrEnum):
     """Predict the step with fake tensors, allocating nothing."""
 
 
+class Step(StrEnum):
+    """Which step of the training loop a profile measures (NOTE [The step that is measured])."""
+
+    STEADY = "steady"
+    """The step a training loop repeats: from the second step on, the optimizer's state resident."""
+    FIRST = "first"
+    """The first step of the optimizer as given (a fresh one creates its state inside `step()`)."""
+
+
 class Action(StrEnum):
     """What a plan does with a candidate module (NOTE [The memory model of a plan])."""
 

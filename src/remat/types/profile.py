@@ -15,7 +15,9 @@ from remat.types import _json
 from remat.types._text import render
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 2  # 2: BlockProfile gained the selective, op-count, offload and container fields
+PROFILE_VERSION = 3
+"""2: BlockProfile gained the selective, op-count, offload and container fields.
+3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`."""
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "activations", "temporaries")
@@ -210,6 +212,13 @@ class StepProfile:
     """Pinned host<->device copy speed measured after a real CUDA step (what offloading costs); 0.0 otherwise."""
     notes: list[str] = field(default_factory=list)
     """Things the measurement noticed that a reader should know (fallbacks, unsupported parts)."""
+    step: str = "steady"
+    """Which step of the training loop was measured: "steady" (from the second step on, the optimizer's
+    state resident) or "first" (NOTE [The step that is measured] in `remat.measure.loop`)."""
+    accumulate: int = 1
+    """Forward/backward passes per optimizer step; the figures are those of the last pass and the optimizer step."""
+    first_step_peak_bytes: int | None = None
+    """Peak live tensor bytes of the first step, metered before a steady-state measurement (None for step="first")."""
 
     # -- convenience ---------------------------------------------------------
     def block(self, name: str) -> BlockProfile:
@@ -232,7 +241,8 @@ class StepProfile:
     @classmethod
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
-            text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`"
+            text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
+            upgrades={2: _from_version_2},
         )
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
@@ -242,3 +252,8 @@ class StepProfile:
             return cls(**data)
 
         return _json.build(PROFILE_FORMAT, PROFILE_VERSION, make, "profile")
+
+
+def _from_version_2(data: dict) -> dict:
+    """Version 2 profiles measured the first step of the optimizer as given."""
+    return {**data, "step": "first"}

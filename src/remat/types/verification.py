@@ -7,6 +7,14 @@ from dataclasses import dataclass
 from remat.types._text import render
 
 
+PREDICTION_AGREES = 0.05
+"""The tracked peak of the planned step within this fraction of the plan's prediction."""
+COUNTERS_AGREE = 0.03
+"""The tracked peak within this fraction of the independent counter's."""
+BUDGET_SLACK = 0.01
+"""The planned step may exceed its budget by this fraction (allocator and interpreter noise)."""
+
+
 @dataclass(frozen=True)
 class VerifyReport:
     """The step with and without the plan, from the same RNG state."""
@@ -27,6 +35,13 @@ class VerifyReport:
     measured_offload_bytes: int = 0
     """Bytes the offloaded modules copied to CPU memory in the planned step."""
     predicted_offload_bytes: int = 0
+    independent_peak_bytes: int | None = None
+    """Peak of the planned step by a counter that is not remat's tracker (`independent_counter`); None if none
+    could be read here."""
+    independent_counter: str = ""
+    """What measured `independent_peak_bytes`: the process's high-water mark on CPU, the CUDA allocator on CUDA."""
+    step: str = "steady"
+    """The step of the training loop measured ("steady": from the second step on; "first")."""
 
     @property
     def grads_equal(self) -> bool:
@@ -38,13 +53,32 @@ class VerifyReport:
         return (self.measured_peak_bytes - self.predicted_peak_bytes) / self.predicted_peak_bytes
 
     @property
+    def counters_agree(self) -> bool:
+        """The tracker and the independent counter within COUNTERS_AGREE of each other (True if there is no
+        independent figure)."""
+        if self.independent_peak_bytes is None:
+            return True
+        return abs(self.measured_peak_bytes - self.independent_peak_bytes) <= COUNTERS_AGREE * self.independent_peak_bytes
+
+    @property
+    def fits_budget(self) -> bool:
+        """The planned step's peak, by the independent counter where there is one, within the budget (+1%)."""
+        if self.budget_bytes is None:
+            return True
+        peak = self.independent_peak_bytes if self.independent_peak_bytes is not None else self.measured_peak_bytes
+        return peak <= (1 + BUDGET_SLACK) * self.budget_bytes
+
+    @property
     def ok(self) -> bool:
-        """Gradients and buffers equal, FLOPs as predicted, peak within 5% of the prediction."""
+        """Gradients and buffers equal, FLOPs as predicted, the tracked peak within 5% of the prediction and
+        within 3% of the independent counter, and the step within the plan's budget."""
         return (
             self.grads_equal
             and self.buffers_equal
             and self.measured_recompute_flops == self.predicted_recompute_flops
-            and abs(self.peak_error) <= 0.05
+            and abs(self.peak_error) <= PREDICTION_AGREES
+            and self.counters_agree
+            and self.fits_budget
         )
 
     def __str__(self) -> str:

@@ -1,44 +1,58 @@
 """The process's own memory counters: a measure of a step that is not remat's tracker.
 
 NOTE [Measuring a step by the process]
-  Rule 1. The process is started with glibc's mmap threshold at 64 KiB
-          (`PROCESS_ENV`): every large tensor then gets a mapping of its own that is
-          given back on free, so resident memory follows the live tensors.
+  Rule 1. The process runs with glibc's mmap threshold at 64 KiB (`PROCESS_ENV` for a fresh
+          interpreter, `mallopt` in a forked one): every large tensor then gets a mapping of
+          its own that is given back on free, so resident memory follows the live tensors.
   Rule 2. The resident set is read from /proc/self/statm; its high-water mark is
           VmHWM in /proc/self/status (not `ru_maxrss`, which Linux carries over from
           the parent across fork and exec).  Writing 5 to /proc/self/clear_refs resets
           the mark to the current resident set (Linux >= 4.0).
-  Rule 3. A step's peak is VmHWM after it minus the resident set before the model is
-          built (`step_peak_bytes`): tensors plus a few MB of interpreter and autograd
-          overhead, so it is the truth remat's figures are held against
-          (../shared/MEASURING.md).  Code torch loads lazily on first use is loaded
-          before that baseline by a one-parameter step with the same optimizer: the
-          first optimizer imports torch._dynamo (seen: 75 MB of resident code, which
-          would otherwise count as the step's).
+  Rule 3. The step is measured in the user's loop (`loop_peak_bytes`): one optimizer kept across
+          steps, `out = model(x); loss = loss_fn(out); loss.backward()` per pass, `opt.step()` and
+          `zero_grad(set_to_none=True)` per step; in steady mode the third step is measured, as
+          ../shared/MEASURING.md says.  Its peak is VmHWM after it minus the resident set before it,
+          plus the tensor bytes resident before it (parameters, buffers, inputs, optimizer state, the
+          previous output and loss): tensors plus a few MB of interpreter and autograd overhead.
+  Rule 4. A fresh interpreter (`step_peak_bytes`, a TARGET) first runs a one-parameter step with
+          the same optimizer: the first optimizer imports torch._dynamo (seen: 75 MB of resident
+          code), which would otherwise count in a first step.
+  Rule 5. A model that lives in the caller's process is measured in a forked copy of it
+          (`forked_peak_bytes`): the caller's model, optimizer and memory are untouched.  The copy
+          runs on one thread: a forked process cannot use its parent's OpenMP threads.
+  Rule 6. On CUDA the counter is the caching allocator's `max_memory_allocated()` over the measured
+          step, minus what was allocated before it, plus the step's resident tensors (`cuda_peak_bytes`).
 
-`python -m remat.verifier.process TARGET [--plan F] [--optimizer adam|sgd|none]` runs one
-plain training step of a TARGET in this fresh process and prints `RESULT {json}`.
+`python -m remat.verifier.process TARGET [--plan F] [--optimizer adam|sgd|none] [--step steady|first]
+[--accumulate K]` runs the loop of a TARGET in this fresh process and prints `RESULT {json}`.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import gc
 import json
 import os
 import subprocess
 import sys
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
+import torch.nn as nn
 
 from remat.applier.apply import apply
-from remat.measure.step import compute_loss, normalize_inputs
+from remat.errors import RematError
+from remat.measure.loop import Loop, clear_grads, micro_batch, tensors_in
+from remat.measure.step import make_optimizer, normalize_inputs
 from remat.target import load_target
-from remat.types import load_plan
+from remat.types import Step, load_plan
 
-PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MKL_DISABLE_FAST_MM": "1"}
+MMAP_THRESHOLD_BYTES = 65536
+PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
 """Rule 1: the environment in which resident memory follows the live tensors."""
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -68,20 +82,23 @@ class ProcessPeak:
     """One step measured by the process that ran it (Rule 3)."""
 
     peak_bytes: int
-    """VmHWM after the step minus the resident set before the model was built."""
-    build_bytes: int
-    """Resident set added by building the model, its inputs and the optimizer."""
+    """The measured step's peak: VmHWM over it minus the resident set before it, plus its resident tensors."""
+    resident_bytes: int
+    """Tensor bytes resident before the measured step (parameters, buffers, inputs, optimizer state, ...)."""
 
 
-def step_peak_bytes(target: str, plan_path: str | None = None, optimizer: str = "adam") -> ProcessPeak:
-    """Run one plain step of `target` in a fresh interpreter (Rule 1) and return its peak (Rule 3).
+def step_peak_bytes(
+    target: str, plan_path: str | None = None, optimizer: str = "adam", step: str = "steady", accumulate: int = 1
+) -> ProcessPeak:
+    """Run the loop of `target` in a fresh interpreter (Rules 1 and 4) and return its measured step's peak.
 
     Example:
         >>> step_peak_bytes("remat.zoo:mlp_report000").peak_bytes
 
-    Known limitations: Linux only (/proc); the step is the first one of a new optimizer.
+    Known limitations: Linux only (/proc).
     """
-    cmd = [sys.executable, "-m", "remat.verifier.process", target, "--optimizer", optimizer]
+    cmd = [sys.executable, "-m", "remat.verifier.process", target, "--optimizer", optimizer, "--step", step]
+    cmd += ["--accumulate", str(accumulate)]
     if plan_path is not None:
         cmd += ["--plan", str(plan_path)]
     env = {**os.environ, **PROCESS_ENV}
@@ -92,25 +109,129 @@ def step_peak_bytes(target: str, plan_path: str | None = None, optimizer: str = 
     raise RuntimeError(f"the measuring process failed ({' '.join(cmd)}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
 
-def _measure_here(target: str, plan_path: str | None, optimizer: str) -> ProcessPeak:
+def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop) -> ProcessPeak:
+    """Run the user's training loop on `model` here and measure its last step by this process (Rule 3)."""
+    step = normalize_inputs(inputs)
+    steps = 3 if loop.step == Step.STEADY else 1
+    held: list = []
+    for i in range(steps):
+        if i == steps - 1:
+            gc.collect()
+            resident = tensor_bytes(_state(model, step, opt) + tensors_in(held))
+            reset_high_water_mark()
+            before = resident_bytes()
+        for _ in range(loop.accumulate):
+            micro_batch(model, step, loss_fn, held)
+        if opt is not None:
+            opt.step()
+        clear_grads(model, opt)
+    return ProcessPeak(high_water_mark_bytes() - before + resident, resident)
+
+
+def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop) -> ProcessPeak:
+    """The same loop on CUDA, counted by the caching allocator (Rule 6).  Changes the model: run it on a snapshot."""
+    step = normalize_inputs(inputs)
+    held: list = []
+    clear_grads(model, opt)
+    for i in range(3 if loop.step == Step.STEADY else 1):
+        torch.cuda.synchronize()
+        resident = tensor_bytes(_state(model, step, opt) + tensors_in(held), rounding=512)
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        for _ in range(loop.accumulate):
+            micro_batch(model, step, loss_fn, held)
+        if opt is not None:
+            opt.step()
+        clear_grads(model, opt)
+    torch.cuda.synchronize()
+    return ProcessPeak(torch.cuda.max_memory_allocated() - before + resident, resident)
+
+
+def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> ProcessPeak:
+    """`loop_peak_bytes` in a forked copy of this process (Rules 1 and 5): nothing here is changed.
+
+    Known limitations: Linux with glibc; the copy runs on one thread."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: measure, report through the pipe, and leave without running any cleanup
+        try:
+            os.close(read_end)
+            torch.set_num_threads(1)
+            _map_large_allocations()
+            peak = loop_peak_bytes(model, inputs, loss_fn, make_optimizer(optimizer, model), loop)
+            message = {"result": asdict(peak)}
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
+            message = {"error": f"{type(e).__name__}: {e}"}
+        with os.fdopen(write_end, "w") as f:
+            f.write(json.dumps(message))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    message = json.loads(text) if text else {"error": "the measuring copy of this process died without a word"}
+    if "error" in message:
+        raise RematError(
+            f"remat: the step failed in the process that measures it: {message['error']}. Expected the step "
+            "that ran in remat's tracker to run again in a copy of this process. Fix: report this to remat."
+        )
+    return ProcessPeak(**message["result"])
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def _map_large_allocations() -> list[int]:
+    """Rule 1 in a process that started without it: large allocations get their own mappings from now on,
+    and the free memory the heap already holds (resident, so reusing it would not show) is taken out of use
+    by holding it.  Returns the held blocks (never freed: the process is a throw-away copy)."""
+    libc = ctypes.CDLL(None)
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.mallinfo2.restype = _MallInfo2
+    held, size = [], 1 << 30
+    while size >= MMAP_THRESHOLD_BYTES:
+        free_before = libc.mallinfo2().fordblks
+        block = libc.malloc(ctypes.c_size_t(size))
+        if block and libc.mallinfo2().fordblks < free_before:
+            held.append(block)  # it came from the heap's free memory: keep it out of the step's way
+        else:
+            if block:
+                libc.free(ctypes.c_void_p(block))
+            size //= 2
+    return held
+
+
+def tensor_bytes(tensors: list[torch.Tensor], rounding: int = 1) -> int:
+    """Bytes of the distinct storages of `tensors` (each rounded up to `rounding`)."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        st = t.untyped_storage()
+        seen[st.data_ptr() or id(st)] = (st.nbytes() + rounding - 1) // rounding * rounding
+    return sum(seen.values())
+
+
+def _state(model: nn.Module, step, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    state = list(model.parameters()) + list(model.buffers()) + step.tensors()
+    state += [p.grad for p in model.parameters() if p.grad is not None]
+    if opt is not None:
+        state += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return state
+
+
+def _measure_here(target: str, plan_path: str | None, optimizer: str, loop: Loop) -> ProcessPeak:
     _warm_up(optimizer)
-    gc.collect()  # every module is imported by now: its code is not counted in the step
-    before = resident_bytes()
     model, inputs, loss_fn = load_target(target)
     opt = _optimizer(optimizer, model)
     if plan_path is not None:
         apply(model, load_plan(plan_path))
-    built = resident_bytes()
-    step = normalize_inputs(inputs)
-    out = model(*step.args, **step.kwargs)
-    compute_loss(out, loss_fn).backward()
-    if opt is not None:
-        opt.step()
-    return ProcessPeak(high_water_mark_bytes() - before, built - before)
+    return loop_peak_bytes(model, inputs, loss_fn, opt, loop)
 
 
 def _warm_up(optimizer: str) -> None:
-    """A training step of one parameter: loads what torch loads on first use (Rule 3)."""
+    """A training step of one parameter: loads what torch loads on first use (Rule 4)."""
     tiny = torch.nn.Linear(1, 1)
     opt = _optimizer(optimizer, tiny)
     tiny(torch.ones(1, 1)).sum().backward()
@@ -131,8 +252,10 @@ if __name__ == "__main__":
     parser.add_argument("target")
     parser.add_argument("--plan", default=None)
     parser.add_argument("--optimizer", choices=("adam", "sgd", "none"), default="adam")
+    parser.add_argument("--step", choices=tuple(Step), default=Step.STEADY)
+    parser.add_argument("--accumulate", type=int, default=1)
     args = parser.parse_args()
     if os.environ.get("REMAT_THREADS"):
         torch.set_num_threads(int(os.environ["REMAT_THREADS"]))
-    result = _measure_here(args.target, args.plan, args.optimizer)
+    result = _measure_here(args.target, args.plan, args.optimizer, Loop.of(args.step, args.accumulate))
     print("RESULT " + json.dumps(asdict(result)), flush=True)

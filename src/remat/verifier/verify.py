@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -15,7 +16,18 @@ from remat.applier.apply import applied, apply, remove
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
 from remat.measure import profile
-from remat.measure.step import RUN_FIX, StateSnapshot, check_model, compute_loss, normalize_inputs, run_user_code
+from remat.measure.loop import Loop
+from remat.measure.step import (
+    RUN_FIX,
+    StateSnapshot,
+    check_model,
+    check_optimizer,
+    compute_loss,
+    make_optimizer,
+    normalize_inputs,
+    run_user_code,
+)
+from remat.verifier.process import cuda_peak_bytes, forked_peak_bytes
 from remat.types import Plan, VerifyReport
 
 
@@ -26,27 +38,38 @@ def verify(
     loss_fn=None,
     optimizer=None,
     tolerance: float = 0.0,
+    *,
+    step: str = "steady",
+    accumulate: int = 1,
 ) -> VerifyReport:
     """Run the step without and with `plan` from the same RNG state and compare.
 
     Example:
         >>> report = remat.verify(model, batch, plan)
-        >>> report.ok, report.grad_max_abs_diff, report.measured_peak_bytes
+        >>> report.ok, report.grad_max_abs_diff, report.independent_peak_bytes
 
     The model is left as it was (planned or not).  `tolerance` is the largest gradient
-    difference accepted: 0.0 (bit-exact) for deterministic CPU kernels.
+    difference accepted: 0.0 (bit-exact) for deterministic CPU kernels.  The planned
+    step's peak is measured twice: by remat's tracker, and by a counter that is not
+    remat's (NOTE [Measuring a step by the process]): on CPU the high-water mark of a
+    forked copy of this process running the training loop (`step`, `accumulate` as in
+    `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.
 
-    Known limitations: peaks are measured by remat's tracker in real mode on the
-    model's device; the optimizer step is part of the peak but not of the gradients.
+    Known limitations: the process's counter is read on Linux only (elsewhere the report
+    has the tracker's figure alone); the optimizer step is part of the peak but not of
+    the gradients.
     """
     check_model(model)
     if not isinstance(plan, Plan):
         raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
+    loop = Loop.of(step, accumulate)
+    check_optimizer(optimizer, model)
     with _unplanned(model, plan):
-        base = _Measured.of(model, inputs, loss_fn, optimizer)
+        base = _Measured.of(model, inputs, loss_fn, optimizer, loop)
         apply(model, plan)
         try:
-            planned = _Measured.of(model, inputs, loss_fn, optimizer)
+            planned = _Measured.of(model, inputs, loss_fn, optimizer, loop)
+            independent, counter = independent_peak(model, inputs, loss_fn, optimizer, loop)
         finally:
             remove(model)
     grads = _pairs(base.step.grads, planned.step.grads)
@@ -62,7 +85,29 @@ def verify(
         budget_bytes=plan.budget_bytes,
         measured_offload_bytes=planned.offload_bytes,
         predicted_offload_bytes=plan.offload_bytes,
+        independent_peak_bytes=independent,
+        independent_counter=counter,
+        step=str(loop.step),
     )
+
+
+PROCESS_COUNTER = "process's high-water mark"
+CUDA_COUNTER = "CUDA allocator's max_memory_allocated"
+
+
+def independent_peak(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> tuple[int | None, str]:
+    """The step's peak in the training loop by a counter that is not remat's tracker, and its name."""
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    if device.type == "cuda":
+        opt = make_optimizer(optimizer, model)
+        snapshot = StateSnapshot(model, opt, normalize_inputs(inputs).tensors())
+        try:
+            return cuda_peak_bytes(model, inputs, loss_fn, opt, loop).peak_bytes, CUDA_COUNTER
+        finally:
+            snapshot.restore()
+    if device.type == "cpu" and os.path.exists("/proc/self/clear_refs") and hasattr(os, "fork"):
+        return forked_peak_bytes(model, inputs, loss_fn, optimizer, loop).peak_bytes, PROCESS_COUNTER
+    return None, ""
 
 
 PLANNED_FIX = (
@@ -105,10 +150,11 @@ class _Measured:
     """Bytes offloaded modules copied to CPU memory in the gradient run."""
 
     @classmethod
-    def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer) -> "_Measured":
+    def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> "_Measured":
         step = _run(model, inputs, loss_fn)
         moved = offloaded_bytes(model)
-        return cls(step, profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer).peak_bytes, moved)
+        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer, step=loop.step, accumulate=loop.accumulate)
+        return cls(step, prof.peak_bytes, moved)
 
 
 def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:

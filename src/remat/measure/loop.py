@@ -1,0 +1,141 @@
+"""The training loop around the measured step: which step is measured, and what runs before it.
+
+NOTE [The step that is measured]
+  Rule 1. By default the measured step is the *steady state*: the step as a training loop
+          runs it from the second step on.  One whole step runs first (the micro-batches,
+          the optimizer step, then `zero_grad(set_to_none=True)`), so the optimizer's state
+          (Adam's exp_avg and exp_avg_sq) is resident through the measured forward and
+          backward, and library state created lazily on first use already exists.
+  Rule 2. With `accumulate=K`, a step is K forward/backward passes on the given inputs (one
+          micro-batch each) and one optimizer step.  The first K-1 passes of the measured
+          step run before the tracker starts; the tracked pass is the last, which holds the
+          most: its gradients exist from its start and its backward adds into them.
+  Rule 3. `step="first"` measures the first step of the optimizer as given.  In steady mode
+          the first step is metered too (its peak of live tensor bytes only, `PeakMeter`),
+          and the profile says when it is the larger of the two.
+  Rule 4. The previous pass's output and loss are still held while the next forward runs, as
+          in the loop of PyTorch's tutorials (`out = model(x); loss = loss_fn(out); ...`): the
+          name is rebound only when the new forward returns.  They are live from the start of
+          the measured forward to its end (`LeadIn.held`), and through the optimizer step.
+  Rule 5. What runs here changes the model, its gradients, the optimizer and the RNG: a real
+          step works under `StateSnapshot` (restored after), a fake one on fake copies.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+
+from remat.errors import RematError
+from remat.measure.step import StepInputs, compute_loss, run_user_code
+from remat.measure.tracker import PeakMeter
+from remat.types import Step
+
+FIRST_STEP_NOTE = (
+    "This is the first step of the optimizer: from the second step on its state is resident through "
+    "forward and backward (profile with the default step='steady' for the step a training loop repeats). "
+    "A process's first step also creates library state lazily (seen: 8-11 MiB on CPU) that no tensor tracker sees."
+)
+
+
+@dataclass(frozen=True)
+class Loop:
+    """Which step of the training loop is measured (Rules 1 and 3), and its micro-batches (Rule 2)."""
+
+    step: Step = Step.STEADY
+    accumulate: int = 1
+
+    @classmethod
+    def of(cls, step: str, accumulate: int) -> "Loop":
+        if step not in tuple(Step):
+            raise RematError(
+                f"remat: step must be 'steady' (the step a training loop repeats) or 'first'; saw {step!r}. "
+                "Fix: pass step='steady' or step='first'."
+            )
+        if isinstance(accumulate, bool) or not isinstance(accumulate, int) or accumulate < 1:
+            raise RematError(
+                f"remat: accumulate must be a whole number of micro-batches per optimizer step, 1 or more; "
+                f"saw {accumulate!r}. Fix: pass accumulate=1 (no gradient accumulation) or the K of your loop."
+            )
+        return cls(Step(step), accumulate)
+
+
+def micro_batch(model: nn.Module, step: StepInputs, loss_fn: Callable | None, held: list) -> None:
+    """One untracked forward, loss and backward, as the user's loop runs it: `held` has the previous
+    pass's output and loss until the forward returns, and this pass's after (Rule 4)."""
+    out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
+    held.clear()
+    loss = run_user_code("the loss", lambda: compute_loss(out, loss_fn))
+    run_user_code("backward", loss.backward)
+    held += [out, loss]
+
+
+@dataclass
+class LeadIn:
+    """What the passes before the tracked one leave behind."""
+
+    first_peak: int | None
+    """Rule 3: the first step's metered peak, in steady mode."""
+    held: list
+    """Rule 4: the previous pass's output and loss, held until the tracked forward returns ([] if none)."""
+
+
+def clear_grads(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
+    """`zero_grad(set_to_none=True)`, as a training loop does between steps."""
+    for p in model.parameters():
+        p.grad = None
+    if opt is not None:
+        opt.zero_grad(set_to_none=True)
+
+
+def lead_in(
+    model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
+    rounding: int = 1,
+) -> LeadIn:
+    """Run what comes before the tracked pass: in steady mode a whole first step, metered (Rule 3), then
+    the measured step's first K-1 passes (Rule 2)."""
+    clear_grads(model, opt)
+    first_peak, held = None, []
+    if loop.step == Step.STEADY:
+        with PeakMeter(_resident(model, step, opt), rounding) as meter:
+            for _ in range(loop.accumulate):
+                micro_batch(model, step, loss_fn, held)
+            if opt is not None:
+                run_user_code("the optimizer step", opt.step)
+        first_peak = meter.peak_bytes
+        clear_grads(model, opt)
+    for _ in range(loop.accumulate - 1):
+        micro_batch(model, step, loss_fn, held)
+    return LeadIn(first_peak, held)
+
+
+def tensors_in(obj) -> list[torch.Tensor]:
+    """The tensors in a nest of tuples, lists and dicts (a Hugging Face output is a dict)."""
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, (tuple, list)):
+        return [t for x in obj for t in tensors_in(x)]
+    return []
+
+
+def _resident(model: nn.Module, step: StepInputs, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    state = list(model.parameters()) + list(model.buffers()) + step.tensors()
+    if opt is not None:
+        state += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+    return state
+
+
+def first_step_note(first_peak: int | None, steady_peak: int) -> list[str]:
+    """Rule 3: a note when the first step peaks higher than the steady state."""
+    if first_peak is None or first_peak <= steady_peak:
+        return []
+    return [
+        f"The first step peaks higher than the steady state measured here: {first_peak} vs {steady_peak} bytes "
+        "of live tensors; the first step's optimizer creates its state while the step's other tensors are live. "
+        "Plan with remat.profile(..., step='first') (CLI --first-step) if the first step must fit too."
+    ]
