@@ -88,10 +88,11 @@ def _live_series(tracker: Tracker) -> list[int]:
         if start < end:
             delta[start] += rec.nbytes
             delta[end] -= rec.nbytes
+    scratch = tracker.scratch if len(tracker.scratch) == n else [0] * n  # Rule 5
     live, acc = [], 0
-    for d in delta[:n]:
+    for d, extra in zip(delta[:n], scratch):
         acc += d
-        live.append(acc)
+        live.append(acc + extra)
     return live
 
 
@@ -100,6 +101,8 @@ def _breakdown(tracker: Tracker, k: int) -> Breakdown:
     for rec in tracker.records:
         if rec.live_at(k):
             sums[rec.category] = sums.get(rec.category, 0) + rec.nbytes
+    if len(tracker.scratch) == len(tracker.ops) and tracker.scratch[k]:
+        sums["scratch"] = tracker.scratch[k]
     return Breakdown(**{f"{c}_bytes": v for c, v in sums.items()})
 
 

@@ -14,7 +14,8 @@ import torch.nn as nn
 from remat._torch_compat import FakeTensorMode, ModuleTracker
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, no_cache_in_training
-from remat.measure import fake
+from remat import procmem
+from remat.measure import fake, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, tensors_in
@@ -134,7 +135,9 @@ class _Run:
     def measure(self, step: StepInputs, opt: torch.optim.Optimizer | None) -> StepProfile:
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
+        measured_scratch = self._measure_scratch(step, opt)  # before the step: a copy runs it from the same state
         tracker = Tracker(type(self.model).__name__, self.setup.rounding, self.setup.mode == Mode.REAL, sync)
+        tracker.scratch_probe = self._scratch_probe()
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             lead = lead_in(self.model, step, self.loss_fn, opt, self.loop, self.setup.rounding)
@@ -148,6 +151,10 @@ class _Run:
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
         if cache.turned_off:
             self.setup.notes.append(CACHE_NOTE)
+        if measured_scratch is not None:
+            tracker.scratch, lost = scratch.matched([op.name for op in tracker.ops], measured_scratch)
+            if lost:
+                self.setup.notes.append(scratch.mismatch_note(lost))
         if cuda_real:
             torch.cuda.synchronize()
             allocator_peak = torch.cuda.max_memory_allocated() - base_allocated
@@ -164,6 +171,18 @@ class _Run:
         if cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
+
+    def _measure_scratch(self, step: StepInputs, opt) -> tuple[list[str], list[int]] | None:
+        """NOTE [Kernel scratch], Rule 2: on CPU in real mode, measured in a copy of this process."""
+        if self.setup.mode != Mode.REAL or self.setup.target.type != "cpu" or not procmem.available():
+            return None
+        return scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
+
+    def _scratch_probe(self):
+        """NOTE [Kernel scratch]: estimated per op in fake mode (Rule 3), the allocator's peak on CUDA."""
+        if self.setup.mode == Mode.FAKE:
+            return scratch.Estimate(self.setup.target.type)
+        return scratch.CudaAllocatorPeak() if self.setup.cuda_real else None
 
     def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
         """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the

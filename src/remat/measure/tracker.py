@@ -13,8 +13,9 @@ NOTE [What counts as live memory]
           made without dispatch) is live from that op on.
   Rule 4. A storage freed between op k and op k+1 is still counted after op k: the
           allocator needed it and op k's outputs at the same time.
-  Rule 5. Scratch memory a kernel allocates and frees inside one op is not seen; on
-          CUDA that is mainly cuBLAS/cuDNN workspace (see docs/validation.md).
+  Rule 5. Scratch memory a kernel allocates and frees inside one op is no storage; it is
+          measured or estimated per op (`Tracker.scratch`, NOTE [Kernel scratch] in
+          `remat.measure.scratch`) and counted on top of what is live after that op.
 
 NOTE [When a saved tensor is attributed to a module]
   A storage belongs to the innermost module running when the op that made it
@@ -98,6 +99,11 @@ class Tracker(TorchDispatchMode):
     _names: dict[str, str] = field(default_factory=dict)
     _made_by: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     modules: ModuleTracker | None = None
+    scratch_probe: object | None = None
+    """Measures or estimates each op's kernel scratch as it runs (Rule 5): `start()`, then
+    `stop(started, func, args, kwargs, out) -> bytes` (see `remat.measure.scratch`)."""
+    scratch: list[int] = field(default_factory=list)
+    """Kernel scratch of each op (Rule 5): estimated as ops run, or set after the step from a measurement."""
 
     def __post_init__(self):
         super().__init__()
@@ -170,6 +176,8 @@ class Tracker(TorchDispatchMode):
                 self.record_of(a)  # Rule 3: an unseen input counts from this op on
         if self.time_ops and self.sync is not None:
             self.sync()
+        probe = self.scratch_probe
+        started = probe.start() if probe is not None else None
         t0 = time.perf_counter() if self.time_ops else 0.0
         out = func(*args, **kwargs)
         if self.time_ops and self.sync is not None:
@@ -179,6 +187,8 @@ class Tracker(TorchDispatchMode):
             if isinstance(t, torch.Tensor):
                 self.record_of(t, op=op_name(func))  # made by this op: alloc_step = len(self.ops)
                 self._made_by[t] = len(self.ops)
+        if probe is not None:
+            self.scratch.append(probe.stop(started, func, args, kwargs, out))
         self.ops.append(
             OpRecord(
                 op_name(func),

@@ -32,6 +32,7 @@ _CATEGORY_LABELS = {
     "optimizer": "optimizer state",
     "activations": "activations (saved for backward)",
     "temporaries": "temporaries",
+    "scratch": "kernel scratch (no tensor)",
 }
 
 

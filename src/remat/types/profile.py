@@ -20,7 +20,7 @@ PROFILE_VERSION = 3
 3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`."""
 
 PHASES = ("forward", "loss", "backward", "optimizer")
-CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "activations", "temporaries")
+CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "activations", "temporaries", "scratch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +44,8 @@ class Breakdown:
     """Tensors made in forward or loss and saved by autograd for backward."""
     temporaries_bytes: int = 0
     """Everything else: outputs not saved, backward intermediates, workspaces made of tensors."""
+    scratch_bytes: int = 0
+    """Working memory of the op running then that is no tensor (NOTE [Kernel scratch]): measured, or estimated."""
 
     @property
     def total_bytes(self) -> int:

@@ -30,7 +30,6 @@ NOTE [Measuring a step by the process]
 from __future__ import annotations
 
 import argparse
-import ctypes
 import gc
 import json
 import os
@@ -44,38 +43,18 @@ import torch.nn as nn
 
 from remat.applier.apply import apply
 from remat.errors import RematError
+from remat.procmem import (
+    PROCESS_ENV,
+    CopyFailed,
+    high_water_mark_bytes,
+    in_forked_copy,
+    reset_high_water_mark,
+    resident_bytes,
+)
 from remat.measure.loop import Loop, clear_grads, micro_batch, tensors_in
 from remat.measure.step import make_optimizer, normalize_inputs
 from remat.target import load_target
 from remat.types import Step, load_plan
-
-MMAP_THRESHOLD_BYTES = 65536
-PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
-"""Rule 1: the environment in which resident memory follows the live tensors."""
-M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
-PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
-
-
-def resident_bytes() -> int:
-    """The process's resident set now (Rule 2)."""
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * PAGE_BYTES
-
-
-def high_water_mark_bytes() -> int:
-    """The process's peak resident set since it started or since `reset_high_water_mark` (Rule 2)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) * 1024  # kB
-    raise OSError("no VmHWM line in /proc/self/status: the process's peak is read on Linux only")
-
-
-def reset_high_water_mark() -> None:
-    """Make the peak resident set equal to the current one (Rule 2)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
 
 @dataclass(frozen=True)
 class ProcessPeak:
@@ -151,57 +130,17 @@ def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: L
     """`loop_peak_bytes` in a forked copy of this process (Rules 1 and 5): nothing here is changed.
 
     Known limitations: Linux with glibc; the copy runs on one thread."""
-    read_end, write_end = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # the copy: measure, report through the pipe, and leave without running any cleanup
-        try:
-            os.close(read_end)
-            torch.set_num_threads(1)
-            _map_large_allocations()
-            peak = loop_peak_bytes(model, inputs, loss_fn, make_optimizer(optimizer, model), loop)
-            message = {"result": asdict(peak)}
-        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
-            message = {"error": f"{type(e).__name__}: {e}"}
-        with os.fdopen(write_end, "w") as f:
-            f.write(json.dumps(message))
-        os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    message = json.loads(text) if text else {"error": "the measuring copy of this process died without a word"}
-    if "error" in message:
+
+    def measure() -> dict:
+        return asdict(loop_peak_bytes(model, inputs, loss_fn, make_optimizer(optimizer, model), loop))
+
+    try:
+        return ProcessPeak(**in_forked_copy(measure))
+    except CopyFailed as e:
         raise RematError(
-            f"remat: the step failed in the process that measures it: {message['error']}. Expected the step "
-            "that ran in remat's tracker to run again in a copy of this process. Fix: report this to remat."
-        )
-    return ProcessPeak(**message["result"])
-
-
-class _MallInfo2(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_size_t) for name in (
-        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-
-
-def _map_large_allocations() -> list[int]:
-    """Rule 1 in a process that started without it: large allocations get their own mappings from now on,
-    and the free memory the heap already holds (resident, so reusing it would not show) is taken out of use
-    by holding it.  Returns the held blocks (never freed: the process is a throw-away copy)."""
-    libc = ctypes.CDLL(None)
-    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    libc.malloc.restype = ctypes.c_void_p
-    libc.mallinfo2.restype = _MallInfo2
-    held, size = [], 1 << 30
-    while size >= MMAP_THRESHOLD_BYTES:
-        free_before = libc.mallinfo2().fordblks
-        block = libc.malloc(ctypes.c_size_t(size))
-        if block and libc.mallinfo2().fordblks < free_before:
-            held.append(block)  # it came from the heap's free memory: keep it out of the step's way
-        else:
-            if block:
-                libc.free(ctypes.c_void_p(block))
-            size //= 2
-    return held
+            f"remat: the step failed in the process that measures it: {e}. Expected the step that ran in "
+            "remat's tracker to run again in a copy of this process. Fix: report this to remat."
+        ) from e
 
 
 def tensor_bytes(tensors: list[torch.Tensor], rounding: int = 1) -> int:

@@ -1,0 +1,100 @@
+"""The process's own memory counters (Linux): resident set, its high-water mark, and a forked copy of the
+process to measure in.  See NOTE [Measuring a step by the process] in `remat.verifier.process`."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+from collections.abc import Callable
+
+import torch
+
+MMAP_THRESHOLD_BYTES = 65536
+PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
+"""Rule 1: the environment in which resident memory follows the live tensors."""
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
+
+
+def available() -> bool:
+    """The counters can be read and reset here (Linux >= 4.0 with fork)."""
+    return os.path.exists("/proc/self/clear_refs") and hasattr(os, "fork")
+
+
+def resident_bytes() -> int:
+    """The process's resident set now (Rule 2)."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * PAGE_BYTES
+
+
+def high_water_mark_bytes() -> int:
+    """The process's peak resident set since it started or since `reset_high_water_mark` (Rule 2)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024  # kB
+    raise OSError("no VmHWM line in /proc/self/status: the process's peak is read on Linux only")
+
+
+def reset_high_water_mark() -> None:
+    """Make the peak resident set equal to the current one (Rule 2)."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def map_large_allocations() -> list[int]:
+    """Rule 1 in a process that started without it: large allocations get their own mappings from now on,
+    and the free memory the heap already holds (resident, so reusing it would not show) is taken out of use
+    by holding it.  Returns the held blocks (never freed: call this only in a throw-away copy)."""
+    libc = ctypes.CDLL(None)
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.mallinfo2.restype = _MallInfo2
+    held, size = [], 1 << 30
+    while size >= MMAP_THRESHOLD_BYTES:
+        free_before = libc.mallinfo2().fordblks
+        block = libc.malloc(ctypes.c_size_t(size))
+        if block and libc.mallinfo2().fordblks < free_before:
+            held.append(block)  # it came from the heap's free memory: keep it out of the step's way
+        else:
+            if block:
+                libc.free(ctypes.c_void_p(block))
+            size //= 2
+    return held
+
+
+class CopyFailed(RuntimeError):
+    """What the forked copy raised, as text."""
+
+
+def in_forked_copy(fn: Callable[[], dict]) -> dict:
+    """`fn()` in a forked copy of this process (Rule 5): one thread (a forked process cannot use its
+    parent's OpenMP threads), large allocations mapped (Rule 1).  Its result must be JSON; nothing here
+    changes.  Known limitations: Linux with glibc."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: run, report through the pipe, and leave without running any cleanup
+        try:
+            os.close(read_end)
+            torch.set_num_threads(1)
+            map_large_allocations()
+            message = {"result": fn()}
+        except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
+            message = {"error": f"{type(e).__name__}: {e}"}
+        with os.fdopen(write_end, "w") as f:
+            f.write(json.dumps(message))
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    message = json.loads(text) if text else {"error": "the copy of this process died without a word"}
+    if "error" in message:
+        raise CopyFailed(message["error"])
+    return message["result"]
