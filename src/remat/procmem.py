@@ -14,6 +14,8 @@ MMAP_THRESHOLD_BYTES = 65536
 PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
 """Rule 1: the environment in which resident memory follows the live tensors."""
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
+SMALLEST_HELD_BYTES = 512
+"""Free heap memory is held down to blocks of this size (smaller ones are tcache and fastbin noise)."""
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -57,7 +59,7 @@ def map_large_allocations() -> list[int]:
     libc.malloc.restype = ctypes.c_void_p
     libc.mallinfo2.restype = _MallInfo2
     held, size = [], 1 << 30
-    while size >= MMAP_THRESHOLD_BYTES:
+    while size >= SMALLEST_HELD_BYTES:
         free_before = libc.mallinfo2().fordblks
         block = libc.malloc(ctypes.c_size_t(size))
         if block and libc.mallinfo2().fordblks < free_before:

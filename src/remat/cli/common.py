@@ -50,6 +50,16 @@ def add_step_options(p: argparse.ArgumentParser) -> None:
                    "with --mode fake a CUDA target is simulated on a machine without one")
     p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam",
                    help="optimizer whose state counts in the step (default: adam; sgd has no state)")
+    p.add_argument("--first-step", action="store_true",
+                   help="measure the first step of a new optimizer (default: the steady state, the step a "
+                   "training loop repeats, with the optimizer's state resident from its start)")
+    p.add_argument("--accumulate", type=int, default=1, metavar="K",
+                   help="forward/backward passes per optimizer step: gradient accumulation (default: 1)")
+
+
+def loop_options(args: argparse.Namespace) -> dict:
+    """The `step` and `accumulate` arguments of remat.profile and remat.verify, from the step options."""
+    return {"step": "first" if args.first_step else "steady", "accumulate": args.accumulate}
 
 
 def add_outputs(p: argparse.ArgumentParser) -> None:
@@ -73,12 +83,14 @@ def load(target: str, mode: str, device: str | None) -> Target:
         return load_target(target, fake=(mode == "fake"), device=_build_device(mode, device))
 
 
-def profile_built(built: Target, mode: str, device: str | None, optimizer: Callable | None) -> StepProfile:
-    """`remat.profile` with a spinner on stderr saying which phase is running."""
+def profile_built(
+    built: Target, mode: str, device: str | None, optimizer: Callable | None, loop: dict | None = None
+) -> StepProfile:
+    """`remat.profile` with a spinner on stderr saying which phase is running; `loop` from `loop_options`."""
     with spinner("running the step") as status:
         return remat.profile(
             built.model, built.inputs, built.loss_fn,
-            optimizer=optimizer, mode=mode, device=device, progress=_progress(status),
+            optimizer=optimizer, mode=mode, device=device, progress=_progress(status), **(loop or {}),
         )
 
 

@@ -14,6 +14,7 @@ from remat.cli.common import (
     TARGET_HELP,
     add_step_options,
     load,
+    loop_options,
     profile_built,
     spinner,
     write,
@@ -99,7 +100,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.verify:
         print()
         with spinner("running the step with and without the plan"):
-            report = remat.verify(built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer])
+            report = remat.verify(
+                built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer], **loop_options(args)
+            )
         print(str(report), end="")
         return EXIT_OK if report.ok else EXIT_ERROR
     return EXIT_OK
@@ -131,7 +134,7 @@ def _plan_input(args: argparse.Namespace) -> tuple[Target | None, StepProfile]:
     if args.target.endswith(".json") and ":" not in args.target:
         return None, _read_profile(Path(args.target))
     built = load(args.target, args.mode, args.device)
-    return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer])
+    return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer], loop_options(args))
 
 
 def _read_profile(path: Path) -> StepProfile:

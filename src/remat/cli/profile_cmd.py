@@ -12,6 +12,7 @@ from remat.cli.common import (
     add_outputs,
     add_step_options,
     load,
+    loop_options,
     profile_built,
     write_outputs,
 )
@@ -44,7 +45,7 @@ def _count_arg(text: str) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    prof = _profile_target(args.target, args.mode, args.device, OPTIMIZERS[args.optimizer])
+    prof = _profile_target(args.target, args.mode, args.device, OPTIMIZERS[args.optimizer], loop_options(args))
     print(render_profile(prof, top=args.top), end="")
     if args.json is not None or args.plot is not None:
         print()
@@ -52,5 +53,5 @@ def _cmd_profile(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _profile_target(target: str, mode: str, device: str | None, optimizer: Callable | None) -> StepProfile:
-    return profile_built(load(target, mode, device), mode, device, optimizer)
+def _profile_target(target: str, mode: str, device: str | None, optimizer: Callable | None, loop: dict) -> StepProfile:
+    return profile_built(load(target, mode, device), mode, device, optimizer, loop)

@@ -94,7 +94,7 @@ def render_verify(report) -> str:
             f"peak by the {report.independent_counter}",
             fmt_bytes(report.independent_peak_bytes, "auto"),
             f"tracked {gap:+.1%}",
-            ok(report.counters_agree),
+            ok(report.counters_agree) if report.independent_judged else "too small to judge",
         )
     if report.budget_bytes is not None:
         table.add_row("budget", fmt_bytes(report.budget_bytes, "auto"), "", ok(report.fits_budget))
