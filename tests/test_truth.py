@@ -1,44 +1,86 @@
 """remat's figures held against a counter that is not remat's own: the process's high-water mark.
 
-MEASURING.md: the process figure is the step's real peak plus a few MB of interpreter
-and autograd overhead, so remat's tracked peak sits a little under it.  These tests hold
-the first step of a fresh Adam, as `remat.profile` measures it; the steady state from the
-second step on is issue 12's.
+Each case runs the user's loop (one Adam kept across steps, `zero_grad()` between them) in a
+fresh interpreter and measures its third step by the process (NOTE [Measuring a step by the
+process]); remat's prediction of that step must be within TOLERANCE of it, unplanned and planned.
 """
 
 from __future__ import annotations
 
+import pytest
 import torch
 
+import process_targets
 import remat
-from process_targets import chain
 
 TOLERANCE = 0.03
-"""The issue-12 target: prediction within 3% of the process."""
-PLANNED_GAP = 0.10
-"""Seen 2026-11-23 on this chain planned at 50%: predicted 82.6 MB, the process 89.7 MB (+7.9%);
-the tracker itself agrees with the prediction to the byte (`remat.verify`), so the gap is memory the
-tracker does not see in a checkpointed step.  Issue 12 closes it to TOLERANCE; until then this bound
-keeps it from growing."""
+"""Issue 12: the prediction within 3% of the process on CPU."""
+BUDGET_SLACK = 0.01
+"""Issue 12: the planned step in the user's loop within its budget + 1%."""
+
+CASES = {
+    # name: budget of the planned case (a fraction of the unplanned peak, above the least plan)
+    "chain": 0.5,  # report 001's chain: activations dominate
+    "gpt2": 0.7,  # `remat demo`'s GPT-2: attention, tied weights, Adam state of 2 x 81 MiB / 4
+    "convnet": 0.75,  # ConvBNNet at 64x64: convolution scratch (NOTE [Kernel scratch]) and BatchNorm
+}
 
 
 def _adam(params):
     return torch.optim.Adam(params)
 
 
-def test_the_tracked_peak_is_the_process_peak_unplanned(process_peak):
-    model, x = chain()
-    tracked = remat.profile(model, x, optimizer=_adam).peak_bytes
-    measured = process_peak("chain")
-    assert abs(measured - tracked) <= TOLERANCE * measured, (tracked, measured)
+def _target(name: str):
+    built = getattr(process_targets, name)()
+    return built[0], built[1], (built[2] if len(built) > 2 else None)
 
 
-def test_a_planned_step_peaks_near_where_remat_predicted_by_the_process(process_peak, tmp_path):
-    model, x = chain()
-    prof = remat.profile(model, x, optimizer=_adam)
-    plan = remat.plan(prof, 0.5)
+def _close(predicted: int, measured: int) -> bool:
+    return abs(predicted - measured) <= TOLERANCE * measured
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_steady_step_is_predicted_unplanned_and_planned(name, process_peak, tmp_path):
+    model, inputs, loss_fn = _target(name)
+    prof = remat.profile(model, inputs, loss_fn, optimizer=_adam)
+    measured = process_peak(name)
+    assert _close(prof.peak_bytes, measured), (prof.peak_bytes, measured)
+    plan = remat.plan(prof, CASES[name])
     plan.save(tmp_path / "plan.json")
-    measured = process_peak("chain", tmp_path / "plan.json")
-    unplanned = process_peak("chain")
-    assert measured < unplanned - (prof.peak_bytes - plan.peak_bytes) // 2  # the plan does lower the real peak
-    assert plan.peak_bytes <= measured <= (1 + PLANNED_GAP) * plan.peak_bytes, (plan.peak_bytes, measured)
+    planned = process_peak(name, tmp_path / "plan.json")
+    assert _close(plan.peak_bytes, planned), (plan.peak_bytes, planned)
+    assert planned <= (1 + BUDGET_SLACK) * plan.budget_bytes, (planned, plan.budget_bytes)
+    assert planned < 0.9 * measured  # the plan does lower the real peak
+
+
+def test_the_steady_step_holds_the_optimizer_state_the_first_step_does_not(process_peak):
+    model, inputs, loss_fn = _target("chain")
+    steady = remat.profile(model, inputs, optimizer=_adam)
+    first = remat.profile(model, inputs, optimizer=_adam, step="first")
+    assert _close(first.peak_bytes, process_peak("chain", step="first")), first.peak_bytes
+    # from the second step on, Adam's two moments (2 x the parameters) are resident through backward
+    assert steady.at_peak.optimizer_bytes == 2 * steady.param_bytes
+    assert first.at_peak.optimizer_bytes < steady.at_peak.optimizer_bytes
+    assert steady.peak_bytes > first.peak_bytes
+    assert steady.first_step_peak_bytes == first.peak_bytes
+    assert first.step == "first" and any("first step of the optimizer" in n for n in first.notes)
+
+
+def test_gradient_accumulation_is_predicted(process_peak):
+    model, inputs, _ = _target("chain")
+    once = remat.profile(model, inputs, optimizer=_adam)
+    twice = remat.profile(model, inputs, optimizer=_adam, accumulate=2)
+    measured = process_peak("chain", accumulate=2)
+    assert _close(twice.peak_bytes, measured), (twice.peak_bytes, measured)
+    # the second pass starts with every gradient resident
+    assert twice.peak_bytes - once.peak_bytes >= twice.grad_bytes // 2
+    assert twice.accumulate == 2
+
+
+def test_fake_mode_predicts_the_steady_conv_step_with_its_scratch(process_peak):
+    model, inputs, loss_fn = _target("convnet")
+    real = remat.profile(model, inputs, loss_fn, optimizer=_adam)
+    fake = remat.profile(model, inputs, loss_fn, optimizer=_adam, mode="fake")
+    measured = process_peak("convnet")
+    assert _close(fake.peak_bytes, measured), (fake.peak_bytes, measured)
+    assert real.at_peak.scratch_bytes > 0 and fake.at_peak.scratch_bytes > 0

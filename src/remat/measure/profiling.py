@@ -84,7 +84,7 @@ def profile(
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, step_inputs.tensors())
         try:
-            return run.measure(step_inputs, opt)
+            return run.measure(step_inputs, opt, snapshot.restore)
         finally:
             snapshot.restore()
     return _measure_fake(run, inputs, optimizer)
@@ -132,10 +132,10 @@ class _Run:
     progress: Progress | None
     loop: Loop = Loop()
 
-    def measure(self, step: StepInputs, opt: torch.optim.Optimizer | None) -> StepProfile:
+    def measure(self, step: StepInputs, opt: torch.optim.Optimizer | None, restore=None) -> StepProfile:
+        """The profile of the step; `restore()` puts the model and optimizer back as before it (real mode)."""
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
-        measured_scratch = self._measure_scratch(step, opt)  # before the step: a copy runs it from the same state
         tracker = Tracker(type(self.model).__name__, self.setup.rounding, self.setup.mode == Mode.REAL, sync)
         tracker.scratch_probe = self._scratch_probe()
         io = BlockIO(self.model, self.candidates, tracker)
@@ -151,10 +151,6 @@ class _Run:
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
         if cache.turned_off:
             self.setup.notes.append(CACHE_NOTE)
-        if measured_scratch is not None:
-            tracker.scratch, lost = scratch.matched([op.name for op in tracker.ops], measured_scratch)
-            if lost:
-                self.setup.notes.append(scratch.mismatch_note(lost))
         if cuda_real:
             torch.cuda.synchronize()
             allocator_peak = torch.cuda.max_memory_allocated() - base_allocated
@@ -162,6 +158,14 @@ class _Run:
                 f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes"
             )
         prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
+        if restore is not None and self._measures_scratch(prof):
+            restore()  # a copy of this process runs the loop again from the same state
+            with no_cache_in_training(self.model):
+                measured = scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
+            tracker.scratch, lost = scratch.matched([op.name for op in tracker.ops], measured)
+            if lost:
+                self.setup.notes.append(scratch.mismatch_note(lost))
+            prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
         first_peak = lead.first_peak
         notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
         prof = dataclasses.replace(
@@ -172,17 +176,14 @@ class _Run:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
 
-    def _measure_scratch(self, step: StepInputs, opt) -> tuple[list[str], list[int]] | None:
-        """NOTE [Kernel scratch], Rule 2: on CPU in real mode, measured in a copy of this process."""
-        if self.setup.mode != Mode.REAL or self.setup.target.type != "cpu" or not procmem.available():
-            return None
-        return scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
+    def _measures_scratch(self, prof: StepProfile) -> bool:
+        """NOTE [Kernel scratch], Rule 2: measured on CPU in real mode, for a step large enough to show it."""
+        real_cpu = self.setup.mode == Mode.REAL and self.setup.target.type == "cpu"
+        return real_cpu and procmem.available() and prof.peak_bytes >= scratch.MEASURED_FROM_BYTES
 
     def _scratch_probe(self):
-        """NOTE [Kernel scratch]: estimated per op in fake mode (Rule 3), the allocator's peak on CUDA."""
-        if self.setup.mode == Mode.FAKE:
-            return scratch.Estimate(self.setup.target.type)
-        return scratch.CudaAllocatorPeak() if self.setup.cuda_real else None
+        """NOTE [Kernel scratch]: the allocator's peak on CUDA, else estimated per op (Rule 3) until measured."""
+        return scratch.CudaAllocatorPeak() if self.setup.cuda_real else scratch.Estimate(self.setup.target.type)
 
     def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
         """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the

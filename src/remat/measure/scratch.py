@@ -8,11 +8,15 @@ NOTE [Kernel scratch]
           NOTE [What counts as live memory]), so a step's peak can be an op's scratch.
   Rule 2. In real mode on CPU it is measured around each op of the tracked pass and the
           optimizer step (`measure_scratch`), in a forked copy of the process that runs the
-          same loop (NOTE [Measuring a step by the process], Rules 1 and 5): reset the
-          high-water mark, note the resident set, run the op, read the mark; the op's scratch is
-          what the mark rose by beyond the new storages the op returned.  Rises under
-          SCRATCH_FLOOR are noise (interpreter objects, small heap growth) and count as 0.
-  Rule 3. In fake mode it is estimated per op from measurements remat ships (`SCRATCH_MODELS`:
+          same loop (NOTE [Measuring a step by the process], Rules 1 and 5): note the resident
+          set, reset the high-water mark to it (only when the mark is over a quarter of
+          SCRATCH_FLOOR above it: a reset walks every page of the process), run the op, read
+          the mark; the op's scratch is what the mark rose by beyond the new storages the op
+          returned.  Rises under SCRATCH_FLOOR are noise (interpreter objects, small heap
+          growth) and count as 0.
+          It runs after the tracked step, with the model and optimizer restored, for steps of
+          MEASURED_FROM_BYTES or more.
+  Rule 3. In fake mode, and for a smaller real step, it is estimated per op from measurements remat ships (`SCRATCH_MODELS`:
           bytes as multiples of the op's input and output bytes, fitted on this kind of machine);
           ops without a model have none.
   Rule 4. The copy runs the same ops as the tracked step but without the tracker's hooks, so
@@ -32,12 +36,15 @@ import torch.nn as nn
 
 from remat import procmem
 from remat._torch_compat import TorchDispatchMode, op_name, tree_flatten
-from remat.hf import no_cache_in_training
 from remat.measure.loop import Loop, lead_in, micro_batch
 from remat.measure.step import StepInputs, run_user_code
 
 SCRATCH_FLOOR = 1 << 20
 """Rule 2: a rise of the high-water mark under 1 MiB is not counted as an op's scratch."""
+
+MEASURED_FROM_BYTES = 64 << 20
+"""Rule 2 runs for steps whose tracked peak is this large; smaller ones keep the estimate (Rule 3): their
+scratch is mostly under SCRATCH_FLOOR, and measuring costs a second run of the loop."""
 
 SCRATCH_MODELS: dict[tuple[str, str], tuple[float, float]] = {}
 """Rule 3: {(device type, op): (bytes per input byte, bytes per output byte)}; filled below."""
@@ -60,8 +67,9 @@ class ScratchMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        procmem.reset_high_water_mark()
         before = procmem.resident_bytes()
+        if procmem.high_water_mark_bytes() - before > SCRATCH_FLOOR // 4:  # else the mark is already near enough
+            procmem.reset_high_water_mark()
         out = func(*args, **kwargs)
         rise = procmem.high_water_mark_bytes() - before
         made = {}
@@ -82,12 +90,11 @@ def measure_scratch(
 
     def run() -> dict:
         meter = ScratchMeter()
-        with no_cache_in_training(model):  # as the tracked step runs (NOTE [The key/value cache in training])
-            held = lead_in(model, step, loss_fn, opt, loop).held
-            with meter:
-                micro_batch(model, step, loss_fn, held)
-                if opt is not None:
-                    run_user_code("the optimizer step", opt.step)
+        held = lead_in(model, step, loss_fn, opt, loop).held
+        with meter:
+            micro_batch(model, step, loss_fn, held)
+            if opt is not None:
+                run_user_code("the optimizer step", opt.step)
         return {"ops": meter.ops, "scratch": meter.scratch}
 
     found = procmem.in_forked_copy(run)
