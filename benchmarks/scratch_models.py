@@ -21,7 +21,7 @@ import torch
 from remat import procmem, zoo
 from remat._torch_compat import op_name, tree_flatten
 from remat.measure import scratch
-from remat.measure.loop import Loop, lead_in, micro_batch
+from remat.measure.loop import Loop, lead_in, micro_batch, storage_bytes
 from remat.measure.step import normalize_inputs
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "remat" / "measure" / "scratch_models.json"
@@ -37,7 +37,7 @@ class _Sizes(scratch.ScratchMeter):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = super().__torch_dispatch__(func, types, args, kwargs)
-        self.sizes.append((scratch._bytes(tree_flatten((args, kwargs or {}))[0]), scratch._bytes(tree_flatten(out)[0])))
+        self.sizes.append((storage_bytes(tree_flatten((args, kwargs or {}))[0]), storage_bytes(tree_flatten(out)[0])))
         return out
 
 

@@ -100,7 +100,7 @@ def lead_in(
     clear_grads(model, opt)
     first_peak, held = None, []
     if loop.step == Step.STEADY:
-        with PeakMeter(_resident(model, step, opt), rounding) as meter:
+        with PeakMeter(resident_tensors(model, step, opt), rounding) as meter:
             for _ in range(loop.accumulate):
                 micro_batch(model, step, loss_fn, held)
             if opt is not None:
@@ -123,11 +123,27 @@ def tensors_in(obj) -> list[torch.Tensor]:
     return []
 
 
-def _resident(model: nn.Module, step: StepInputs, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    state = list(model.parameters()) + list(model.buffers()) + step.tensors()
-    if opt is not None:
-        state += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    return state
+def optimizer_state(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The tensors an optimizer keeps between steps (Adam's moments and step counters, momentum buffers)."""
+    if opt is None:
+        return []
+    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
+
+
+def resident_tensors(model: nn.Module, step: StepInputs, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """What is live before a step: parameters, buffers, inputs, gradients and optimizer state."""
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    return list(model.parameters()) + list(model.buffers()) + step.tensors() + grads + optimizer_state(opt)
+
+
+def storage_bytes(tensors: list, rounding: int = 1) -> int:
+    """Bytes of the distinct storages of the tensors among `tensors`, each rounded up to `rounding`."""
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            seen[id(st)] = (st.nbytes() + rounding - 1) // rounding * rounding
+    return sum(seen.values())
 
 
 def first_step_note(first_peak: int | None, steady_peak: int) -> list[str]:

@@ -18,7 +18,7 @@ from remat import procmem
 from remat.measure import fake, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
-from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, tensors_in
+from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
 from remat.measure.step import (
     StateSnapshot,
     StepInputs,
@@ -209,7 +209,7 @@ class _Run:
                 if opt is not None:
                     phase("optimizer")
                     run_user_code("the optimizer step", opt.step)
-                    kinds["optimizer"] += _optimizer_state(opt)
+                    kinds["optimizer"] += optimizer_state(opt)
                 _classify(tracker, kinds)
                 del out, loss
             finally:
@@ -220,10 +220,6 @@ def _model_device(model: nn.Module) -> torch.device:
     for t in list(model.parameters()) + list(model.buffers()):
         return t.device if t.device.type != "meta" else torch.device("cpu")
     return torch.device("cpu")
-
-
-def _optimizer_state(opt: torch.optim.Optimizer) -> list[torch.Tensor]:
-    return [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
 
 
 def host_bandwidth(device: torch.device, nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
@@ -265,7 +261,7 @@ def _register_state(tracker: Tracker, model: nn.Module, step, opt, held: list) -
         "optimizer": [],
     }
     if opt is not None:
-        kinds["optimizer"] = _optimizer_state(opt)
+        kinds["optimizer"] = optimizer_state(opt)
     for t in [t for ts in kinds.values() for t in ts] + tensors_in(held):
         tracker.record_of(t, before_step=True)
     return kinds

@@ -36,7 +36,7 @@ import torch.nn as nn
 
 from remat import procmem
 from remat._torch_compat import TorchDispatchMode, op_name, tree_flatten
-from remat.measure.loop import Loop, lead_in, micro_batch
+from remat.measure.loop import Loop, lead_in, micro_batch, storage_bytes
 from remat.measure.step import StepInputs, run_user_code
 
 SCRATCH_FLOOR = 1 << 20
@@ -66,17 +66,12 @@ class ScratchMeter(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         before = procmem.resident_bytes()
         if procmem.high_water_mark_bytes() - before > SCRATCH_FLOOR // 4:  # else the mark is already near enough
             procmem.reset_high_water_mark()
         out = func(*args, **kwargs)
         rise = procmem.high_water_mark_bytes() - before
-        made = {}
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs:
-                made[id(t.untyped_storage())] = t.untyped_storage().nbytes()
-        extra = rise - sum(made.values())
+        extra = rise - storage_bytes(made_by(args, kwargs, out))
         self.ops.append(op_name(func))
         self.scratch.append(extra if extra >= SCRATCH_FLOOR else 0)
         return out
@@ -127,7 +122,7 @@ class Estimate:
         if model is None:
             return 0
         per_in, per_out = model
-        return int(per_in * _bytes(tree_flatten((args, kwargs))[0]) + per_out * _bytes(tree_flatten(out)[0]))
+        return int(per_in * storage_bytes(tree_flatten((args, kwargs))[0]) + per_out * storage_bytes(tree_flatten(out)[0]))
 
 
 class CudaAllocatorPeak:
@@ -141,18 +136,14 @@ class CudaAllocatorPeak:
 
     def stop(self, started: int, func, args, kwargs, out) -> int:
         torch.cuda.synchronize()
-        inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        made = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs]
-        return max(0, torch.cuda.max_memory_allocated() - started - _bytes(made, rounding=512))
+        made = storage_bytes(made_by(args, kwargs, out), rounding=512)
+        return max(0, torch.cuda.max_memory_allocated() - started - made)
 
 
-def _bytes(items, rounding: int = 1) -> int:
-    seen = {}
-    for t in items:
-        if isinstance(t, torch.Tensor):
-            n = t.untyped_storage().nbytes()
-            seen[id(t.untyped_storage())] = (n + rounding - 1) // rounding * rounding
-    return sum(seen.values())
+def made_by(args, kwargs, out) -> list[torch.Tensor]:
+    """The op's outputs on storages none of its inputs had: the memory it returned."""
+    inputs = {id(t.untyped_storage()) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
+    return [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor) and id(t.untyped_storage()) not in inputs]
 
 
 def _load_models() -> None:

@@ -51,7 +51,7 @@ from remat.procmem import (
     reset_high_water_mark,
     resident_bytes,
 )
-from remat.measure.loop import Loop, clear_grads, micro_batch, tensors_in
+from remat.measure.loop import Loop, clear_grads, micro_batch, resident_tensors, storage_bytes, tensors_in
 from remat.measure.step import make_optimizer, normalize_inputs
 from remat.target import load_target
 from remat.types import Step, load_plan
@@ -96,7 +96,7 @@ def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     for i in range(steps):
         if i == steps - 1:
             gc.collect()
-            resident = tensor_bytes(_state(model, step, opt) + tensors_in(held))
+            resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held))
             reset_high_water_mark()
             before = resident_bytes()
         for _ in range(loop.accumulate):
@@ -114,7 +114,7 @@ def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     clear_grads(model, opt)
     for i in range(3 if loop.step == Step.STEADY else 1):
         torch.cuda.synchronize()
-        resident = tensor_bytes(_state(model, step, opt) + tensors_in(held), rounding=512)
+        resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held), rounding=512)
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         for _ in range(loop.accumulate):
@@ -141,23 +141,6 @@ def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: L
             f"remat: the step failed in the process that measures it: {e}. Expected the step that ran in "
             "remat's tracker to run again in a copy of this process. Fix: report this to remat."
         ) from e
-
-
-def tensor_bytes(tensors: list[torch.Tensor], rounding: int = 1) -> int:
-    """Bytes of the distinct storages of `tensors` (each rounded up to `rounding`)."""
-    seen: dict[int, int] = {}
-    for t in tensors:
-        st = t.untyped_storage()
-        seen[st.data_ptr() or id(st)] = (st.nbytes() + rounding - 1) // rounding * rounding
-    return sum(seen.values())
-
-
-def _state(model: nn.Module, step, opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
-    state = list(model.parameters()) + list(model.buffers()) + step.tensors()
-    state += [p.grad for p in model.parameters() if p.grad is not None]
-    if opt is not None:
-        state += [v for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor)]
-    return state
 
 
 def _measure_here(target: str, plan_path: str | None, optimizer: str, loop: Loop) -> ProcessPeak:
