@@ -51,8 +51,8 @@ def test_a_live_optimizer_that_has_stepped_profiles_and_is_left_as_it_was(mode, 
     prof = remat.profile(model, x, optimizer=opt, mode=mode, step=step)
     assert _same(before, _state(model, opt))
     assert all(p.grad is None for p in model.parameters())
-    # its moments (2 x the parameters) exist before the step either way: they are resident at the peak
-    assert prof.at_peak.optimizer_bytes == 2 * prof.param_bytes
+    # its moments (2 x the parameters) and float32 step counters exist before the step either way: resident at the peak
+    assert prof.at_peak.optimizer_bytes == 2 * prof.param_bytes + 4 * len(list(model.parameters()))
 
 
 def test_fake_and_real_steady_steps_agree_to_the_byte_on_cpu():
@@ -96,7 +96,7 @@ def test_bad_loop_arguments_get_a_remat_error_and_leave_everything_as_it_was(kwa
 def test_verify_reports_the_process_counter_and_fails_a_step_over_its_budget():
     model, x = _mlp(width=1024, depth=8, batch=4096)  # a step of ~250 MiB: the process counter resolves it
     prof = remat.profile(model, x, optimizer=torch.optim.Adam)
-    plan = remat.plan(prof, 0.6)
+    plan = remat.plan(prof, 0.9)  # Adam's state is over half of this step: the least plan is ~83%
     report = remat.verify(model, x, plan, optimizer=torch.optim.Adam)
     assert report.independent_counter == "process's high-water mark" and report.independent_judged
     assert abs(report.independent_peak_bytes - report.measured_peak_bytes) <= 0.03 * report.independent_peak_bytes

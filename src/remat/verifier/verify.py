@@ -72,6 +72,11 @@ def verify(
             independent, counter = independent_peak(model, inputs, loss_fn, optimizer, loop)
         finally:
             remove(model)
+    return _report(plan, tolerance, base, planned, (independent, counter), loop)
+
+
+def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop) -> VerifyReport:
+    """The comparison of the unplanned and planned steps; `independent` = (peak bytes or None, counter)."""
     grads = _pairs(base.step.grads, planned.step.grads)
     return VerifyReport(
         grad_max_abs_diff={n: (g1 - g0).abs().max().item() if g0.numel() else 0.0 for n, (g0, g1) in grads},
@@ -85,8 +90,8 @@ def verify(
         budget_bytes=plan.budget_bytes,
         measured_offload_bytes=planned.offload_bytes,
         predicted_offload_bytes=plan.offload_bytes,
-        independent_peak_bytes=independent,
-        independent_counter=counter,
+        independent_peak_bytes=independent[0],
+        independent_counter=independent[1],
         step=str(loop.step),
     )
 
