@@ -1,5 +1,7 @@
 """TARGETs the process-measure tests run in a fresh interpreter (`remat.verifier.process`)."""
 
+import torch
+
 from remat import zoo
 
 
@@ -32,3 +34,28 @@ def cnn002():
 
 def skips():
     return zoo.skipnet(width=1024, depth=4, batch=4096)
+
+
+class _SelfAttention(torch.nn.Module):
+    """A pre-norm transformer block written by hand: SDPA with a causal mask, a GELU MLP."""
+
+    def __init__(self, width: int, heads: int):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
+        self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+
+    def forward(self, x):
+        b, s, w = x.shape
+        q, k, v = self.qkv(self.norm1(x)).view(b, s, 3, self.heads, w // self.heads).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.out(a.transpose(1, 2).reshape(b, s, w))
+        return x + self.mlp(self.norm2(x))
+
+
+def attention():
+    """An attention model of our own (not Hugging Face): 4 hand-written blocks, width 256, seq 512, batch 8."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_SelfAttention(256, 4) for _ in range(4)])
+    return model, (torch.randn(8, 512, 256),)

@@ -366,23 +366,6 @@ def test_load_target_error_type(target_file):
 # -- remat demo -------------------------------------------------------------------------------
 
 
-def test_demo(capsys, tmp_path):
-    path = tmp_path / "demo.json"
-    code, out, err = run(capsys, "demo", "--json", path)
-    assert code == 0, err
-    n = int(re.search(r"^\[1/(\d+)\] Profile one training step of remat.zoo:demo", out, re.MULTILINE).group(1))
-    assert "remat profile of GPT2LMHeadModel: real mode on cpu" in out
-    assert f"[2/{n}] In plain words" in out and "The step peaks at" in out
-    assert "The block that saves the most is transformer.h." in " ".join(out.split())
-    assert f"[3/{n}] Plan checkpoints for a budget of 50% of that peak" in out
-    assert "remat plan for GPT2LMHeadModel" in out and "the same step with hand recipes" in out
-    assert f"[4/{n}] Apply the plan and verify it against the unplanned step" in out
-    assert "Verdict: nothing but memory and time changed." in out
-    assert f"[{n}/{n}] Write files" in out  # the last step, after the plan (and whatever follows it)
-    prof = remat.StepProfile.from_json(path.read_text())
-    assert prof.model == "GPT2LMHeadModel" and prof.optimizer_bytes > 0
-
-
 def test_plan_verify_applies_and_checks_the_plan(capsys, target_file):
     code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--verify")
     assert code == 0, err
@@ -398,7 +381,7 @@ def test_plan_verify_needs_a_real_target(capsys, target_file):
 
 
 def test_plan_offloads_on_a_fake_gpu_step_when_told_the_link_speed(capsys):
-    args = ["plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--budget", "0.5"]
+    args = ["plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--budget", "0.6"]
     code, out, _ = run(capsys, *args, "--offload-bandwidth", "1TB/s", "--device-flops", "1TFLOPs/s")
     assert code == 0
     assert "(offload: saved tensors in CPU memory until backward)" in out

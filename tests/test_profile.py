@@ -1,6 +1,7 @@
 """remat.profile: exact bytes on hand-checked models, real vs fake, user checkpoints, errors."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -247,15 +248,27 @@ def test_json_round_trip_is_exact():
     assert prof.step_s > 0 and any(b.forward_s > 0 for b in prof.blocks)
 
 
+def test_a_version_2_profile_file_loads_as_a_first_step():
+    """Profile JSON version 3 added the loop (step, accumulate, first_step_peak_bytes); version 2 files,
+    written before profile measured the steady step, measured the first step and load as such."""
+    old = Path(__file__).parent / "golden" / "profile_version2.json"
+    assert '"version": 2' in old.read_text() and '"step"' not in old.read_text()
+    prof = remat.StepProfile.from_json(old.read_text())
+    assert (prof.step, prof.accumulate, prof.first_step_peak_bytes) == ("first", 1, None)
+    assert prof.peak_bytes == 2996 and prof.peak_phase == "optimizer"
+    again = remat.StepProfile.from_json(prof.to_json())
+    assert again == prof and '"version": 3' in prof.to_json()
+
+
 def test_from_json_rejects_other_documents():
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 2 document, saw \('other', None\)"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 3 document, saw \('other', None\)"):
         remat.StepProfile.from_json('{"format": "other"}')
     with pytest.raises(remat.RematError, match=r"saw \('remat.StepProfile', 1\)\. Fix: .* with this version of remat"):
         remat.StepProfile.from_json('{"format": "remat.StepProfile", "version": 1}')  # written before the fields grew
     doc = json.loads(remat.profile(*zoo.chain_report001(width=8, blocks=2, batch=2)).to_json())
     del doc["blocks"][0]["container"]
     doc["blocks"][0]["extra"] = 1
-    with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 2 document"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 3 document"):
         remat.StepProfile.from_json(json.dumps(doc))
     with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"):
         remat.StepProfile.from_json("not json")

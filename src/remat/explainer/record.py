@@ -14,6 +14,10 @@ NOTE [Recording the user's checkpoints]
           CPU or CUDA random generator moved (it does for dropout, not in fake mode).
   Rule 4. A module whose forward runs again during backward with grad enabled is being
           recomputed (NOTE [Recomputation] in `remat.measure.tracker`).
+  Rule 5. `remat.profile` runs the model more than once (a first step before the steady
+          one, K-1 passes before the measured one: NOTE [The step that is measured]).
+          Each forward of the model itself starts the recording afresh, so what is
+          recorded is the measured pass, and call i is call i of every pass.
 """
 
 from __future__ import annotations
@@ -64,6 +68,7 @@ class Recorder:
 
     def __init__(self, model: nn.Module, policy: Policy):
         self.policy = policy
+        self.model = model
         self.names = {id(m): n for n, m in model.named_modules(remove_duplicate=True)}
         self.calls: list[RecordedCall] = []
         self.recomputed: set[str] = set()
@@ -89,6 +94,9 @@ class Recorder:
             if name is not None and torch.is_grad_enabled():
                 self.recomputed.add(name)
             return
+        if mod is self.model and not self._stack:  # Rule 5: a new pass
+            self.calls.clear()
+            self.recomputed.clear()
         self._stack.append(mod)
         if name is not None:
             for call in self._open:

@@ -117,6 +117,7 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
             opt = fake.fake_optimizer(opt, table, fake_mode, run_device)
         if opt is not None and run.setup.target.type == "cuda" and fake.multi_tensor_as_on_cuda(opt):
             run.setup.notes.append(fake.FOREACH_NOTE)
+        run.setup.notes.extend(scratch.unestimated_notes(run.setup.target.type))
         with fake_mode:
             return run.measure(fake_step, opt)
 
@@ -159,12 +160,7 @@ class _Run:
             )
         prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
         if restore is not None and self._measures_scratch(prof):
-            restore()  # a copy of this process runs the loop again from the same state
-            with no_cache_in_training(self.model):
-                measured = scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
-            tracker.scratch, lost = scratch.matched([op.name for op in tracker.ops], measured)
-            if lost:
-                self.setup.notes.append(scratch.mismatch_note(lost))
+            tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
             prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
         first_peak = lead.first_peak
         notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
@@ -183,7 +179,23 @@ class _Run:
 
     def _scratch_probe(self):
         """NOTE [Kernel scratch]: the allocator's peak on CUDA, else estimated per op (Rule 3) until measured."""
-        return scratch.CudaAllocatorPeak() if self.setup.cuda_real else scratch.Estimate(self.setup.target.type)
+        if self.setup.cuda_real:
+            return scratch.CudaAllocatorPeak()
+        return scratch.Estimate(self.setup.target.type, signed=self.setup.mode == Mode.REAL)
+
+    def _measured_scratch(self, signatures: list, step: StepInputs, opt, restore) -> list[int]:
+        """NOTE [Kernel scratch], Rules 2, 4 and 5: each tracked op's scratch, as measured in this process
+        before or now in a copy of it that runs the loop again from the state before the step."""
+        placed = scratch.known(signatures)
+        if placed is not None:
+            return placed
+        restore()
+        with no_cache_in_training(self.model):
+            measured = scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
+        placed, lost = scratch.placed(signatures, measured)
+        if lost:
+            self.setup.notes.append(scratch.mismatch_note(lost))
+        return placed
 
     def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
         """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the

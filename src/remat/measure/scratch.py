@@ -19,14 +19,23 @@ NOTE [Kernel scratch]
   Rule 3. In fake mode, and for a smaller real step, it is estimated per op from measurements remat ships (`SCRATCH_MODELS`:
           bytes as multiples of the op's input and output bytes, fitted on this kind of machine);
           ops without a model have none.
-  Rule 4. The copy runs the same ops as the tracked step but without the tracker's hooks, so
-          the two op sequences are aligned by name; scratch on an op that does not align is not
+  Rule 4. A measurement belongs to the op's signature (`signature`: the op, the dtype, shape
+          and stride of each tensor argument, the other arguments): a kernel given the same
+          arguments asks for the same scratch.  It is rounded to SCRATCH_GRAIN, so that the
+          tens of KiB by which the mark wanders between runs give the same figure every run.
+          The copy runs on one thread (a forked process hangs on its parent's OpenMP pool):
+          scratch that a kernel takes per thread is counted for one.
+          Each tracked op gets the most its signature was measured to need (the copy runs
+          without the tracker's hooks, so a few bookkeeping ops such as `detach` differ and
+          have none); scratch measured on a signature the tracked step did not run is not
           counted, and the profile says how many bytes that was.
+  Rule 5. Measurements are kept for the life of the process (`MEASURED`).  A later step
+          whose ops all have one (verify's steps with and without the plan, explain's runs)
+          takes them from there and forks no copy, so it counts the same scratch.
 """
 
 from __future__ import annotations
 
-import difflib
 import json
 import os
 from collections.abc import Callable
@@ -42,12 +51,54 @@ from remat.measure.step import StepInputs, run_user_code
 SCRATCH_FLOOR = 1 << 20
 """Rule 2: a rise of the high-water mark under 1 MiB is not counted as an op's scratch."""
 
+SCRATCH_GRAIN = 1 << 20
+"""Rule 4: measured scratch is rounded to the nearest MiB."""
+
 MEASURED_FROM_BYTES = 64 << 20
 """Rule 2 runs for steps whose tracked peak is this large; smaller ones keep the estimate (Rule 3): their
 scratch is mostly under SCRATCH_FLOOR, and measuring costs a second run of the loop."""
 
 SCRATCH_MODELS: dict[tuple[str, str], tuple[float, float]] = {}
 """Rule 3: {(device type, op): (bytes per input byte, bytes per output byte)}; filled below."""
+
+Signature = tuple
+MEASURED: dict[Signature, int] = {}
+"""Rule 5: the scratch bytes measured in this process, by op signature."""
+
+
+def signature(func, args, kwargs) -> Signature:
+    """Rule 4: what decides an op's kernel and its scratch: the op, each tensor's dtype, shape and stride,
+    and the other arguments."""
+    parts: list = [op_name(func)]
+    for a in tree_flatten((args, kwargs))[0]:
+        if isinstance(a, torch.Tensor):
+            parts.append((str(a.dtype), tuple(a.shape), tuple(a.stride()), a.device.type))
+        elif a is None or isinstance(a, (bool, int, float, str)):
+            parts.append(a)
+        else:
+            parts.append(str(a) if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format))
+                         else type(a).__name__)
+    return tuple(parts)
+
+
+def known(signatures: list[Signature]) -> list[int] | None:
+    """Rule 5: the scratch of each op from earlier measurements, if every op has one."""
+    if not all(s in MEASURED for s in signatures):
+        return None
+    return [MEASURED[s] for s in signatures]
+
+
+def unestimated_notes(device: str) -> list[str]:
+    """Rule 3 has nothing to go on for a device remat ships no measurements for: say so, not 0 silently."""
+    if any(d == device for d, _ in SCRATCH_MODELS):
+        return []
+    shipped = sorted({d for d, _ in SCRATCH_MODELS}) or ["no device"]
+    return [
+        f"Kernel scratch on {device} is not estimated in fake mode (remat ships measurements for "
+        f"{', '.join(shipped)}; NOTE [Kernel scratch], Rule 3): the peak may miss cuBLAS/cuDNN workspaces. "
+        "A real-mode profile on the device measures them."
+    ]
+
 
 def mismatch_note(lost: int) -> str:
     return (
@@ -61,26 +112,26 @@ class ScratchMeter(TorchDispatchMode):
 
     def __init__(self) -> None:
         super().__init__()
-        self.ops: list[str] = []
+        self.ops: list[Signature] = []
         self.scratch: list[int] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        self.ops.append(signature(func, args, kwargs))
         before = procmem.resident_bytes()
         if procmem.high_water_mark_bytes() - before > SCRATCH_FLOOR // 4:  # else the mark is already near enough
             procmem.reset_high_water_mark()
         out = func(*args, **kwargs)
         rise = procmem.high_water_mark_bytes() - before
         extra = rise - storage_bytes(made_by(args, kwargs, out))
-        self.ops.append(op_name(func))
-        self.scratch.append(extra if extra >= SCRATCH_FLOOR else 0)
+        self.scratch.append(round(extra / SCRATCH_GRAIN) * SCRATCH_GRAIN if extra >= SCRATCH_FLOOR else 0)
         return out
 
 
 def measure_scratch(
     model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop
-) -> tuple[list[str], list[int]]:
-    """Rule 2: (op names, scratch bytes) of each op of the tracked pass and the optimizer step, measured in a
+) -> tuple[list[Signature], list[int]]:
+    """Rule 2: (op signatures, scratch bytes) of each op of the tracked pass and the optimizer step, measured in a
     forked copy of this process that runs the same loop from the same state.  Call it before the step."""
 
     def run() -> dict:
@@ -92,32 +143,40 @@ def measure_scratch(
                 run_user_code("the optimizer step", opt.step)
         return {"ops": meter.ops, "scratch": meter.scratch}
 
-    found = procmem.in_forked_copy(run)
-    return found["ops"], found["scratch"]
+    found = procmem.in_forked_copy(run)  # JSON comes back: a signature's tuples as lists
+    return [_tuples(sig) for sig in found["ops"]], found["scratch"]
 
 
-def matched(ops: list[str], measured: tuple[list[str], list[int]]) -> tuple[list[int], int]:
-    """Rule 4: the measured scratch placed on the tracked ops, and the bytes of scratch that fell on ops the
-    tracked step did not run.  The two sequences are aligned by op name: the copy runs without the tracker's
-    hooks, so a few bookkeeping ops (`detach`, `empty`) differ."""
+def _tuples(value):
+    return tuple(_tuples(v) for v in value) if isinstance(value, list) else value
+
+
+def placed(ops: list[Signature], measured: tuple[list[Signature], list[int]]) -> tuple[list[int], int]:
+    """Rules 4 and 5: the scratch of each tracked op (given by signature) after keeping the copy's
+    measurements, and the bytes measured on signatures the tracked step did not run."""
     their_ops, their_scratch = measured
-    placed = [0] * len(ops)
-    matcher = difflib.SequenceMatcher(None, their_ops, ops, autojunk=False)
-    for a, b, size in matcher.get_matching_blocks():
-        placed[b : b + size] = their_scratch[a : a + size]
-    return placed, sum(their_scratch) - sum(placed)
+    for sig, b in zip(their_ops, their_scratch):
+        MEASURED[sig] = max(MEASURED.get(sig, 0), b)
+    for sig in ops:
+        MEASURED.setdefault(sig, 0)  # a bookkeeping op of the tracked step alone: no kernel, no scratch
+    ran = set(ops)
+    return [MEASURED[s] for s in ops], sum(b for sig, b in zip(their_ops, their_scratch) if sig not in ran)
 
 
 class Estimate:
-    """Rule 3, as a `Tracker.scratch_probe`: each op's scratch on `device` from the shipped models."""
+    """Rule 3, as a `Tracker.scratch_probe`: each op's scratch on `device` from the shipped models; with
+    `signed`, also each op's signature, to place a measurement on it later (Rules 4 and 5)."""
 
-    def __init__(self, device: str):
+    def __init__(self, device: str, signed: bool = False):
         self.device = device
+        self.signatures: list[Signature] | None = [] if signed else None
 
     def start(self) -> None:
         return None
 
     def stop(self, started, func, args, kwargs, out) -> int:
+        if self.signatures is not None:
+            self.signatures.append(signature(func, args, kwargs))
         model = SCRATCH_MODELS.get((self.device, op_name(func)))
         if model is None:
             return 0

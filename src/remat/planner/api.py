@@ -111,10 +111,10 @@ def frontier(
     while len(plans) < max_points:
         chosen = _solve(problem, name, budget, time_limit_s)
         if chosen is None:
-            return plans
+            break  # no plan under the last one's peak: the least-memory plan below decides
         p = make_plan(profile, problem, chosen, name, None)
         if p.peak_bytes >= plans[-1].peak_bytes:
-            return plans
+            break
         cost = (problem.cost(chosen), p.recompute_ops)  # FLOPs, offload as FLOP-equivalents (Rule 6)
         if cost <= costs[-1] and len(plans) > 1:
             plans.pop()  # the new plan needs less memory for no more cost: the last one is dominated

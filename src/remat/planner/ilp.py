@@ -43,14 +43,15 @@ class _Rows:
 def solve(problem: Problem, budget_bytes: int, time_limit_s: float = 60.0) -> list[Unit] | None:
     """The cheapest compatible units that fit the budget (optimal for the model), or None."""
     target = budget_bytes
-    for _ in range(3):  # HiGHS works in floating point: tighten if it lands a few bytes over
+    for attempt in range(4):  # HiGHS works in floating point: tighten if it lands a few bytes over
         chosen = _solve(problem, target, time_limit_s)
         if chosen is None:
             return None
         over = problem.peak(chosen) - budget_bytes
         if over <= 0:
             return chosen
-        target -= over
+        # a byte or two over is under HiGHS's feasibility tolerance on rows in units of `scale` bytes
+        target -= max(over, int(_scale(problem))) << attempt
     return None
 
 
