@@ -51,8 +51,8 @@ def _measure(batch: int, size: int) -> list[dict]:
         with meter:
             micro_batch(model, step, loss_fn, held)
         return {"rows": [
-            {"op": o, "scratch": s, "input": i, "output": out}
-            for o, s, (i, out) in zip(meter.ops, meter.scratch, meter.sizes) if o in OPS
+            {"op": sig[0], "scratch": s, "input": i, "output": out}  # a signature starts with the op's name
+            for sig, s, (i, out) in zip(meter.ops, meter.scratch, meter.sizes) if sig[0] in OPS
         ]}
 
     return procmem.in_forked_copy(run)["rows"]
