@@ -22,8 +22,8 @@ CASES = {
     # name: budget of the planned case (a fraction of the unplanned peak, above the least plan)
     "chain": 0.5,  # report 001's chain: activations dominate
     "gpt2": 0.7,  # `remat demo`'s GPT-2: attention, tied weights, Adam state of 2 x 81 MiB / 4
-    "convnet": 0.75,
-    "attention": 0.6,  # hand-written attention blocks (SDPA, causal), not Hugging Face  # ConvBNNet at 64x64: convolution scratch (NOTE [Kernel scratch]) and BatchNorm
+    "convnet": 0.75,  # ConvBNNet at 64x64: convolution scratch (NOTE [Kernel scratch]) and BatchNorm
+    "attention": 0.6,  # hand-written attention blocks (SDPA, causal), not Hugging Face
 }
 
 
@@ -87,3 +87,30 @@ def test_fake_mode_predicts_the_steady_conv_step_with_its_scratch(process_peak):
     measured = process_peak("convnet")
     assert _close(fake.peak_bytes, measured), (fake.peak_bytes, measured)
     assert real.at_peak.scratch_bytes > 0 and fake.at_peak.scratch_bytes > 0
+
+
+def test_kernel_scratch_is_measured_once_and_the_same_on_the_next_profile(monkeypatch):
+    """NOTE [Kernel scratch], Rules 4-5: a second profile of the same step takes each op's scratch from the
+    first one's measurement (no second copy of the process), so it gives the same timeline to the byte."""
+    from remat.measure import scratch
+
+    model, inputs, loss_fn = _target("convnet")
+    first = remat.profile(model, inputs, loss_fn, optimizer=_adam)
+    assert first.at_peak.scratch_bytes > 0 and first.at_peak.scratch_bytes % scratch.SCRATCH_GRAIN == 0
+
+    def no_copy(*args, **kwargs):
+        raise AssertionError("a second copy of the process was forked")
+
+    monkeypatch.setattr(scratch, "measure_scratch", no_copy)
+    again = remat.profile(model, inputs, loss_fn, optimizer=_adam)
+    assert again.timeline.live_bytes == first.timeline.live_bytes and again.peak_bytes == first.peak_bytes
+
+
+def test_scratch_measured_on_ops_the_tracked_step_did_not_run_is_reported_not_placed(monkeypatch):
+    from remat.measure import scratch
+
+    monkeypatch.setattr(scratch, "MEASURED", {})
+    conv, detach, other = ("convolution", 1), ("detach", 2), ("reorder", 3)
+    placed, lost = scratch.placed([conv, detach, conv], ([conv, other, conv], [3 << 20, 5 << 20, 4 << 20]))
+    assert placed == [4 << 20, 0, 4 << 20] and lost == 5 << 20  # one figure per signature: the most measured
+    assert scratch.known([conv, detach]) == [4 << 20, 0] and scratch.known([other, ("mm", 1)]) is None
