@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from remat.errors import RematError
 from remat.measure.step import StepInputs, compute_loss, run_user_code
-from remat.measure.tracker import PeakMeter
+from remat.measure.tracker import PeakMeter, rounded_bytes
 from remat.types import Step
 
 FIRST_STEP_NOTE = (
@@ -73,6 +73,18 @@ def micro_batch(model: nn.Module, step: StepInputs, loss_fn: Callable | None, he
     held += [out, loss]
 
 
+def optimizer_step_of_loop(
+    model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
+    held: list,
+) -> None:
+    """One step of the user's loop, untracked: K passes (Rule 2), then the optimizer step; the caller clears
+    the gradients after it, as `zero_grad` does."""
+    for _ in range(loop.accumulate):
+        micro_batch(model, step, loss_fn, held)
+    if opt is not None:
+        run_user_code("the optimizer step", opt.step)
+
+
 @dataclass
 class LeadIn:
     """What the passes before the tracked one leave behind."""
@@ -101,10 +113,7 @@ def lead_in(
     first_peak, held = None, []
     if loop.step == Step.STEADY:
         with PeakMeter(resident_tensors(model, step, opt), rounding) as meter:
-            for _ in range(loop.accumulate):
-                micro_batch(model, step, loss_fn, held)
-            if opt is not None:
-                run_user_code("the optimizer step", opt.step)
+            optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         first_peak = meter.peak_bytes
         clear_grads(model, opt)
     for _ in range(loop.accumulate - 1):
@@ -142,7 +151,7 @@ def storage_bytes(tensors: list, rounding: int = 1) -> int:
     for t in tensors:
         if isinstance(t, torch.Tensor):
             st = t.untyped_storage()
-            seen[id(st)] = (st.nbytes() + rounding - 1) // rounding * rounding
+            seen[id(st)] = rounded_bytes(st.nbytes(), rounding)
     return sum(seen.values())
 
 

@@ -46,6 +46,22 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 
+def storage_of(t) -> torch.UntypedStorage | None:
+    """The storage a strided tensor counts by (NOTE [What counts as live memory]); None for anything else
+    (not a tensor, sparse, a subclass without storage)."""
+    if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
+        return None
+    try:
+        return t.untyped_storage()
+    except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+        return None
+
+
+def rounded_bytes(n: int, rounding: int) -> int:
+    """`n` bytes rounded up to a multiple of `rounding` (the CUDA caching allocator's 512), as allocated."""
+    return n if rounding <= 1 else (n + rounding - 1) // rounding * rounding
+
+
 @dataclass(slots=True)
 class StorageRecord:
     """One storage seen during the step. Steps are op indices (see NOTE [What counts as live memory])."""
@@ -109,23 +125,16 @@ class Tracker(TorchDispatchMode):
         super().__init__()
 
     # -- storages ----------------------------------------------------------------
-    def _round(self, n: int) -> int:
-        r = self.rounding
-        return n if r <= 1 else (n + r - 1) // r * r
-
     def record_of(self, t: torch.Tensor, *, before_step: bool = False, op: str = "") -> StorageRecord | None:
         """The record of `t`'s storage, creating it (as made now by `op`, or pre-existing) if unseen."""
-        if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
-            return None
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
+        st = storage_of(t)
+        if st is None:
             return None
         rec = self._live.get(id(st))
         if rec is not None:
             return rec
         step = -1 if before_step else len(self.ops)
-        rec = StorageRecord(self._round(st.nbytes()), step, self.phase, self.current_module(), op=op)
+        rec = StorageRecord(rounded_bytes(st.nbytes(), self.rounding), step, self.phase, self.current_module(), op=op)
         self.records.append(rec)
         key = id(st)
         self._live[key] = rec
@@ -217,17 +226,10 @@ class PeakMeter(TorchDispatchMode):
         self.peak_bytes = self.live_bytes
 
     def see(self, t: torch.Tensor) -> None:
-        if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
+        st = storage_of(t)
+        if st is None or id(st) in self._live:
             return
-        try:
-            st = t.untyped_storage()
-        except (RuntimeError, NotImplementedError):
-            return
-        key = id(st)
-        if key in self._live:
-            return
-        r = self.rounding
-        n = st.nbytes() if r <= 1 else (st.nbytes() + r - 1) // r * r
+        key, n = id(st), rounded_bytes(st.nbytes(), self.rounding)
         self._live[key] = n
         self.live_bytes += n
         weakref.finalize(st, self._freed, key)

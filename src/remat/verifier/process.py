@@ -51,7 +51,7 @@ from remat.procmem import (
     reset_high_water_mark,
     resident_bytes,
 )
-from remat.measure.loop import Loop, clear_grads, micro_batch, resident_tensors, storage_bytes, tensors_in
+from remat.measure.loop import Loop, clear_grads, optimizer_step_of_loop, resident_tensors, storage_bytes, tensors_in
 from remat.measure.step import make_optimizer, normalize_inputs
 from remat.target import load_target
 from remat.types import Step, load_plan
@@ -99,10 +99,7 @@ def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
             resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held))
             reset_high_water_mark()
             before = resident_bytes()
-        for _ in range(loop.accumulate):
-            micro_batch(model, step, loss_fn, held)
-        if opt is not None:
-            opt.step()
+        optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         clear_grads(model, opt)
     return ProcessPeak(high_water_mark_bytes() - before + resident, resident)
 
@@ -117,10 +114,7 @@ def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
         resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held), rounding=512)
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
-        for _ in range(loop.accumulate):
-            micro_batch(model, step, loss_fn, held)
-        if opt is not None:
-            opt.step()
+        optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         clear_grads(model, opt)
     torch.cuda.synchronize()
     return ProcessPeak(torch.cuda.max_memory_allocated() - before + resident, resident)
