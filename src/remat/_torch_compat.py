@@ -6,6 +6,9 @@ one, this file is the only one to change.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+
 import torch
 from torch._subclasses.fake_tensor import (  # private: fake tensors
     DataDependentOutputException,
@@ -36,6 +39,8 @@ __all__ = [
     "flops_of",
     "fake_mode_of",
     "checkpoint_wrapper_type",
+    "cuda_autocast_runs_on_cpu",
+    "backward_in_mode",
 ]
 
 BatchNormBase = _BatchNorm
@@ -60,6 +65,66 @@ def flops_of(func, args, kwargs, out) -> int:
     if formula is None:
         return 0
     return int(formula(*args, **kwargs, out_val=out))
+
+
+@contextlib.contextmanager
+def cuda_autocast_runs_on_cpu() -> Iterator[None]:
+    """While inside, `torch.autocast("cuda", dtype)` (and `torch.cuda.amp.autocast`) enters CPU autocast with
+    that dtype (CUDA's default, float16, when none is given) instead of disabling itself for want of a GPU.
+
+    NOTE [A CUDA step simulated on CPU], Rule 2.  Replaces `torch.amp.autocast.__init__` for the length of the
+    block (the class has no hook for it), hence here.
+    """
+    from torch.amp import autocast_mode
+
+    cls = autocast_mode.autocast
+    original = cls.__init__
+
+    def init(self, device_type, dtype=None, enabled=True, cache_enabled=None):
+        if device_type == "cuda":
+            device_type, dtype = "cpu", dtype if dtype is not None else torch.get_autocast_dtype("cuda")
+        original(self, device_type, dtype, enabled, cache_enabled)
+
+    cls.__init__ = init
+    try:
+        yield
+    finally:
+        cls.__init__ = original
+
+
+def backward_in_mode(mode, func, args: tuple, kwargs: dict):
+    """Run `Tensor.backward` / `torch.autograd.backward` (`func`) with the torch-function `mode` active while
+    the autograd engine runs, so the forwards that checkpoints recompute in backward pass through it too.
+
+    Called from `mode.__torch_function__`, where torch has popped the mode; pushed again, it would catch the
+    same backward call again, so the engine is entered beneath torch.autograd.backward's torch-function
+    check, through two private helpers, hence here.
+    """
+    from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
+    from torch.autograd.graph import _engine_run_backward
+
+    if func is torch.Tensor.backward:
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs")
+    else:
+        names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "grad_variables", "inputs")
+    given = {**dict(zip(names, args)), **kwargs}
+    if func is torch.Tensor.backward:
+        given["grad_tensors"] = given.pop("gradient", given.get("grad_tensors"))
+    tensors = _as_tuple(given["tensors"])
+    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(given.get("grad_tensors"), len(tensors)),
+                        is_grads_batched=False)
+    create = bool(given.get("create_graph", False))
+    retain = create if given.get("retain_graph") is None else given["retain_graph"]
+    inputs = given.get("inputs")
+    inputs = tuple(inputs.values()) if isinstance(inputs, dict) else _as_tuple(inputs)
+    with mode:
+        _engine_run_backward(tensors, grads, retain, create, inputs, allow_unreachable=True, accumulate_grad=True)
+
+
+def _as_tuple(tensors) -> tuple:
+    if tensors is None:
+        return ()
+    return (tensors,) if isinstance(tensors, torch.Tensor) else tuple(tensors)
 
 
 def fake_mode_of(t: torch.Tensor):

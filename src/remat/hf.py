@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import inspect
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -95,3 +96,41 @@ def _use_cache_position(model: nn.Module) -> int | None:
     except (TypeError, ValueError):  # no signature to read
         return None
     return names.index("use_cache") if "use_cache" in names else None
+
+
+# NOTE [Packed sequences under fake tensors]
+#   Hugging Face decoders look at `position_ids` for several sequences packed into one row
+#   (`masking_utils.find_packed_sequence_indices`); a row of one sequence gets no mask and
+#   attention runs with `is_causal`.  The look reads the ids' values, which fake tensors do
+#   not have, so under them it answers "maybe packed" and builds a (B, 1, L, L) mask that
+#   the real step never builds: attention then runs another kernel (on CUDA a mask rules
+#   out flash attention, and the memory-efficient one saves a float copy of it per layer).
+#   A fake step therefore gets the answer the real inputs give: "not packed" when the
+#   inputs carry no `position_ids` (the model makes them, one sequence per row), else what
+#   the look says on the real ids.
+PACKED_NOTE = "position_ids in the inputs pack several sequences per row: attention runs with a mask"
+
+
+@contextlib.contextmanager
+def unpacked_sequences_unless_given(inputs) -> Iterator[bool]:
+    """NOTE [Packed sequences under fake tensors], for the length of a fake step of `inputs`
+    (the real ones).  Yields whether the real position_ids pack sequences (the mask is kept then)."""
+    masking = sys.modules.get("transformers.masking_utils")
+    look = getattr(masking, "find_packed_sequence_indices", None)
+    if look is None:
+        yield False
+        return
+    ids = inputs.get("position_ids") if isinstance(inputs, dict) else None
+    packed = isinstance(ids, torch.Tensor) and ids.dim() == 2 and look(ids) is not None
+    if packed:
+        yield True
+        return
+    masking.find_packed_sequence_indices = _one_sequence_per_row
+    try:
+        yield False
+    finally:
+        masking.find_packed_sequence_indices = look
+
+
+def _one_sequence_per_row(position_ids):
+    return None

@@ -13,9 +13,9 @@ import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode, ModuleTracker
 from remat.errors import RematError
-from remat.hf import CACHE_NOTE, no_cache_in_training
+from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
-from remat.measure import fake, scratch
+from remat.measure import cuda_kernels, fake, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
@@ -36,7 +36,7 @@ from remat.types import Mode, StepProfile
 CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator's block granularity
 SIMULATED_NOTE = (
     "CUDA target simulated on CPU: storages rounded to 512 bytes like the CUDA caching allocator; "
-    "kernels that differ on CUDA (attention backends) may save different tensors."
+    "optimizer, autocast and attention run as on CUDA (NOTE [A CUDA step simulated on CPU])."
 )
 Progress = Callable[[str, int], None]
 
@@ -72,7 +72,8 @@ def profile(
 
     Known limitations: memory a kernel allocates and frees inside one op (cuBLAS
     workspaces) is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`)
-    cannot run; a simulated CUDA target uses CPU kernels (e.g. CPU attention).
+    cannot run; a simulated CUDA target runs CPU kernels except for the optimizer,
+    autocast and attention, which run as on CUDA (NOTE [A CUDA step simulated on CPU]).
     """
     check_model(model)
     loop = Loop.of(step, accumulate)
@@ -110,7 +111,10 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
     """The step on fake tensors: the model's parameters and buffers swapped for fake ones meanwhile."""
     fake_mode = fake.existing_fake_mode(run.model) or FakeTensorMode(allow_non_fake_inputs=True)
     run_device = torch.device("cpu") if run.setup.simulated else run.setup.target
-    with fake.fake_model(run.model, fake_mode, run_device) as table:
+    with (
+        fake.fake_model(run.model, fake_mode, run_device) as table,
+        unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]
+    ):
         fake_step = normalize_inputs(fake.fake_inputs(inputs, fake_mode, run_device))
         opt = make_optimizer(optimizer, run.model)
         if opt is not None and any(id(p) in table for g in opt.param_groups for p in g["params"]):
@@ -118,8 +122,13 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
         if opt is not None and run.setup.target.type == "cuda" and fake.multi_tensor_as_on_cuda(opt):
             run.setup.notes.append(fake.FOREACH_NOTE)
         run.setup.notes.extend(scratch.unestimated_notes(run.setup.target.type))
-        with fake_mode:
-            return run.measure(fake_step, opt)
+        run.setup.notes.extend([PACKED_NOTE] if packed else [])
+        if not run.setup.simulated:
+            with fake_mode:
+                return run.measure(fake_step, opt)
+        with fake_mode, cuda_kernels.as_on_cuda() as kernels:  # NOTE [A CUDA step simulated on CPU]
+            prof = run.measure(fake_step, opt)
+        return dataclasses.replace(prof, notes=prof.notes + kernels.notes())
 
 
 @dataclasses.dataclass

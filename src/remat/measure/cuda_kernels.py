@@ -1,0 +1,235 @@
+"""A CUDA step simulated on CPU fake tensors runs the kernels a CUDA device would run, where they change memory.
+
+NOTE [A CUDA step simulated on CPU]
+Fake tensors on a "cuda" device cannot take part in autograd in a CPU-only build of torch, so
+a `device="cuda"` prediction without a GPU runs its step on CPU fake tensors.  Three kernel
+choices differ between the two devices and change what the step holds; each is made here as
+CUDA makes it:
+
+Rule 1 (optimizer).  Adam(W) and friends run their multi-tensor (foreach) kernels on CUDA when
+    the user left the choice to torch (`fake.multi_tensor_as_on_cuda`).
+Rule 2 (autocast).  `torch.autocast("cuda", dtype)` in the user's code would be disabled on a
+    machine with no CUDA.  For the step it enters CPU autocast with the same dtype instead
+    (float16 when none is given, CUDA's default), which casts the same matmul / convolution /
+    linear / attention inputs down, and this mode adds CUDA's float32 list on top (softmax,
+    log_softmax, layer_norm, group_norm, exp, log, pow, sum, cumsum, the losses, interpolate:
+    inputs cast up to float32, or the output dtype set to float32 where the op takes one).  The
+    casts are made before autograd records the op, as autocast makes them, so what backward
+    saves has CUDA's dtypes.  The float32 list is applied where user code calls those ops
+    through torch's Python API (module forwards do); an op called from inside another torch
+    function (say, a softmax inside `F.multi_head_attention_forward`) keeps CPU autocast's
+    choice.
+Rule 3 (attention).  `F.scaled_dot_product_attention` runs the kernel an sm80-or-newer GPU picks
+    with torch's default priority (flash, then memory-efficient, then math; `cuda_backend` states
+    each kernel's conditions).  The choice matters: CPU runs attention with dropout as the math
+    path, which saves the (L, L) probabilities and dropout mask that a fused CUDA kernel never
+    holds.  Grouped-query calls (`enable_gqa` with fewer key heads) keep torch's CPU kernel.
+    GPUs whose torch build prefers cuDNN attention (H100 with a recent cuDNN) save the same
+    output and log-sum-exp as flash.
+Rule 4 (backward).  Checkpoints recompute their forward inside backward, which must run the same
+    kernels as the forward did (or torch raises CheckpointError).  Torch takes a torch-function
+    mode off its stack while it handles a call, `loss.backward()` included, so the mode puts
+    itself back for the autograd engine's run (`backward_in_mode`).  `torch.autograd.grad`
+    called by the user's loss function is not covered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
+
+from remat._torch_compat import backward_in_mode, cuda_autocast_runs_on_cpu
+
+FLOAT32_OPS = frozenset(  # CUDA autocast's float32 list, by Python name: inputs cast up to float32
+    {
+        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
+        "rsqrt", "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm",
+        "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss",
+        "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
+        "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
+        "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp", "interpolate",
+        "cross_entropy",  # log_softmax and nll_loss inside, both on the list
+    }
+)
+FLOAT32_OUTPUT_OPS = frozenset(  # ops with a dtype argument: CUDA autocast sets it to float32
+    {"softmax", "log_softmax", "cumsum", "cumprod", "prod", "sum", "norm", "vector_norm", "matrix_norm"}
+)
+LOWER = (torch.float16, torch.bfloat16)
+
+
+class CudaKernels(TorchFunctionMode):
+    """NOTE [A CUDA step simulated on CPU], Rules 2 and 3, for the length of a simulated step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attention: Counter[str] = Counter()
+        """How many attention calls ran each kernel ("flash", "efficient", "math", "cpu (grouped-query)")."""
+        self.autocast_dtypes: set[torch.dtype] = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.backward or func is torch.autograd.backward:  # checkpoints recompute in there
+            return backward_in_mode(self, func, args, kwargs)
+        if func is F.scaled_dot_product_attention:
+            return self._attention(*args, **kwargs)
+        if not torch.is_autocast_enabled("cpu"):
+            return func(*args, **kwargs)
+        self.autocast_dtypes.add(torch.get_autocast_dtype("cpu"))
+        name = getattr(func, "__name__", "")
+        if name in FLOAT32_OPS:
+            return func(*_up(args), **{k: _up_one(v) for k, v in kwargs.items()})
+        if name in FLOAT32_OUTPUT_OPS and args and _lower(args[0]) and kwargs.get("dtype") is None:
+            return func(*args, **{**kwargs, "dtype": torch.float32})
+        return func(*args, **kwargs)
+
+    def _attention(self, *args, **kwargs):
+        call = Attention(*args, **kwargs)
+        if torch.is_autocast_enabled("cpu"):  # attention is on the lower-precision list (cast before choosing)
+            low = torch.get_autocast_dtype("cpu")
+            call.query, call.key, call.value, call.attn_mask = (
+                _down(t, low) for t in (call.query, call.key, call.value, call.attn_mask)
+            )
+        kernel = cuda_backend(call.query, call.key, call.value, call.attn_mask, call.is_causal, call.enable_gqa)
+        self.attention[kernel] += 1
+        with torch.autocast("cpu", enabled=False):
+            if kernel == "flash":
+                return _flash(call)
+            if kernel == "efficient":
+                return _efficient(call)
+            if kernel == "math":
+                return torch.ops.aten._scaled_dot_product_attention_math(
+                    call.query, call.key, call.value, call.attn_mask, call.dropout_p, call.is_causal,
+                    scale=call.scale, enable_gqa=call.enable_gqa,
+                )[0]
+            return F.scaled_dot_product_attention(**{f.name: getattr(call, f.name) for f in dataclasses.fields(call)})
+
+    def notes(self) -> list[str]:
+        """What the profile says about the kernels simulated (nothing when no attention or autocast ran)."""
+        out = []
+        simulated = sorted(k for k in self.attention if k != "cpu")
+        if simulated:
+            out.append(f"attention run with the kernel an sm80+ GPU picks for each call: {', '.join(simulated)}.")
+        if "cpu" in self.attention:
+            out.append("grouped-query attention (enable_gqa) run with torch's CPU kernel: its CUDA kernel is not "
+                       "simulated, and may save other tensors.")
+        if self.autocast_dtypes:
+            dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.autocast_dtypes))
+            out.append(
+                f"autocast('cuda', {dtypes}) simulated: CPU autocast's casts plus CUDA's float32 ops "
+                "(softmax, layer_norm, losses, ...)."
+            )
+        return out
+
+
+@contextlib.contextmanager
+def as_on_cuda() -> Iterator[CudaKernels]:
+    """The step inside runs autocast and attention as a CUDA device would (yields the mode, for its notes)."""
+    kernels = CudaKernels()
+    with cuda_autocast_runs_on_cpu(), kernels:
+        yield kernels
+
+
+def cuda_backend(query, key, value, attn_mask, is_causal: bool, enable_gqa: bool) -> str:
+    """The attention kernel an sm80-or-newer GPU runs for these arguments with torch's default priority:
+    "flash", "efficient", "math", or "cpu" (grouped-query attention, left to torch's CPU kernel)."""
+    if not all(t.dim() == 4 for t in (query, key, value)) or 0 in (*query.shape, *key.shape):
+        return "math"
+    if query.size(1) != key.size(1) or key.size(1) != value.size(1):
+        return "cpu" if enable_gqa else "math"
+    if _flash_ok(query, key, value, attn_mask, is_causal):
+        return "flash"
+    if _efficient_ok(query, key, value):
+        return "efficient"
+    return "math"
+
+
+def _flash_ok(query, key, value, attn_mask, is_causal: bool) -> bool:
+    """Flash attention: float16/bfloat16, no mask, one head size <= 256, causal only on a square."""
+    same_head = query.size(-1) == key.size(-1) == value.size(-1) <= 256
+    square = not is_causal or query.size(-2) == key.size(-2)
+    dense_rows = all(t.stride(-1) == 1 or t.size(-1) == 1 for t in (query, key, value))
+    return attn_mask is None and query.dtype in LOWER and same_head and square and dense_rows
+
+
+def _efficient_ok(query, key, value) -> bool:
+    """Memory-efficient attention: float32/16/bfloat16, head sizes and offsets aligned to the GEMM's
+    minimum (8 elements at 16 bits, 4 at 32)."""
+    if query.dtype not in (*LOWER, torch.float32):
+        return False
+    align = 8 if query.dtype in LOWER else 4
+    heads = query.size(-1) == key.size(-1) and query.size(-1) % align == 0 and value.size(-1) % align == 0
+    offsets = all(t.storage_offset() % align == 0 for t in (query, key, value))
+    return heads and offsets and all(t.stride(-1) == 1 for t in (query, key, value))
+
+
+@dataclasses.dataclass
+class Attention:
+    """The arguments of one `F.scaled_dot_product_attention` call, as torch names them."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    attn_mask: torch.Tensor | None = None
+    dropout_p: float = 0.0
+    is_causal: bool = False
+    scale: float | None = None
+    enable_gqa: bool = False
+
+
+def _flash(call: Attention):
+    """As torch runs flash attention: heads padded to a multiple of 8, the scale of the unpadded size."""
+    query, key, value = call.query, call.key, call.value
+    head = query.size(-1)
+    scale = call.scale if call.scale is not None else 1.0 / math.sqrt(head)
+    pad = -head % 8
+    if pad:
+        query, key, value = (F.pad(t, (0, pad)) for t in (query, key, value))
+    out = torch.ops.aten._scaled_dot_product_flash_attention(
+        query, key, value, call.dropout_p, call.is_causal, scale=scale
+    )[0]
+    return out[..., :head] if pad else out
+
+
+def _efficient(call: Attention):
+    """As torch runs memory-efficient attention: a boolean mask made an additive bias of the query's dtype,
+    its last dimension padded to a multiple of 16, broadcast to (B, H, L, S)."""
+    query, key, value, bias = call.query, call.key, call.value, call.attn_mask
+    if bias is not None:
+        if bias.dtype == torch.bool:
+            inf = torch.tensor(-math.inf, dtype=query.dtype)
+            bias = torch.where(bias.logical_not(), inf, torch.zeros((), dtype=query.dtype))
+        length = bias.size(-1)
+        if length % 16:
+            bias = F.pad(bias, (0, -length % 16))[..., :length]
+        shape = (query.size(0), query.size(1), query.size(2), key.size(2))
+        bias = bias.expand(shape)
+    needs_lse = torch.is_grad_enabled() and any(t.requires_grad for t in (query, key, value))
+    return torch.ops.aten._scaled_dot_product_efficient_attention(
+        query, key, value, bias, needs_lse, call.dropout_p, call.is_causal, scale=call.scale
+    )[0]
+
+
+def _lower(t) -> bool:
+    return isinstance(t, torch.Tensor) and t.dtype in LOWER
+
+
+def _up_one(t):
+    return t.float() if _lower(t) else t
+
+
+def _up(args: tuple) -> tuple:
+    return tuple(_up_one(a) for a in args)
+
+
+def _down(t, dtype: torch.dtype):
+    """Autocast's lower-precision cast: floating tensors other than float64 go to `dtype`."""
+    if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype not in (dtype, torch.float64):
+        return t.to(dtype)
+    return t
