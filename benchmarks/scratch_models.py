@@ -1,6 +1,6 @@
 """Fit the kernel-scratch models remat ships for fake mode (NOTE [Kernel scratch], Rule 3).
 
-Runs conv nets of the zoo at a few sizes, measures each op's scratch in a copy of this process
+Runs conv nets and transformers (with dropout) of the zoo at a few sizes, measures each op's scratch in a copy of this process
 (as `remat.profile` does in real mode), and fits, per op with scratch, bytes of scratch per byte
 of the op's inputs or outputs (whichever explains it: the median ratio over the ops seen).
 Writes src/remat/measure/scratch_models.json with the date, machine, torch version and threads.
@@ -25,9 +25,18 @@ from remat.measure.loop import Loop, lead_in, micro_batch, storage_bytes
 from remat.measure.step import normalize_inputs
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "remat" / "measure" / "scratch_models.json"
-OPS = {"convolution": "output", "convolution_backward": "input"}
-"""The ops with scratch on this machine's CPU (seen: nothing else over 1 MiB in the zoo), and what it follows:
-oneDNN writes a convolution's output in a blocked layout and reorders it; its backward reorders its inputs."""
+OPS = {"convolution": "output", "convolution_backward": "input", "bernoulli_": "output", "_safe_softmax": "output"}
+"""The ops with scratch on this machine's CPU (seen: nothing else over 1 MiB in the zoo's conv nets, GPT-2, BERT,
+SkipNet and chain), and what it follows: oneDNN writes a convolution's output in a blocked layout and reorders
+it, and its backward reorders its inputs; dropout's `bernoulli_` draws into a temporary the size of its tensor;
+attention's `_safe_softmax` keeps a one-byte-per-element mask of the rows that are all -inf."""
+STEPS = [
+    *((f"cnn_bn(batch={b}, size={s})", lambda b=b, s=s: zoo.cnn_bn(batch=b, size=s)) for b, s in ((64, 64), (32, 96), (128, 32))),
+    ("gpt2()", zoo.gpt2),
+    ("gpt2(batch=4, seq=512)", lambda: zoo.gpt2(batch=4, seq=512)),
+    ("bert(batch=16)", lambda: zoo.bert(batch=16)),
+]
+"""The steps measured: (name, factory of (model, inputs[, loss_fn]))."""
 
 
 class _Sizes(scratch.ScratchMeter):
@@ -41,8 +50,9 @@ class _Sizes(scratch.ScratchMeter):
         return out
 
 
-def _measure(batch: int, size: int) -> list[dict]:
-    model, x, loss_fn = zoo.cnn_bn(batch=batch, size=size)
+def _measure(build) -> list[dict]:
+    model, x, *rest = build()
+    loss_fn = rest[0] if rest else None
     step, opt = normalize_inputs(x), torch.optim.Adam(model.parameters())
 
     def run() -> dict:
@@ -59,7 +69,11 @@ def _measure(batch: int, size: int) -> list[dict]:
 
 
 def main() -> None:
-    rows = [r for batch, size in ((64, 64), (32, 96), (128, 32)) for r in _measure(batch, size)]
+    torch.set_num_threads(1)  # as the copy remat forks measures (NOTE [Kernel scratch], Rule 4)
+    rows = []
+    for name, build in STEPS:
+        rows += _measure(build)
+        print(f"measured {name}")
     models = []
     for op, follows in OPS.items():
         ratios = [r["scratch"] / r[follows] for r in rows if r["op"] == op and r["scratch"] > 0]
