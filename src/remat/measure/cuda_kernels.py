@@ -65,12 +65,12 @@ LOWER = (torch.float16, torch.bfloat16)
 
 
 class CudaKernels(TorchFunctionMode):
-    """NOTE [A CUDA step simulated on CPU], Rules 2 and 3, for the length of a simulated step."""
+    """NOTE [A CUDA step simulated on CPU], Rules 2 to 4, for the length of a simulated step."""
 
     def __init__(self) -> None:
         super().__init__()
         self.attention: Counter[str] = Counter()
-        """How many attention calls ran each kernel ("flash", "efficient", "math", "cpu (grouped-query)")."""
+        """How many attention calls ran each kernel ("flash", "efficient", "math", or "cpu": grouped-query)."""
         self.autocast_dtypes: set[torch.dtype] = set()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
