@@ -29,6 +29,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+from remat._torch_compat import fake_mode_of
+
 CACHE_NOTE = (
     "use_cache=True turned off for the training step, as Hugging Face does under gradient checkpointing "
     "(training never reads the key/value cache); remat.apply does the same while a plan is applied"
@@ -107,7 +109,8 @@ def _use_cache_position(model: nn.Module) -> int | None:
 #   out flash attention, and the memory-efficient one saves a float copy of it per layer).
 #   A fake step therefore gets the answer the real inputs give: "not packed" when the
 #   inputs carry no `position_ids` (the model makes them, one sequence per row), else what
-#   the look says on the real ids.
+#   the look says on the real ids.  Inputs that are fake already (a model built under
+#   FakeTensorMode) keep Hugging Face's own answer: nothing here can read their ids either.
 PACKED_NOTE = "position_ids in the inputs pack several sequences per row: attention runs with a mask"
 
 
@@ -121,6 +124,9 @@ def unpacked_sequences_unless_given(inputs) -> Iterator[bool]:
         yield False
         return
     ids = inputs.get("position_ids") if isinstance(inputs, dict) else None
+    if isinstance(ids, torch.Tensor) and fake_mode_of(ids) is not None:  # unreadable here too: HF's answer stands
+        yield False
+        return
     packed = isinstance(ids, torch.Tensor) and ids.dim() == 2 and look(ids) is not None
     if packed:
         yield True
