@@ -123,12 +123,10 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
             run.setup.notes.append(fake.FOREACH_NOTE)
         run.setup.notes.extend(scratch.unestimated_notes(run.setup.target.type))
         run.setup.notes.extend([PACKED_NOTE] if packed else [])
-        if not run.setup.simulated:
-            with fake_mode:
-                return run.measure(fake_step, opt)
-        with fake_mode, cuda_kernels.as_on_cuda() as kernels:  # NOTE [A CUDA step simulated on CPU]
+        kernels = cuda_kernels.as_on_cuda() if run.setup.simulated else contextlib.nullcontext()
+        with fake_mode, kernels as simulated:  # NOTE [A CUDA step simulated on CPU]
             prof = run.measure(fake_step, opt)
-        return dataclasses.replace(prof, notes=prof.notes + kernels.notes())
+    return dataclasses.replace(prof, notes=prof.notes + simulated.notes()) if simulated is not None else prof
 
 
 @dataclasses.dataclass
