@@ -71,6 +71,17 @@ def resnet():
     return tf.ResNetForImageClassification(cfg), inputs
 
 
+def resnet_stem():
+    """A ResNet whose stem (7x7 convolution, BatchNorm, ReLU, max pool on 160x160 images) holds more than
+    any stage: checkpointing the stem by hand beat remat's stated least until stems were candidates."""
+    tf = _tf()
+    torch.manual_seed(0)
+    cfg = tf.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
+                          layer_type="basic", num_labels=10)
+    inputs = {"pixel_values": torch.randn(8, 3, 160, 160), "labels": torch.randint(0, 10, (8,))}
+    return tf.ResNetForImageClassification(cfg), inputs
+
+
 def vit():
     """Vision transformer."""
     tf = _tf()
@@ -101,3 +112,5 @@ def stages():
 
 
 ALL = {f.__name__: f for f in (bert, gpt2, llama, t5, moe, resnet, vit, stages)}
+HAND = {f.__name__: f for f in (bert, gpt2, t5, resnet_stem, vit)}
+"""Models with an embedder, stem or head beside their layers, for the hand recipes."""

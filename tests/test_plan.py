@@ -209,8 +209,10 @@ def test_auto_says_which_solver_and_uses_ilp_for_nested_candidates():
     prof = remat.profile(model, x, mode="fake")
     p = remat.plan(prof, 0.6)
     assert p.solver == "ilp"  # layers.N and layers.N.M: not one chain
+    chain = remat.profile(*zoo.chain_report001(width=64, blocks=6, batch=1024), mode="fake")
+    assert remat.plan(chain, 0.8).solver == "dp"  # one nn.Sequential of blocks
     gpt = remat.profile(*zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=2, vocab=512), mode="fake")
-    assert remat.plan(gpt, 0.8).solver == "dp"
+    assert remat.plan(gpt, 0.8).solver == "ilp"  # the layers, and the embeddings, final norm and head beside them
 
 
 def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):

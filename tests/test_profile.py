@@ -94,7 +94,8 @@ def test_forward_flops_equal_flop_counter_mode():
     with FlopCounterMode(display=False) as fc:
         model(**inputs).loss
     assert prof.forward_flops == fc.get_total_flops()
-    assert sum(b.forward_flops for b in prof.blocks if b.depth == 0) < prof.forward_flops  # lm_head is outside
+    layers = sum(b.forward_flops for b in prof.blocks if not b.extra)
+    assert layers < sum(b.forward_flops for b in prof.blocks) == prof.forward_flops  # lm_head is an extra
 
 
 # -- real vs fake ------------------------------------------------------------------------
@@ -189,9 +190,14 @@ def test_checkpoint_wrapper_blocks_are_candidates_and_marked():
 def test_candidates_of_hugging_face_models_are_their_layers():
     model, inputs = zoo.gpt2(n_layer=3, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)
     prof = remat.profile(model, inputs, mode="fake")
-    assert [b.name for b in prof.blocks] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
-    assert all(b.has_dropout for b in prof.blocks)  # GPT-2's dropout defaults to 0.1
-    assert all(b.saved_bytes > 0 and b.output_bytes == 2 * 16 * 32 * F32 for b in prof.blocks)
+    layers = [b for b in prof.blocks if not b.extra]
+    assert [b.name for b in layers] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    assert all(b.has_dropout for b in layers)  # GPT-2's dropout defaults to 0.1
+    assert all(b.saved_bytes > 0 and b.output_bytes == 2 * 16 * 32 * F32 for b in layers)
+    # beside them, what a user could checkpoint too: embeddings, their dropout, the final norm, the head
+    extras = [b.name for b in prof.blocks if b.extra]
+    assert extras == ["transformer.wte", "transformer.wpe", "transformer.drop", "transformer.ln_f", "lm_head"]
+    assert all(b.depth == 0 and b.parent is None for b in prof.blocks)
 
 
 def test_named_blocks_are_added_and_batchnorm_is_flagged():
@@ -267,7 +273,7 @@ def test_from_json_rejects_other_documents():
         remat.StepProfile.from_json('{"format": "remat.StepProfile", "version": 1}')  # written before the fields grew
     doc = json.loads(remat.profile(*zoo.chain_report001(width=8, blocks=2, batch=2)).to_json())
     del doc["blocks"][0]["container"]
-    doc["blocks"][0]["extra"] = 1
+    doc["blocks"][0]["unknown"] = 1
     with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 3 document"):
         remat.StepProfile.from_json(json.dumps(doc))
     with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"):

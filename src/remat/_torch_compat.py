@@ -196,15 +196,26 @@ class ModuleTracker(_ModuleTracker):
     def _fw_post_hook(self, mod, input, output) -> None:
         if in_backward():
             self.recomputing.discard(self._get_mod_name(mod))
-        else:
-            super()._fw_post_hook(mod, input, output)
+            return
+        given = {id(t) for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)}
+        made = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in given]
+        super()._fw_post_hook(mod, input, made)  # an output that is an input (nn.Identity) opens no backward
 
     def innermost(self, recompute: bool) -> str | None:
-        """The module running now: of the recomputed ones for a recomputed op, else of the others, the
-        deepest; among equally deep ones (two embeddings whose backward hooks are both open), the one
-        entered last (then the last by name), so that the answer never depends on set order."""
+        """The module running now: of the recomputed ones for a recomputed op, else of the others.
+
+        The one entered last, then inside it the one entered last, down to a module with none open
+        inside (in backward a module and its last child are entered on the same gradient, the child
+        first).  Not simply the deepest: in backward a module whose inputs need no gradient (an
+        embedding, a stem's convolution) is never left, and the deepest open one would take every
+        later op.  Ties (never in practice: entries are numbered) go to the last name, so the answer
+        never depends on set order."""
         names = [n for n in (self.recomputing if recompute else self.parents) if n != "Global"]
-        return max(names, key=lambda n: (n.count("."), self.entered.get(n, -1), n), default=None)
+        pick = None
+        while names:
+            pick = max(names, key=lambda n: (self.entered.get(n, -1), n))
+            names = [n for n in names if n.startswith(pick + ".")]
+        return pick
 
 
 # -- intercepting torch.utils.checkpoint (used by remat.explainer) ------------------------------------

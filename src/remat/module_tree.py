@@ -13,6 +13,7 @@ from remat.errors import RematError
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 """Modules that hold blocks: their children are the natural units of checkpointing."""
+NO_FORWARD = (nn.ModuleList, nn.ModuleDict)
 
 
 def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[str]:
@@ -45,6 +46,33 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
         found.append(name)
     seen: set[str] = set()
     return [n for n in found if not (n in seen or seen.add(n))]
+
+
+def find_extras(model: nn.Module, candidates: list[str]) -> list[str]:
+    """Modules outside the blocks that a user could checkpoint too, in registration order: the other
+    children of every module that encloses a top-level candidate (embedders, stems, final norms,
+    heads: `transformer.wte`, `resnet.embedder`, `lm_head`).
+
+    Not the enclosing modules themselves (`transformer`, `encoder`): a checkpoint around one recomputes
+    all of its blocks at once in backward, which brings the peak back (user report 000), and remat
+    plans the blocks inside instead.  Not a module listed under a second name (tied weights), nor an
+    nn.ModuleList or nn.ModuleDict, which have no forward."""
+    modules = dict(model.named_modules(remove_duplicate=True))
+    enclosing_blocks = {""}
+    for name in top_level(candidates):
+        while name:
+            name = parent_name(name)
+            enclosing_blocks.add(name)
+    taken = set(candidates) | enclosing_blocks
+    found = []
+    for name, mod in modules.items():
+        if name not in enclosing_blocks:
+            continue
+        for child_name, child in mod.named_children():
+            child_name = join(name, child_name)
+            if child_name not in taken and modules.get(child_name) is child and not isinstance(child, NO_FORWARD):
+                found.append(child_name)
+    return found
 
 
 def runs_children_in_order(module: nn.Module | None) -> bool:

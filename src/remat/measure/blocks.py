@@ -16,7 +16,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
-from remat.module_tree import enclosing, parent_name, runs_children_in_order, within
+from remat.module_tree import enclosing, find_extras, parent_name, runs_children_in_order, within
 from remat.ops import RANDOM_OPS, SAVE_OPS
 from remat.types import BlockProfile
 
@@ -27,6 +27,9 @@ class BlockIO:
     def __init__(self, model: nn.Module, candidates: list[str], tracker: Tracker):
         self.tracker = tracker
         mods = dict(model.named_modules(remove_duplicate=True))
+        extras = find_extras(model, candidates)
+        self.extras = frozenset(extras)
+        candidates = [*candidates, *extras]
         self.by_module = {id(mods[n]): n for n in candidates}
         self.modules = {n: mods[n] for n in candidates}
         self.containers = {n: mods.get(parent_name(n)) for n in candidates}
@@ -124,7 +127,7 @@ class _Block:
             checkpointed=bool(kind), checkpoint_kind=kind,
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
             has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
-            container=_container_kind(self.io.containers.get(self.name)),
+            container=_container_kind(self.io.containers.get(self.name)), extra=self.name in self.io.extras,
         )
 
     def _depth(self) -> int:

@@ -118,8 +118,11 @@ class Problem:
         groups: dict[Group, list[str]],
         block_spans: dict[str, tuple[int, int]],
         model: str = "",
+        extras: frozenset[str] = frozenset(),
     ):
         self.live = live
+        self.extras = extras
+        """Blocks outside the model's blocks (`BlockProfile.extra`): units, but never the chain."""
         self.units = units
         self.groups = groups
         self.block_spans = block_spans
@@ -138,7 +141,10 @@ class Problem:
         cls, prof: StepProfile, max_segment: int = MAX_SEGMENT, offload: tuple[float, float] | None = None
     ) -> "Problem":
         """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6)."""
-        blocks = [b for b in prof.blocks if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op]
+        blocks = [
+            b for b in prof.blocks
+            if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not (b.extra and b.calls > 1)
+        ]  # an embedder shared by encoder and decoder runs twice: Rules 1-2 model one forward per block
         groups: dict[Group, list[str]] = {}
         for b in blocks:
             groups.setdefault(_group_of(b), []).append(b.name)
@@ -154,7 +160,8 @@ class Problem:
                 if offload is not None:
                     units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
-        return cls(list(prof.timeline.live_bytes), units, groups, spans, prof.model)
+        extras = frozenset(b.name for b in blocks if b.extra)
+        return cls(list(prof.timeline.live_bytes), units, groups, spans, prof.model, extras)
 
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property
@@ -262,7 +269,7 @@ def _group_of(b: BlockProfile) -> Group:
 def chain_group(problem: Problem) -> Group:
     """The group of the chain (`remat.module_tree.main_chain` of the problem's blocks): what `dp` and
     the hand recipes plan."""
-    names = main_chain([n for names in problem.groups.values() for n in names])
+    names = main_chain([n for names in problem.groups.values() for n in names if n not in problem.extras])
     group = next((g for g, members in problem.groups.items() if names and names[0] in members), None)
     if group is None or not any(problem.is_useful(u) for u in problem.units if u.group == group):
         raise NotAChain("no block of the chain frees memory when checkpointed")
