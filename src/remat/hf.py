@@ -91,6 +91,24 @@ def cache_as_configured() -> Iterator[None]:
         _AS_CONFIGURED.reset(token)
 
 
+def checkpointed_by_hf(module: nn.Module) -> bool:
+    """Hugging Face gradient checkpointing checkpoints `module` now (its `gradient_checkpointing` is True)."""
+    return getattr(module, "gradient_checkpointing", False) is True
+
+
+@contextlib.contextmanager
+def hf_checkpointing_off(model: nn.Module) -> Iterator[bool]:
+    """Hugging Face gradient checkpointing turned off meanwhile (on the same modules after); yields whether it was on."""
+    on = [m for m in model.modules() if checkpointed_by_hf(m)]
+    for m in on:
+        m.gradient_checkpointing = False
+    try:
+        yield bool(on)
+    finally:
+        for m in on:
+            m.gradient_checkpointing = True
+
+
 def _use_cache_position(model: nn.Module) -> int | None:
     """Where `use_cache` stands among the parameters of the model's forward; None if it takes none."""
     try:

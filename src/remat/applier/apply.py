@@ -10,7 +10,7 @@ import torch.nn as nn
 from remat import planner
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
-from remat.hf import NoCacheInTraining
+from remat.hf import NoCacheInTraining, checkpointed_by_hf
 from remat.measure import profile
 from remat.module_tree import find_candidates, join, main_chain, parent_name, runs_children_in_order
 from remat.planner.recipes import RECIPES
@@ -189,7 +189,7 @@ def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str],
     jobs += [([n], Action.OFFLOAD) for n in offload]
     for seg, action in jobs:
         mods = [modules[n] for n in seg]
-        if any(getattr(m, "gradient_checkpointing", False) is True for m in mods):
+        if any(checkpointed_by_hf(m) for m in mods):
             skipped += seg  # Hugging Face already checkpoints these: no double checkpointing
             continue
         if action == Action.OFFLOAD:

@@ -28,12 +28,17 @@ NOTE [How a module is checkpointed in place]
           runs the same kernels on the same layouts (gradients bit-equal).  This is
           torch.autograd.graph.save_on_cpu with those changes; nothing is recomputed,
           so RNG and BatchNorm statistics are untouched.
+  Rule 7. A module that Hugging Face gradient checkpointing checkpoints itself (turned on
+          after `apply`; `apply` leaves alone the modules it checkpoints already) runs its
+          original forward inside Hugging Face's checkpoint, with a warning: one checkpoint,
+          not one nested in another.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -43,9 +48,11 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward, op_name
+from remat.hf import checkpointed_by_hf
 from remat.ops import SAVE_OPS
 
 MARK = "_remat_forward"  # attribute holding the WrapInfo of a wrapped module
+OWN = "_remat_checkpointed"  # attribute marking the function a remat checkpoint runs
 
 
 @dataclass
@@ -83,7 +90,13 @@ def _run_segment(originals: list[Callable], modules: list[nn.Module]) -> Callabl
                 return _chain(originals, args, kwargs)
         return _chain(originals, args, kwargs)
 
+    setattr(run, OWN, True)
     return run
+
+
+def is_own_checkpoint(function: Callable) -> bool:
+    """`function` is what one of remat's checkpoints runs (not a checkpoint of the model's own code)."""
+    return getattr(function, OWN, False) is True
 
 
 def _chain(originals: list[Callable], args, kwargs):
@@ -111,11 +124,27 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
             out = _chain(originals[:1], args, kwargs)
             return out
         pending[0] = len(segment) - 1
+        if hf_checkpoints(head):  # Rule 7
+            return run(*args, **kwargs)
         return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
 
     _install(head, head_forward, segment, "head", pending)
     for m, original in zip(segment[1:], originals[1:]):
         _install(m, _pass_through(original, pending), segment, "pass", pending)
+
+
+def hf_checkpoints(module: nn.Module) -> bool:
+    """Rule 7: Hugging Face gradient checkpointing checkpoints `module` now (it was turned on after apply)."""
+    if not checkpointed_by_hf(module):
+        return False
+    warnings.warn(
+        f"remat: Hugging Face gradient checkpointing now checkpoints a {type(module).__name__} that remat's plan "
+        "checkpoints or offloads too: left to it, not done twice, so the plan's predicted peak and recomputation "
+        "no longer describe this step. Fix: model.gradient_checkpointing_disable() to follow the plan, or "
+        "remat.remove(model) and profile and plan again with it on.",
+        stacklevel=3,
+    )
+    return True
 
 
 def wrap_offload(module: nn.Module) -> None:
@@ -124,7 +153,7 @@ def wrap_offload(module: nn.Module) -> None:
     moved = [0]
 
     def forward(*args, **kwargs):
-        if not (module.training and torch.is_grad_enabled()):  # Rule 2
+        if not (module.training and torch.is_grad_enabled()) or hf_checkpoints(module):  # Rules 2 and 7
             return original(*args, **kwargs)
         resident = {_storage_key(t) for t in [*module.parameters(), *module.buffers()]}
         pack, unpack, hosts = _offload_hooks(resident, moved)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from remat.explainer.evidence import Evidence, _b, _gflop
 from remat.report.text import summarize_profile
-from remat.types import Finding, Severity
+from remat.types import PLAN_FAILED, Finding, Severity
 
 RESERVE_MARGIN = 0.10
 """An observed figure this much above the measured peak looks like reserved memory."""
@@ -52,6 +52,8 @@ def no_checkpointing(ev: Evidence) -> list[Finding]:
             f"Checkpoint as remat's plan below says: predicted peak {_b(ev.plan.peak_bytes)} ({_b(saved)} less) for "
             f"{_gflop(ev.plan.recompute_flops)} recomputed (+{ev.plan.recompute_fraction:.1%} of the step's FLOPs)."
         )
+    elif any(n.startswith(PLAN_FAILED) for n in ev.plan.notes):
+        fix = "remat's plan for a lower peak broke this step when run (see the plan's notes): none is recommended."
     else:
         fix = "No checkpointing plan lowers this peak (see the other findings for what does)."
     message = f"The model does no activation checkpointing. {summary}"

@@ -15,12 +15,17 @@ NOTE [How explain gets its numbers]
           segments, remat's plan) are predictions on the step without checkpoints, and
           are labelled "predicted" wherever they are shown.  The plan shown is the one
           `remat.plan` gives for the least peak any plan reaches.
+  Rule 4. That plan is recommended only once it has run: it is applied and the step
+          without the model's checkpoints profiled with it, and its notes give the
+          measured peak.  A plan that fails to run is replaced by keeping everything,
+          with the error in its notes.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -28,18 +33,24 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from remat import planner
+from remat import applier, planner
 from remat._torch_compat import tree_flatten
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.explainer.record import Policy, RecordedCall, Recorder
+from remat.explainer.evidence import _b, _few
 from remat.explainer.rules import RULES, Evidence
-from remat.hf import builds_cache, cache_as_configured
+from remat.hf import builds_cache, cache_as_configured, hf_checkpointing_off
 from remat.measure import profile
 from remat.measure.step import check_model, normalize_inputs
 from remat.planner.budget import parse_budget
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit
-from remat.types import CheckpointRegion, Explanation, Finding, Severity, StepProfile
+from remat.planner.result import keep_all, with_notes
+from remat.types import PLAN_FAILED, CheckpointRegion, Explanation, Finding, Plan, Severity, StepProfile
 
+HF_OFF = (
+    "to follow this plan, turn Hugging Face gradient checkpointing off (model.gradient_checkpointing_disable()): "
+    "remat.apply leaves the modules it checkpoints to it"
+)
 MAX_MEASURED = 12
 """Most checkpoints measured one at a time (each costs one more profiled step)."""
 
@@ -81,7 +92,7 @@ def explain(
     problem = Problem.from_profile(plain, max(MAX_SEGMENT, _longest_run(calls)))
     regions = [_region(c, step, problem, plain, written, len(calls)) for c in calls]
     least = _least_peak(plain)
-    recommended = planner.plan(plain, least)  # the least recomputation that reaches it
+    recommended = _seen_run(step, plain, planner.plan(plain, least))  # the least recomputation that reaches it
     ev = Evidence(
         modules=dict(model.named_modules()), plain=plain, written=written,
         written_error=str(error) if error else "", regions=regions, recomputed=recorder.recomputed,
@@ -94,6 +105,27 @@ def explain(
         findings, profile=plain, written_profile=written, plan=recommended, checkpoints=regions,
         notes=_notes(plain, regions, calls, written is None),
     )
+
+
+def _seen_run(step: "_Step", plain: StepProfile, plan: Plan) -> Plan:
+    """`plan` with the peak its step measured in its notes; keep-everything if it fails to run (Rule 4)."""
+    if not (plan.segments or plan.selective or plan.offload):
+        return plan
+    try:
+        with hf_checkpointing_off(step.model) as hf_was_on:  # the plan replaces it, as in `plain`
+            applier.apply(step.model, plan)
+            try:
+                seen = step.run(lambda i: False, as_written=False)[0]
+            finally:
+                applier.remove(step.model)
+    except Exception as e:  # noqa: BLE001 - whatever the user's step raises with the plan applied
+        named = [n for seg in plan.segments for n in seg] + plan.selective + plan.offload
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return keep_all(plain, None, f"{PLAN_FAILED} ({_few(named)}), so none is recommended: {first_line}")
+    notes = [f"seen run: the step with this plan measured {_b(seen.peak_bytes)} ({seen.mode} mode, remat's tracker)"]
+    if hf_was_on:
+        notes.append(HF_OFF)
+    return with_notes(plan, [*plan.notes, *notes])
 
 
 def _order(f: Finding):

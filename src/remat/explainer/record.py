@@ -18,6 +18,8 @@ NOTE [Recording the user's checkpoints]
           one, K-1 passes before the measured one: NOTE [The step that is measured]).
           Each forward of the model itself starts the recording afresh, so what is
           recorded is the measured pass, and call i is call i of every pass.
+  Rule 6. remat's own checkpoints (a plan applied to see it run) are not the model's: they
+          keep their checkpoint under every policy and are not recorded.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from remat._torch_compat import (
     tree_flatten,
     unwrap_callable,
 )
+from remat.applier.wrapping import is_own_checkpoint
 from remat.module_tree import parent_name
 from remat.types import CheckpointCallSite
 
@@ -108,6 +111,8 @@ class Recorder:
 
     # -- checkpoint calls ---------------------------------------------------------------------
     def _on_call(self, call: CheckpointCall):
+        if is_own_checkpoint(call.function):  # Rule 6
+            return True, contextlib.nullcontext()
         rec = self._describe(call)
         self.calls.append(rec)
         return self.policy(rec.site.index), self._scope(rec)

@@ -137,10 +137,12 @@ class _Block:
         return depth
 
     def _checkpoint_kind(self) -> str:
+        """How the step checkpoints this module: "" when its forward did not run again in backward (also a
+        checkpoint wrapper whose checkpoint is turned off, as `remat.explain` does)."""
+        if not self.recomputed:
+            return ""
         wrapper = checkpoint_wrapper_type()
-        if wrapper is not None and isinstance(self.module, wrapper):
-            return "checkpoint_wrapper"
-        return "recomputed" if self.recomputed else ""
+        return "checkpoint_wrapper" if wrapper is not None and isinstance(self.module, wrapper) else "recomputed"
 
     def _bytes(self) -> dict[str, object]:
         saved_outputs = [r for r in self.outputs if r.category == "activations"]

@@ -12,7 +12,7 @@ from remat.planner import dp, ilp
 from remat.planner.budget import parse_budget, parse_rate
 from remat.planner.problem import MAX_SEGMENT, NotAChain, Problem, Unit, chain_group
 from remat.planner.recipes import chen_units
-from remat.planner.result import keep_all, make_plan
+from remat.planner.result import already_checkpointed_note, keep_all, make_plan
 from remat.types import Plan, Solver, StepProfile
 
 SOLVERS = tuple(Solver)
@@ -236,10 +236,12 @@ def _infeasible(profile: StepProfile, problem: Problem, solver: str, budget: int
             f"parameters + gradients + optimizer state are {fixed / MIB:,.1f} MiB of it ({share:.0%}); the rest is "
             "what the least-memory plan still holds at its peak (block inputs, one block recomputed, the output)"
         )
+    already = already_checkpointed_note(profile)
     return InfeasibleBudget(
         f"remat: no plan fits the budget of {budget / MIB:,.1f} MiB ({budget} bytes); the least any "
         f"{solver} plan reaches is {least / MIB:,.1f} MiB ({least} bytes) — {why}. "
-        f"Fix: give a budget of at least {least} bytes, or a smaller batch.",
+        + (f"Note: {already}. " if already else "")
+        + f"Fix: give a budget of at least {least} bytes, or a smaller batch.",
         min_bytes=least,
         budget_bytes=budget,
     )

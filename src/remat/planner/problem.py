@@ -143,8 +143,10 @@ class Problem:
         """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6)."""
         blocks = [
             b for b in prof.blocks
-            if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not (b.extra and b.calls > 1)
-        ]  # an embedder shared by encoder and decoder runs twice: Rules 1-2 model one forward per block
+            if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not b.checkpointed
+            and not (b.extra and b.calls > 1)
+        ]  # the model checkpoints some itself (apply leaves them to it); an embedder shared by encoder and
+        # decoder runs twice, and Rules 1-2 model one forward per block
         groups: dict[Group, list[str]] = {}
         for b in blocks:
             groups.setdefault(_group_of(b), []).append(b.name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from remat.errors import listing
 from remat.planner.problem import Problem, Unit
 from remat.types import KEEP_ALL_SOLVER, Action, Plan, PlannedBlock, StepProfile
 
@@ -37,8 +38,21 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
     )
 
 
+def already_checkpointed_note(profile: StepProfile) -> str | None:
+    """What the plan leaves to checkpointing the model does itself, and what a budget is a share of then."""
+    done = [b.name for b in profile.blocks if b.checkpointed]
+    if not done:
+        return None
+    return (
+        f"the model checkpoints {listing(done, 3)} itself in the profiled step (Hugging Face gradient "
+        "checkpointing, or torch.utils.checkpoint in its code): remat plans around them, and a budget given as a "
+        "share is of the peak with them. To let remat plan them too, turn that off "
+        "(model.gradient_checkpointing_disable()) and profile again"
+    )
+
+
 def _notes(profile: StepProfile, problem: Problem, recomputed: list[Unit], solver: str) -> list[str]:
-    notes = []
+    notes = [n for n in [already_checkpointed_note(profile)] if n]
     if any(profile.block(b).has_batchnorm for u in recomputed for b in u.blocks):
         notes.append(BATCHNORM_NOTE)
     offload_weighed = any(u.action == Action.OFFLOAD for u in problem.units)
@@ -50,7 +64,8 @@ def _notes(profile: StepProfile, problem: Problem, recomputed: list[Unit], solve
 def keep_all(profile: StepProfile, budget: int | None, note: str) -> Plan:
     """The plan that checkpoints nothing: the unplanned step, with `note` saying why."""
     problem = Problem(list(profile.timeline.live_bytes), [], {}, {}, profile.model)
-    return with_notes(make_plan(profile, problem, [], KEEP_ALL_SOLVER, budget), [note])
+    plan = make_plan(profile, problem, [], KEEP_ALL_SOLVER, budget)
+    return with_notes(plan, [note, *plan.notes])
 
 
 def with_notes(plan: Plan, notes: list[str]) -> Plan:

@@ -8,7 +8,7 @@ from itertools import groupby
 from rich import box
 from rich.table import Table
 
-from remat.types import CheckpointRegion, Explanation, Finding
+from remat.types import PLAN_FAILED, CheckpointRegion, Explanation, Finding
 from remat.report.plan_text import render_plan
 from remat.report.text import REPORT_WIDTH, console_text, fmt_bytes, fmt_flops, module_label, plain_console
 
@@ -148,6 +148,9 @@ def _plan_text(expl: Explanation) -> str:
     plan, w = expl.plan, expl.written_profile
     where = " on the step without your checkpoints" if expl.checkpoints else ""
     if not plan.segments and not getattr(plan, "selective", None):
+        failed = [n for n in plan.notes if n.startswith(PLAN_FAILED)]
+        if failed:
+            return _wrap(f"What remat would do instead: nothing it has seen run{where}. {failed[0]}.", "", "")
         return f"What remat would do instead: nothing; no checkpointing plan lowers the peak{where}."
     lines = [f"What remat would do instead (predicted{where}):", render_plan(plan).rstrip()]
     if w is not None and expl.checkpoints:

@@ -7,7 +7,7 @@ Nothing here measures, plans or prints: `str()` of each is the report that
 `remat.report` registers (see `remat.types._text`).
 """
 
-from remat.types.explanation import CheckpointCallSite, CheckpointRegion, Explanation, Finding
+from remat.types.explanation import PLAN_FAILED, CheckpointCallSite, CheckpointRegion, Explanation, Finding
 from remat.types.kinds import KEEP_ALL_SOLVER, Action, Mode, Recipe, Severity, Solver, Step
 from remat.types.plan import BY_HAND, PLAN_FORMAT, PLAN_VERSION, Plan, PlannedBlock, load_plan
 from remat.types.profile import (
@@ -37,6 +37,7 @@ __all__ = [
     "CheckpointCallSite",
     "CheckpointRegion",
     "Explanation",
+    "PLAN_FAILED",
     "Finding",
     "Mode",
     "Plan",

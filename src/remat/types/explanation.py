@@ -72,6 +72,11 @@ class CheckpointRegion(CheckpointCallSite):
     """"measured" (profiled with only this checkpoint), "predicted" (remat's memory model) or "" (neither)."""
 
 
+PLAN_FAILED = "remat's least-memory plan failed when run"
+"""How the notes of a keep-everything plan in an Explanation begin when the plan explain would have shown
+broke the step (NOTE [How explain gets its numbers], Rule 4)."""
+
+
 class Explanation(list):
     """The findings, most serious first (a list of `Finding`), with the profiles and plan behind them.
 

@@ -122,7 +122,7 @@ class BlockProfile:
     backward_end_op: int
     """Timeline index of its last backward op (-1 if it has none)."""
     checkpointed: bool
-    """True if the user's code already checkpoints it (its forward re-ran in backward, or it is a checkpoint wrapper)."""
+    """True if the step checkpoints it already: its forward ran again in backward."""
     checkpoint_kind: str = ""
     """How: "checkpoint_wrapper", "recomputed" (torch.utils.checkpoint or similar in the user's code), or ""."""
     has_dropout: bool = False
