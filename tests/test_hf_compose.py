@@ -105,3 +105,14 @@ def test_explain_does_not_recommend_a_plan_that_breaks_the_step():
     assert expl.plan.notes[0].startswith(remat.types.PLAN_FAILED), expl.plan.notes
     assert "nothing it has seen run" in str(expl)
     assert "broke this step when run" in next(f for f in expl if f.code == "no-checkpointing").fix
+
+
+def test_explain_runs_its_plan_on_layers_that_checkpoint_themselves():
+    """remat's checkpoint around a layer wrapped in checkpoint_wrapper: in the plan's run the wrapper's own
+    checkpoint is off, in forward and in the recomputation alike (NOTE [Recording the user's checkpoints],
+    Rule 7); before, the recomputation saved other tensors and the plan was not recommended."""
+    from remat.explainer import examples
+
+    expl = remat.explain(*examples.per_layer_gpt2(n_layer=3, seq=32, batch=2))
+    assert expl.plan.segments or expl.plan.selective
+    assert any(n.startswith("seen run: the step with this plan measured") for n in expl.plan.notes), expl.plan.notes

@@ -246,16 +246,18 @@ CheckpointHandler = Callable[[CheckpointCall], "tuple[bool, ContextManager]"]
 
 
 @contextlib.contextmanager
-def intercept_checkpoints(on_call: CheckpointHandler):
+def intercept_checkpoints(on_call: CheckpointHandler, in_backward_keep: Callable[[CheckpointCall], bool] | None = None):
     """Route every `torch.utils.checkpoint.checkpoint` call made in forward through `on_call`.
 
     `checkpoint` binds early (`from torch.utils.checkpoint import checkpoint`, the partial
     inside `checkpoint_wrapper`), so the patch is one level down, where every call goes:
     the module globals `CheckpointFunction` (use_reentrant=True) and
     `_checkpoint_without_reentrant_generator` (use_reentrant=False), both looked up at call
-    time.  Calls made during backward (a nested checkpoint being recomputed) go to torch
-    unchanged.  Both globals are restored on exit, also after an error.
+    time.  Calls made during backward (a nested checkpoint being recomputed) keep their
+    checkpoint if `in_backward_keep(call)` says so (always, without it), and are not passed
+    to `on_call`.  Both globals are restored on exit, also after an error.
     """
+    keep_in_backward = in_backward_keep or (lambda call: True)
     reentrant_orig = _tuc.CheckpointFunction
     generator_orig = _tuc._checkpoint_without_reentrant_generator
     n_fixed = _positional_before_varargs(generator_orig)
@@ -264,7 +266,8 @@ def intercept_checkpoints(on_call: CheckpointHandler):
         @staticmethod
         def apply(function, preserve, *args):
             if in_backward():
-                return reentrant_orig.apply(function, preserve, *args)
+                keep = keep_in_backward(CheckpointCall(function, args, {}, True, bool(preserve)))
+                return reentrant_orig.apply(function, preserve, *args) if keep else function(*args)
             keep, scope = on_call(CheckpointCall(function, args, {}, True, bool(preserve)))
             with scope:
                 return reentrant_orig.apply(function, preserve, *args) if keep else function(*args)
@@ -274,7 +277,10 @@ def intercept_checkpoints(on_call: CheckpointHandler):
         preserve = fixed_and_args[1] if len(fixed_and_args) > 1 else True
         args = fixed_and_args[n_fixed:]
         if in_backward():
-            yield from generator_orig(*fixed_and_args, **kwargs)
+            if keep_in_backward(CheckpointCall(function, args, kwargs, False, bool(preserve))):
+                yield from generator_orig(*fixed_and_args, **kwargs)
+            else:
+                yield
             return
         keep, scope = on_call(CheckpointCall(function, args, kwargs, False, bool(preserve)))
         with scope:  # `checkpoint` runs the function between the generator's two steps

@@ -122,7 +122,9 @@ def _seen_run(step: "_Step", plain: StepProfile, plan: Plan) -> Plan:
         named = [n for seg in plan.segments for n in seg] + plan.selective + plan.offload
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return keep_all(plain, None, f"{PLAN_FAILED} ({_few(named)}), so none is recommended: {first_line}")
-    notes = [f"seen run: the step with this plan measured {_b(seen.peak_bytes)} ({seen.mode} mode, remat's tracker)"]
+    without_cache = ", use_cache=False as remat.apply trains" if builds_cache(step.model, _cache_asked(step)) else ""
+    notes = [f"seen run: the step with this plan measured {_b(seen.peak_bytes)} ({seen.mode} mode, remat's tracker"
+             f"{without_cache})"]
     if hf_was_on:
         notes.append(HF_OFF)
     return with_notes(plan, [*plan.notes, *notes])
@@ -266,12 +268,16 @@ def _least_peak(plain: StepProfile) -> int:
 
 def _kv_cache(step: _Step, model: nn.Module, written, plain: StepProfile) -> tuple[int, int] | None:
     """(peak with the cache, peak without it), measured, when the model would build a KV cache in training."""
-    asked = step.inputs.get("use_cache") if isinstance(step.inputs, dict) else None
-    if not builds_cache(model, asked):
+    if not builds_cache(model, _cache_asked(step)):
         return None
     base = written if written is not None else plain  # the step as written, if it runs
     without = step.run(lambda i: written is not None, as_written=False)[0]
     return base.peak_bytes, without.peak_bytes
+
+
+def _cache_asked(step: _Step) -> bool | None:
+    """`use_cache` as the inputs pass it, if they do."""
+    return step.inputs.get("use_cache") if isinstance(step.inputs, dict) else None
 
 
 # -- notes -------------------------------------------------------------------------------------------------

@@ -20,6 +20,10 @@ NOTE [Recording the user's checkpoints]
           recorded is the measured pass, and call i is call i of every pass.
   Rule 6. remat's own checkpoints (a plan applied to see it run) are not the model's: they
           keep their checkpoint under every policy and are not recorded.
+  Rule 7. A call of the model's that runs again inside a checkpoint's recomputation (one
+          of remat's around a layer whose forward calls checkpoint itself) keeps or drops
+          its checkpoint as it did in forward: otherwise the recomputation saves other
+          tensors than the forward did, and torch raises CheckpointError.
 """
 
 from __future__ import annotations
@@ -78,13 +82,15 @@ class Recorder:
         """Modules whose forward ran again during backward (Rule 4)."""
         self._stack: list[nn.Module] = []
         self._open: list[RecordedCall] = []
+        self._kept: dict[int, tuple[object, bool]] = {}
+        """id(what a call checkpoints) -> (it, whether the policy kept the checkpoint in forward)."""
 
     @contextlib.contextmanager
     def active(self) -> Iterator[Recorder]:
         h1 = register_module_forward_pre_hook(self._pre)
         h2 = register_module_forward_hook(self._post)
         try:
-            with intercept_checkpoints(self._on_call):
+            with intercept_checkpoints(self._on_call, self._keep_in_backward):
                 yield self
         finally:
             h1.remove()
@@ -115,7 +121,16 @@ class Recorder:
             return True, contextlib.nullcontext()
         rec = self._describe(call)
         self.calls.append(rec)
-        return self.policy(rec.site.index), self._scope(rec)
+        keep = self.policy(rec.site.index)
+        target = unwrap_callable(call.function)
+        self._kept[id(target)] = (target, keep)
+        return keep, self._scope(rec)
+
+    def _keep_in_backward(self, call: CheckpointCall) -> bool:
+        """Rule 7: a call of the model's re-run inside a checkpoint's recomputation does what it did in forward."""
+        target = unwrap_callable(call.function)
+        seen, keep = self._kept.get(id(target), (None, True))
+        return keep if seen is target else True
 
     @contextlib.contextmanager
     def _scope(self, rec: RecordedCall):

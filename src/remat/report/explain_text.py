@@ -150,7 +150,7 @@ def _plan_text(expl: Explanation) -> str:
     if not plan.segments and not getattr(plan, "selective", None):
         failed = [n for n in plan.notes if n.startswith(PLAN_FAILED)]
         if failed:
-            return _wrap(f"What remat would do instead: nothing it has seen run{where}. {failed[0]}.", "", "")
+            return _wrap(f"What remat would do instead: nothing it has seen run{where}. {failed[0].rstrip('.')}.", "", "")
         return f"What remat would do instead: nothing; no checkpointing plan lowers the peak{where}."
     lines = [f"What remat would do instead (predicted{where}):", render_plan(plan).rstrip()]
     if w is not None and expl.checkpoints:
