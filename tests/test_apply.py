@@ -99,13 +99,17 @@ def test_every_block_recomputes_each_layer_once_measured_with_flop_counter():
     assert planned.activation_bytes < prof.activation_bytes
 
 
-def test_chen_recipe_segments_a_sequential_and_refuses_a_module_list():
+def test_chen_recipe_segments_a_sequential_and_a_module_list_and_refuses_a_module_dict():
     model, x = zoo.chain_report001(width=64, blocks=8, batch=16)
     remat.apply(model, "chen")
     assert sum("forward" in m.__dict__ for m in model) == 17  # every child of the chain is in a segment
-    gpt, _ = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
-    with pytest.raises(remat.RematError, match=r"^remat: the 'chen' recipe .* inside an nn.Sequential"):
-        remat.apply(gpt, "chen")
+    gpt, _ = zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
+    remat.apply(gpt, "chen")  # NOTE [A run of nn.ModuleList entries as one checkpoint]
+    assert all("forward" in layer.__dict__ for layer in gpt.transformer.h)
+    stages, _ = architectures.stages()
+    with pytest.raises(remat.RematError, match=r"^remat: the 'chen' recipe .* inside an nn.Sequential or an "
+                                               r"nn.ModuleList; stages is a ModuleDict"):
+        remat.apply(stages, "chen")
 
 
 class _Twice(nn.Module):

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 from torch.utils.checkpoint import checkpoint_sequential
 
+import architectures
 import remat
 from remat import zoo
 from remat.planner import dp, ilp
@@ -336,10 +337,10 @@ def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
 
 
 def test_chen_on_layers_apply_cannot_group_says_so_instead_of_planning_what_apply_rejects():
-    model, inputs = zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)  # layers in a ModuleList
+    model, inputs = architectures.stages()  # blocks in an nn.ModuleDict, called by the model's loop
     prof = remat.profile(model, inputs, mode="fake")
     with pytest.raises(remat.RematError, match=r"^remat: solver 'chen' checkpoints runs of consecutive blocks.*"
-                                               r"the blocks of transformer\.h are not in one.*Fix: use solver='dp'"):
+                                               r"the blocks of stages are in neither.*Fix: use solver='dp'"):
         remat.plan(prof, 0.9, solver="chen")
     remat.apply(model, remat.plan(prof, 0.9, solver="dp"))  # what the error advises works
 
@@ -361,15 +362,17 @@ def test_ilp_never_contradicts_itself_across_budgets():
 
 
 def test_hand_recipes_remat_cannot_apply_are_marked_by_hand():
-    model, inputs = zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)  # layers in a ModuleList
+    model, inputs = architectures.stages()  # blocks in an nn.ModuleDict, called by the model's loop
     prof = remat.profile(model, inputs, mode="fake")
     recipes = baseline_plans(prof)
-    assert any(n.startswith("by hand only") for n in recipes["chen"].notes)  # 2 layers per checkpoint
+    assert any(n.startswith("by hand only") for n in recipes["chen"].notes)  # 2 blocks per checkpoint
     assert not any(n.startswith("by hand only") for n in recipes["every-block"].notes)
     from remat.report.plan_text import render_plan
 
     text = render_plan(remat.plan(prof, 0.9), baselines=recipes)
     assert "chen *" in text and "every-block *" not in text and "* by hand only" in text
+    gpt = remat.profile(*zoo.gpt2(n_layer=4, n_embd=32, n_head=2, seq=16, batch=2, vocab=128), mode="fake")
+    assert not any(n.startswith("by hand only") for n in baseline_plans(gpt)["chen"].notes)  # an nn.ModuleList
 
 
 def test_a_version_1_plan_file_still_loads(tmp_path):

@@ -298,6 +298,29 @@ def intercept_checkpoints(on_call: CheckpointHandler, in_backward_keep: Callable
         _tuc._checkpoint_without_reentrant_generator = generator_orig
 
 
+def open_checkpoint(fn: Callable, *args, **kwargs):
+    """A non-reentrant checkpoint whose forward runs between two calls, not inside one function:
+    `close = open_checkpoint(replay, *inputs)`; run the forward; `close()`.  Tensors saved in between
+    are recomputed in backward by `replay(*inputs)` (detached copies), with the RNG state of the
+    start restored, exactly as `torch.utils.checkpoint.checkpoint(replay, *inputs,
+    use_reentrant=False)` would; that function is this generator, run by hand."""
+    generator = _tuc._checkpoint_without_reentrant_generator
+    fixed = [fn, True, _tuc.noop_context_fn, "default", False, True][: _positional_before_varargs(generator)]
+    gen = generator(*fixed, *args, **kwargs)
+    next(gen)
+
+    def close(error: BaseException | None = None) -> None:
+        if error is not None:
+            gen.close()
+            return
+        try:
+            next(gen)
+        except StopIteration:
+            return
+
+    return close
+
+
 def _positional_before_varargs(fn) -> int:
     """How many parameters precede `*args` (fn, preserve_rng_state, context_fn, ... vary by release)."""
     params = list(inspect.signature(fn).parameters.values())

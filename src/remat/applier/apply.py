@@ -8,6 +8,7 @@ from typing import Any
 import torch.nn as nn
 
 from remat import planner
+from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
 from remat.hf import NoCacheInTraining, checkpointed_by_hf
@@ -152,10 +153,12 @@ def _check_segment(modules: dict[str, nn.Module], seg: list[str]) -> None:
     container = modules.get(parent)
     names = [join(parent, c) for c, _ in container.named_children()] if container is not None else []
     consecutive = seg[0] in names and names[names.index(seg[0]) :][: len(seg)] == list(seg)
-    if not (all(parent_name(n) == parent for n in seg) and runs_children_in_order(container) and consecutive):
+    one_container = runs_children_in_order(container) or isinstance(container, nn.ModuleList)
+    if not (all(parent_name(n) == parent for n in seg) and one_container and consecutive):
         raise RematError(
             f"remat: a segment of the plan ({seg[0]} .. {seg[-1]}) is not a run of consecutive children of one "
-            "nn.Sequential, so one checkpoint cannot wrap it. Fix: plan again with this version of remat."
+            "nn.Sequential or nn.ModuleList, so one checkpoint cannot wrap it. Fix: plan again with this version "
+            "of remat."
         )
 
 
@@ -173,11 +176,11 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     segments = RECIPES[Recipe(recipe)](len(blocks))
     parent = parent_name(blocks[0])
     container = dict(model.named_modules())[parent]
-    if recipe == Recipe.CHEN and not runs_children_in_order(container):  # segments of several blocks
+    if recipe == Recipe.CHEN and not (runs_children_in_order(container) or isinstance(container, nn.ModuleList)):
         raise RematError(
             f"remat: the {recipe!r} recipe checkpoints segments of consecutive blocks, which remat can wrap only "
-            f"inside an nn.Sequential; {parent or type(model).__name__} is a {type(container).__name__}. "
-            "Fix: use 'every-block', or remat.plan for a plan that fits a budget."
+            f"inside an nn.Sequential or an nn.ModuleList; {parent or type(model).__name__} is a "
+            f"{type(container).__name__}. Fix: use 'every-block', or remat.plan for a plan that fits a budget."
         )
     return [blocks[first : last + 1] for first, last in segments]
 
@@ -194,6 +197,8 @@ def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str],
             continue
         if action == Action.OFFLOAD:
             wrap_offload(mods[0])
+        elif len(mods) > 1 and not runs_children_in_order(modules.get(parent_name(seg[0]))):
+            wrap_run(mods, seg)  # entries of an nn.ModuleList, called by the model's loop
         else:
             wrap_segment(mods, selective=action == Action.SELECTIVE)
     return skipped

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,8 +35,8 @@ import torch.nn as nn
 from remat import applier, planner
 from remat._torch_compat import tree_flatten
 from remat.errors import InfeasibleBudget, RematError, listing
-from remat.explainer.record import Policy, RecordedCall, Recorder
 from remat.explainer.evidence import _b, _few
+from remat.explainer.record import Policy, RecordedCall, Recorder
 from remat.explainer.rules import RULES, Evidence
 from remat.hf import builds_cache, cache_as_configured, hf_checkpointing_off
 from remat.measure import profile

@@ -222,7 +222,9 @@ def _container_kind(parent: nn.Module | None) -> str:
     """"Sequential" when the parent runs its children in order (a subclass too), else its class name."""
     if parent is None:
         return ""
-    return "Sequential" if runs_children_in_order(parent) else type(parent).__name__
+    if runs_children_in_order(parent):
+        return "Sequential"
+    return "ModuleList" if isinstance(parent, nn.ModuleList) else type(parent).__name__
 
 
 def _kept_only_in(rec: StorageRecord, block: str) -> bool:

@@ -23,7 +23,9 @@ NOTE [The memory model of a plan]
             the unplanned one holds); its inputs are held as in Rule 2; it costs
             `selective_recompute_flops`.
     Rule 5. Solvers only use units that remat.apply can build (a run of several blocks
-            only inside an nn.Sequential) and that free bytes at some moment.
+            only inside an nn.Sequential, or an nn.ModuleList whose loop calls them in
+            turn: NOTE [A run of nn.ModuleList entries as one checkpoint]) and that free
+            bytes at some moment.
     Rule 6. An *offload* unit (one block; only for a CUDA step, with a host bandwidth B
             and a device FLOP rate F) copies what the block's ops save to CPU memory in
             forward and back in backward: it frees the bytes of Rule 1 over the same
@@ -48,6 +50,8 @@ from remat.module_tree import main_chain, parent_name, within
 from remat.types import Action, BlockProfile, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
+RUN_CONTAINERS = ("Sequential", "ModuleList")
+"""Containers in which remat.apply wraps a run of several siblings as one checkpoint (Rule 5)."""
 
 
 class Group(NamedTuple):
@@ -88,7 +92,7 @@ class Unit:
     cost_s: float
     effects: tuple[Effect, ...]
     appliable: bool = True
-    """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential."""
+    """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential or nn.ModuleList."""
     action: Action = Action.RECOMPUTE
     """RECOMPUTE (a checkpoint), SELECTIVE (keep matmul outputs, recompute the rest) or OFFLOAD."""
     cost_ops: int = 0
@@ -289,7 +293,7 @@ def _runs_from(
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
     that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them)."""
     first = by_name[names[i]]
-    appliable_multi = first.container == "Sequential"
+    appliable_multi = first.container in RUN_CONTAINERS
     stop = min(len(names), i + max_segment)
     # per block m of the run: where its forward ends, what it frees alone, and the position of
     # the last block that keeps its output (the output is freed too once the run reaches it)

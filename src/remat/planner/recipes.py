@@ -59,9 +59,9 @@ def chen_units(problem: Problem, group: Group) -> list[Unit]:
     if not all(u.appliable for u in chosen):
         raise RematError(
             f"remat: solver 'chen' checkpoints runs of consecutive blocks, which remat can wrap as one checkpoint "
-            f"only inside an nn.Sequential; the blocks of {group.container or 'the model'} are not in one (an "
-            "nn.ModuleList or a custom forward calls them). Fix: use solver='dp' or 'ilp' (or 'auto'), which plan "
-            "one checkpoint per block there."
+            f"only inside an nn.Sequential or an nn.ModuleList; the blocks of {group.container or 'the model'} are "
+            "in neither (an nn.ModuleDict, or a custom forward calls them). Fix: use solver='dp' or 'ilp' (or "
+            "'auto'), which plan one checkpoint per block there."
         )
     return chosen
 

@@ -47,7 +47,7 @@ def already_checkpointed_note(profile: StepProfile) -> str | None:
         f"the model checkpoints {listing(done, 3)} itself in the profiled step (Hugging Face gradient "
         "checkpointing, or torch.utils.checkpoint in its code): remat plans around them, and a budget given as a "
         "share is of the peak with them. To let remat plan them too, turn that off "
-        "(model.gradient_checkpointing_disable()) and profile again"
+        "(model.gradient_checkpointing_disable(), or take out the checkpoint calls) and profile again"
     )
 
 

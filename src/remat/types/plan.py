@@ -11,7 +11,7 @@ from remat.types._text import render
 from remat.types.kinds import Action
 
 BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
-           "needs a function that calls them in turn; remat.apply wraps such layers one by one")
+           "or nn.ModuleList needs a function that calls them in turn; remat.apply wraps such layers one by one")
 """The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
 
 PLAN_FORMAT = "remat.Plan"

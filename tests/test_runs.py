@@ -1,0 +1,120 @@
+"""Runs of nn.ModuleList entries as one checkpoint (NOTE [A run of nn.ModuleList entries as one checkpoint]).
+
+The model's own loop calls the entries; remat opens the checkpoint at the first and closes it at the
+last.  Held to: gradients bit-equal to the unplanned step, extra FLOPs (FlopCounterMode) equal to the
+plan's, the measured peak equal to the prediction, and a `remat:` error wherever the loop does what a
+recomputation cannot repeat.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.utils.flop_counter import FlopCounterMode
+
+import architectures
+import remat
+from remat import zoo
+
+
+def _step(model, inputs) -> tuple[int, dict[str, torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)  # the same dropout masks
+    with FlopCounterMode(display=False) as fc:
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+        (out.loss if hasattr(out, "loss") else out.sum()).backward()
+    return fc.get_total_flops(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("name", ["gpt2", "llama", "bert", "t5"])
+def test_chen_over_a_module_list_gives_the_same_gradients_and_the_planned_flops(name):
+    model, inputs = architectures.ALL[name]()
+    prof = remat.profile(model, inputs)
+    plan = remat.plan(prof, prof.peak_bytes - 1, solver="chen")
+    assert any(len(seg) > 1 for seg in plan.segments)
+    report = remat.verify(model, inputs, plan)
+    assert report.ok, str(report)  # gradients bit-equal, FLOPs as planned, peak as predicted
+    assert report.measured_peak_bytes <= plan.peak_bytes * 1.01
+
+
+def test_the_least_plan_of_a_gpt2_is_below_every_hand_recipe():
+    """The hand recipe that beat the stated least (Chen's two-layer segments, 326.9 vs 330.9 MiB on the demo
+    GPT-2 with Adam; here, smaller, 86.5 vs 87.0 MiB) is now one remat can build, so the least is at or below
+    it (86.3 MiB, with the four layers in one checkpoint); measured, too."""
+    model, inputs = zoo.gpt2(n_layer=4, n_embd=128, n_head=4, seq=128, batch=4, vocab=8192)
+    prof = remat.profile(model, inputs, optimizer=lambda ps: torch.optim.Adam(ps))
+    least = remat.frontier(prof)[-1]
+    recipes = remat.planner.baseline_plans(prof)
+    assert all(least.peak_bytes <= p.peak_bytes for p in recipes.values())
+    assert any(len(seg) > 1 for seg in least.segments)
+    report = remat.verify(model, inputs, least, optimizer=lambda ps: torch.optim.Adam(ps))
+    assert report.ok, str(report)
+
+
+def test_eval_and_no_grad_run_the_layers_as_they_are_and_remove_restores_them():
+    model, inputs = architectures.gpt2()
+    model.config.use_cache = False
+    flops, grads = _step(model, inputs)
+
+    def forward_flops() -> int:
+        with torch.no_grad(), FlopCounterMode(display=False) as fc:
+            model(**inputs)
+        return fc.get_total_flops()
+
+    plain_train = forward_flops()
+    model.eval()
+    plain_eval = forward_flops()
+    remat.apply(model, "chen")
+    assert forward_flops() == plain_eval  # eval: the layers run as they are
+    model.train()
+    assert forward_flops() == plain_train  # no grad: the same
+    remat.remove(model)
+    assert not any("forward" in m.__dict__ for m in model.modules())
+    assert _step(model, inputs)[0] == flops
+
+
+class Loop(nn.Module):
+    """Four layers in an nn.ModuleList; `between` is what the loop does between two of them."""
+
+    def __init__(self, between: str = ""):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(32, 128), nn.GELU(), nn.Linear(128, 32)) for _ in range(4))
+        self.between = between
+        self.scale = nn.Parameter(torch.ones(32))
+
+    def forward(self, x):
+        order = [0, 2, 1, 3] if self.between == "out of turn" else [0, 1, 2, 3]
+        for i in order:
+            x = self.layers[i](x)
+            if self.between == "saves":
+                x = x * self.scale  # saves x for the gradient of `scale`
+            elif self.between == "makes":
+                x = x + 1.0  # a new tensor that needs a gradient, saving nothing
+        return x
+
+
+@pytest.mark.parametrize("between, message", [
+    ("saves", r"^remat: code between layers.0 and layers.1 saves a tensor for backward"),
+    ("makes", r"^remat: layers.1 takes a tensor that needs a gradient and is neither an input of layers.0"),
+    ("out of turn", r"^remat: layers.2 ran while the checkpoint around layers.0 .. layers.1 expected layers.1 next"),
+])
+def test_what_a_recomputation_cannot_repeat_is_a_remat_error(between, message):
+    model = Loop(between)
+    remat.apply(model, "chen")  # segments layers.0..1 and layers.2..3
+    with pytest.raises(remat.RematError, match=message):
+        model(torch.randn(8, 32, requires_grad=True)).sum().backward()
+    remat.remove(model)
+    model(torch.randn(8, 32)).sum().backward()  # nothing left open: the step runs again without the plan
+
+
+def test_a_plain_loop_trains_with_runs_and_the_same_gradients():
+    model = Loop()
+    x = torch.randn(8, 32)
+    flops, grads = _step(model, x)
+    remat.apply(model, "chen")
+    flops_planned, grads_planned = _step(model, x)
+    assert all(torch.equal(grads[n], grads_planned[n]) for n in grads)
+    forward_layers = 4 * 2 * 8 * (32 * 128 * 2)  # 2 matmuls per layer, multiply-add = 2 FLOPs
+    assert flops_planned - flops == forward_layers - forward_layers // 4  # the last layer's output is not recomputed
