@@ -228,6 +228,8 @@ from typing import Any, Callable, ContextManager  # noqa: E402
 
 import torch.utils.checkpoint as _tuc  # noqa: E402
 
+_CHECKPOINT_GENERATOR = _tuc._checkpoint_without_reentrant_generator
+
 
 @dataclass(frozen=True)
 class CheckpointCall:
@@ -304,7 +306,7 @@ def open_checkpoint(fn: Callable, *args, **kwargs):
     are recomputed in backward by `replay(*inputs)` (detached copies), with the RNG state of the
     start restored, exactly as `torch.utils.checkpoint.checkpoint(replay, *inputs,
     use_reentrant=False)` would; that function is this generator, run by hand."""
-    generator = _tuc._checkpoint_without_reentrant_generator
+    generator = _CHECKPOINT_GENERATOR  # torch's own, also while `intercept_checkpoints` stands in for it
     fixed = [fn, True, _tuc.noop_context_fn, "default", False, True][: _positional_before_varargs(generator)]
     gen = generator(*fixed, *args, **kwargs)
     next(gen)
