@@ -81,6 +81,8 @@ class StorageRecord:
     category: str = ""
     op: str = ""
     """The aten op (packet name) that returned it; "" if no op made it."""
+    last_forward_use: int = -1
+    """Index of the last op of forward or loss that read it (-1 if none did)."""
 
     def live_at(self, k: int) -> bool:
         return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
@@ -180,9 +182,12 @@ class Tracker(TorchDispatchMode):
     # -- dispatch --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        reads_forward = self.phase in ("forward", "loss") and not in_backward()
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
-                self.record_of(a)  # Rule 3: an unseen input counts from this op on
+                rec = self.record_of(a)  # Rule 3: an unseen input counts from this op on
+                if rec is not None and reads_forward:
+                    rec.last_forward_use = len(self.ops)
         if self.time_ops and self.sync is not None:
             self.sync()
         probe = self.scratch_probe

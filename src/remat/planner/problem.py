@@ -298,15 +298,17 @@ def _runs_from(
     # per block m of the run: where its forward ends, what it frees alone, and the position of
     # the last block that keeps its output (the output is freed too once the run reaches it)
     pos = {n: k for k, n in enumerate(names)}
-    starts, internal, output, reach = [], [], [], []
+    starts, out_starts, internal, output, reach = [], [], [], [], []
     for n in names[i:stop]:
         b = by_name[n]
         starts.append(b.forward_end_op + 1)
+        out_starts.append(max(b.forward_end_op, b.output_last_use_op) + 1)  # read later (a skip): held till then
         internal.append(b.internal_bytes)
         output.append(b.output_saved_bytes)
         keepers = [pos.get(k, -1) for k in b.output_kept_by]
         reach.append(max(keepers) if keepers and min(keepers) >= i else len(names))
-    starts, internal, output, reach = (np.array(x, dtype=np.int64) for x in (starts, internal, output, reach))
+    columns = (np.array(x, dtype=np.int64) for x in (starts, out_starts, internal, output, reach))
+    starts, out_starts, internal, output, reach = columns
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
     flops = seconds = ops = 0  # of the whole forwards of names[i..j-1]
@@ -315,9 +317,7 @@ def _runs_from(
         covers = covers | nested[last.name]
         end = last.backward_start_op
         m = j - i + 1
-        freed = internal[:m] + np.where(reach[:m] <= j, output[:m], 0)
-        keep = (freed != 0) & (starts[:m] < end)
-        effects = [_effect(Effect, (a, end, f)) for a, f in zip(starts[:m][keep].tolist(), freed[keep].tolist())]
+        effects = _freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
         if first.input_unsaved_bytes:  # Rule 2: held until the checkpoint's backward is over
             held_end = max(end, first.backward_end_op + 1)
             if first.forward_end_op + 1 < held_end:
@@ -332,6 +332,18 @@ def _runs_from(
         seconds += last.forward_s
         ops += _forward_ops(last)
     return units
+
+
+def _freed_effects(starts, out_starts, internal, output, end: int) -> list[Effect]:
+    """Rule 1's effects of the blocks of a run: internal bytes from the end of each block's forward, its
+    output from the later of that and the output's last read in forward (one effect when they coincide)."""
+    same = out_starts == starts
+    freed = internal + np.where(same, output, 0)
+    keep = (freed != 0) & (starts < end)
+    effects = [_effect(Effect, (a, end, f)) for a, f in zip(starts[keep].tolist(), freed[keep].tolist())]
+    later = ~same & (output != 0) & (out_starts < end)
+    effects += [_effect(Effect, (a, end, f)) for a, f in zip(out_starts[later].tolist(), output[later].tolist())]
+    return effects
 
 
 def _make_selective_unit(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset]) -> Unit | None:

@@ -139,6 +139,9 @@ class BlockProfile:
     container: str = ""
     """Class of the module holding it ("Sequential", "ModuleList", ...): remat can checkpoint a run of
     several siblings as one segment only inside an nn.Sequential, whose forward chains them."""
+    output_last_use_op: int = -1
+    """Timeline index of the last op of forward or loss that reads its saved output (-1: none): a checkpoint
+    frees that output no earlier, whoever holds it until then (a skip connection, the model's loop)."""
     extra: bool = False
     """A module outside the model's blocks (an embedder, stem, final norm or head;
     `remat.module_tree.find_extras`): plans may checkpoint it, the recipes and the chain leave it out."""
