@@ -7,7 +7,8 @@ NOTE [The memory model of a plan]
     Rule 1. Block c stops holding r_c bytes from the end of its forward until U's
             backward starts (when U is recomputed, they come back as in the unplanned
             step): r_c = c's internal activations + its saved output if every op that
-            saves that output is inside U.
+            saves that output is inside U; the output only from its last read in forward
+            on (`output_last_use_op`: a skip connection holds it until then).
     Rule 2. The checkpoint keeps U's inputs: the part autograd would not have kept
             (`input_unsaved_bytes` of c_1) is held from the end of c_1's forward until
             c_1's backward is over (the checkpoint releases its inputs last).
