@@ -20,7 +20,7 @@ from torch._subclasses.fake_tensor import (  # private: fake tensors
 from torch.nn.modules.batchnorm import _BatchNorm  # private: the base class of every BatchNorm
 from torch.nn.modules.dropout import _DropoutNd  # private: the base class of the Dropout modules
 from torch.utils._python_dispatch import TorchDispatchMode  # private module, public-facing class
-from torch.utils._pytree import tree_flatten, tree_map  # private: pytree flattening of args/outputs
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # private: pytree (un)flattening
 from torch.utils.flop_counter import flop_registry  # module-level table of FLOP formulas
 
 __all__ = [
@@ -28,6 +28,8 @@ __all__ = [
     "DropoutBase",
     "TorchDispatchMode",
     "tree_flatten",
+    "tensor_leaves",
+    "tree_unflatten",
     "tree_map",
     "fsdp_checkpoint_wrapper",
     "ModuleTracker",
@@ -229,6 +231,7 @@ from typing import Any, Callable, ContextManager  # noqa: E402
 import torch.utils.checkpoint as _tuc  # noqa: E402
 
 _CHECKPOINT_GENERATOR = _tuc._checkpoint_without_reentrant_generator
+"""torch's own, kept here: `intercept_checkpoints` stands in for it while explain runs."""
 
 
 @dataclass(frozen=True)
@@ -302,17 +305,17 @@ def intercept_checkpoints(on_call: CheckpointHandler, in_backward_keep: Callable
 
 def open_checkpoint(fn: Callable, *args, **kwargs):
     """A non-reentrant checkpoint whose forward runs between two calls, not inside one function:
-    `close = open_checkpoint(replay, *inputs)`; run the forward; `close()`.  Tensors saved in between
-    are recomputed in backward by `replay(*inputs)` (detached copies), with the RNG state of the
-    start restored, exactly as `torch.utils.checkpoint.checkpoint(replay, *inputs,
-    use_reentrant=False)` would; that function is this generator, run by hand."""
-    generator = _CHECKPOINT_GENERATOR  # torch's own, also while `intercept_checkpoints` stands in for it
-    fixed = [fn, True, _tuc.noop_context_fn, "default", False, True][: _positional_before_varargs(generator)]
-    gen = generator(*fixed, *args, **kwargs)
+    `close = open_checkpoint(replay, *inputs)`; run the forward; `close()` (`close(abort=True)` after
+    a failed forward).  Tensors saved in between are recomputed in backward by `replay(*inputs)`
+    (detached copies), with the RNG state of the start restored, exactly as
+    `torch.utils.checkpoint.checkpoint(replay, *inputs, use_reentrant=False)` would; that function
+    is this generator, run by hand."""
+    fixed = [fn, True, _tuc.noop_context_fn, "default", False, True][:_CHECKPOINT_GENERATOR_FIXED]
+    gen = _CHECKPOINT_GENERATOR(*fixed, *args, **kwargs)
     next(gen)
 
-    def close(error: BaseException | None = None) -> None:
-        if error is not None:
+    def close(abort: bool = False) -> None:
+        if abort:
             gen.close()
             return
         try:
@@ -327,6 +330,14 @@ def _positional_before_varargs(fn) -> int:
     """How many parameters precede `*args` (fn, preserve_rng_state, context_fn, ... vary by release)."""
     params = list(inspect.signature(fn).parameters.values())
     return next(i for i, p in enumerate(params) if p.kind is inspect.Parameter.VAR_POSITIONAL)
+
+
+_CHECKPOINT_GENERATOR_FIXED = _positional_before_varargs(_CHECKPOINT_GENERATOR)
+
+
+def tensor_leaves(obj) -> list[torch.Tensor]:
+    """The tensors among the pytree leaves of `obj` (tuples, lists, dicts, Hugging Face outputs), in order."""
+    return [t for t in tree_flatten(obj)[0] if isinstance(t, torch.Tensor)]
 
 
 def sequential_segment(function) -> tuple[int, int, list[Any]] | None:

@@ -81,6 +81,13 @@ def runs_children_in_order(module: nn.Module | None) -> bool:
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
 
 
+def holds_runs(module: nn.Module | None) -> bool:
+    """True where remat.apply can wrap a run of several children as one checkpoint: an nn.Sequential that
+    chains them, or an nn.ModuleList whose entries the model's loop calls (NOTE [A run of nn.ModuleList
+    entries as one checkpoint])."""
+    return runs_children_in_order(module) or isinstance(module, nn.ModuleList)
+
+
 def join(prefix: str, name: str) -> str:
     """`prefix.name`, or `name` under the model itself."""
     return f"{prefix}.{name}" if prefix else name

@@ -13,7 +13,7 @@ from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segmen
 from remat.errors import RematError, listing
 from remat.hf import NoCacheInTraining, checkpointed_by_hf
 from remat.measure import profile
-from remat.module_tree import find_candidates, join, main_chain, parent_name, runs_children_in_order
+from remat.module_tree import find_candidates, holds_runs, join, main_chain, parent_name, runs_children_in_order
 from remat.planner.recipes import RECIPES
 from remat.types import Action, Plan, Recipe
 
@@ -153,8 +153,7 @@ def _check_segment(modules: dict[str, nn.Module], seg: list[str]) -> None:
     container = modules.get(parent)
     names = [join(parent, c) for c, _ in container.named_children()] if container is not None else []
     consecutive = seg[0] in names and names[names.index(seg[0]) :][: len(seg)] == list(seg)
-    one_container = runs_children_in_order(container) or isinstance(container, nn.ModuleList)
-    if not (all(parent_name(n) == parent for n in seg) and one_container and consecutive):
+    if not (all(parent_name(n) == parent for n in seg) and holds_runs(container) and consecutive):
         raise RematError(
             f"remat: a segment of the plan ({seg[0]} .. {seg[-1]}) is not a run of consecutive children of one "
             "nn.Sequential or nn.ModuleList, so one checkpoint cannot wrap it. Fix: plan again with this version "
@@ -176,7 +175,7 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     segments = RECIPES[Recipe(recipe)](len(blocks))
     parent = parent_name(blocks[0])
     container = dict(model.named_modules())[parent]
-    if recipe == Recipe.CHEN and not (runs_children_in_order(container) or isinstance(container, nn.ModuleList)):
+    if recipe == Recipe.CHEN and not holds_runs(container):
         raise RematError(
             f"remat: the {recipe!r} recipe checkpoints segments of consecutive blocks, which remat can wrap only "
             f"inside an nn.Sequential or an nn.ModuleList; {parent or type(model).__name__} is a "

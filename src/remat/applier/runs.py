@@ -31,9 +31,8 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
-from torch.utils._pytree import tree_unflatten  # private: the inverse of tree_flatten
 
-from remat._torch_compat import in_backward, open_checkpoint, tree_flatten
+from remat._torch_compat import in_backward, open_checkpoint, tensor_leaves, tree_flatten, tree_unflatten
 from remat.applier.wrapping import OWN, _batchnorm_stats_kept, _current_forward, _install, hf_checkpoints
 from remat.errors import RematError
 
@@ -71,8 +70,8 @@ class _Run:
             self._enter(k, args, kwargs)
             try:
                 out = self.originals[k](*args, **kwargs)
-            except BaseException as e:
-                self._abort(e)
+            except BaseException:
+                self._abort()
                 raise
             self._leave(k, out)
             return out
@@ -125,8 +124,7 @@ class _Run:
         return ("keep", leaf)
 
     def _leave(self, k: int, out) -> None:
-        tensors = [t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]
-        self.outputs.update({id(t): (k, j, weakref.ref(t)) for j, t in enumerate(tensors)})
+        self.outputs.update({id(t): (k, j, weakref.ref(t)) for j, t in enumerate(tensor_leaves(out))})
         if k == len(self.entries) - 1:
             close, self.close = self.close, None
             _OPEN.remove(self)
@@ -151,12 +149,12 @@ class _Run:
             guard, self.guard = self.guard, None
             guard.__exit__(None, None, None)
 
-    def _abort(self, error: BaseException | None = None) -> None:
+    def _abort(self) -> None:
         self._unguard()
         if self.close is not None:
             close, self.close = self.close, None
             _OPEN.remove(self)
-            close(error or RuntimeError("remat: run aborted"))
+            close(abort=True)
 
     def _replay_fn(self) -> Callable:
         calls, originals, entries = self.calls, self.originals, self.entries
@@ -165,11 +163,11 @@ class _Run:
             first = tree_flatten((args, kwargs))[0]
             with _batchnorm_stats_kept(entries):
                 out = originals[0](*args, **kwargs)
-                outs = [[t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)]]
+                outs = [tensor_leaves(out)]
                 for k, (spec, refs) in enumerate(calls, start=1):
                     a, kw = tree_unflatten([_resolve(r, first, outs) for r in refs], spec)
                     out = originals[k](*a, **kw)
-                    outs.append([t for t in tree_flatten(out)[0] if isinstance(t, torch.Tensor)])
+                    outs.append(tensor_leaves(out))
             return out
 
         setattr(replay, OWN, True)

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from remat._torch_compat import FAKE_OP_ERRORS, tree_flatten
+from remat._torch_compat import FAKE_OP_ERRORS, tensor_leaves
 from remat.errors import RematError, UnsupportedOp
 
 FIX_INPUTS = "Fix: pass a tensor, a tuple of positional arguments, or a dict of keyword arguments."
@@ -26,8 +26,7 @@ class StepInputs:
     kwargs: dict
 
     def tensors(self) -> list[torch.Tensor]:
-        flat = list(self.args) + list(self.kwargs.values())
-        return [t for t in tree_flatten(flat)[0] if isinstance(t, torch.Tensor)]
+        return tensor_leaves(list(self.args) + list(self.kwargs.values()))
 
 
 def normalize_inputs(inputs: Any) -> StepInputs:
