@@ -312,12 +312,13 @@ def test_plan_frontier_table_and_plot(capsys, target_file, tmp_path):
     assert code == 0, err
     assert out.startswith("remat frontier for Sequential:")
     plans = remat.frontier(_library_profile(f"{target_file}:mlp_chain"), max_points=256)
-    shown = pareto(plans)  # a plan with the same FLOPs as another and a higher peak is not shown
+    shown = pareto(plans)  # the plot: a plan with the same FLOPs as another and a higher peak is not drawn
     assert all(any(q.peak_bytes <= p.peak_bytes and q.recompute_flops <= p.recompute_flops for q in shown)
                for p in plans)
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
-    assert len(rows) == len(shown) >= 3
-    assert rows[0][1:4] == ["1.5", "MiB", "0.00"] and rows[0][-1] == "0"  # keep everything: no checkpoint
+    assert len(rows) == len(plans) >= 3  # the table: every plan, with its ops re-run
+    assert [int(r[5]) for r in rows] == [p.recompute_ops for p in plans]
+    assert rows[0][1:6] == ["1.5", "MiB", "0.00", "0.0%", "0"] and rows[0][-1] == "0"  # keep everything
     assert f"wrote the frontier plot to {path}" in out
     assert path.read_bytes().startswith(PNG_SIGNATURE)
 
@@ -327,7 +328,10 @@ def test_plan_with_budget_and_frontier_marks_the_cheapest_fitting_plan(capsys, t
                        "--plot", tmp_path / "f.png")
     assert code == 0
     assert "remat plan for Sequential" in out and "remat frontier for Sequential" in out
-    assert sum(line.rstrip().endswith(" cheapest") for line in out.splitlines()) == 1
+    cheapest = [line.split() for line in out.splitlines() if line.rstrip().endswith(" cheapest")]
+    assert len(cheapest) == 1
+    planned = re.search(r"predicted peak ([\d.]+ MiB)", out).group(1).split()
+    assert cheapest[0][1:3] == planned  # the row marked is the plan printed above it
     assert (tmp_path / "f.png").read_bytes().startswith(PNG_SIGNATURE)
 
 
@@ -391,3 +395,20 @@ def test_plan_offloads_on_a_fake_gpu_step_when_told_the_link_speed(capsys):
     assert "note: offload not weighed: give offload_bandwidth" in out
     code, _, err = run(capsys, *args, "--offload-bandwidth", "16GB", "--device-flops", "1TFLOPs/s")
     assert code == 2 and err.startswith("remat: cannot read offload_bandwidth='16GB'")
+
+
+def test_max_segment_limits_the_modules_one_checkpoint_wraps(capsys, target_file, tmp_path):
+    prof = _library_profile(f"{target_file}:mlp_chain")
+    least = remat.frontier(prof)[-1]
+    least_of_3 = remat.frontier(prof, max_segment=3)[-1]
+    assert max(len(s) for s in least.segments) > 3 and least_of_3.peak_bytes > least.peak_bytes
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", least_of_3.peak_bytes,
+                         "--max-segment", "3", "--out", tmp_path / "p.json", *FAKE)
+    assert code == 0, err
+    plan = remat.load_plan(tmp_path / "p.json")
+    assert plan.segments and max(len(s) for s in plan.segments) <= 3
+    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", least.peak_bytes, "--max-segment", "3",
+                       *FAKE)
+    assert code == 2 and f"reaches is {least_of_3.peak_bytes / 2**20:,.1f} MiB" in err
+    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.5", "--max-segment", "0", *FAKE)
+    assert code == 2 and err.startswith("remat: max_segment is the most blocks one checkpoint may wrap")

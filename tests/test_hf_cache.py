@@ -90,3 +90,21 @@ def test_use_cache_passed_by_position_or_by_name_is_turned_off_in_training():
     assert model(**inputs, use_cache=True).past_key_values is None
     remat.remove(model)
     assert model(*args).past_key_values is not None
+
+
+def test_a_tensor_that_several_checkpoints_hold_is_counted_once_and_keyword_inputs_count():
+    """T5 passes its position bias to every layer by keyword. Before, keyword inputs were not seen, and the least
+    plan measured 3.242 MB for 3.206 MB predicted (+1.1%, over its budget); counting the bias once per checkpoint
+    instead would predict it 16 KiB too high for each layer after the first."""
+    from remat.planner.problem import MAX_SEGMENT, Problem
+
+    model, inputs = architectures.t5()
+    prof = remat.profile(model, inputs)
+    layer = next(b for b in prof.blocks if b.name == "encoder.block.1.layer.0")
+    assert sum(n for _, n, _ in layer.held_inputs) == layer.input_unsaved_bytes > 0  # the bias, a keyword
+    problem = Problem.from_profile(prof, MAX_SEGMENT, None)
+    assert problem.shared_holds
+    least = remat.frontier(prof)[-1]
+    report = remat.verify(model, inputs, least)
+    assert report.ok, str(report)
+    assert abs(report.measured_peak_bytes - least.peak_bytes) <= 0.001 * least.peak_bytes

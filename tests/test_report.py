@@ -212,7 +212,7 @@ def test_render_frontier_table():
     )
     rows = [line.split() for line in lines if line.split() and line.split()[0].isdigit()]
     assert [r[1] for r in rows] == ["100.0", "70.0", "55.0", "40.0"]
-    assert rows[2][3:] == ["2.50", "8.3%", "0.250", "2", "0", "cheapest"]
+    assert rows[2][3:] == ["2.50", "8.3%", "0", "0.250", "2", "0", "cheapest"]  # ops re-run: 0 here
     assert rows[3][-3:] == ["3", "1", "yes"] and rows[0][-1] == "no"
     assert all(line == line.rstrip() for line in lines)
     assert "fits" not in render_frontier(_frontier())

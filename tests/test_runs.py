@@ -16,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import architectures
 import remat
 from remat import zoo
+from remat.planner.problem import MAX_SEGMENT, Problem
 
 
 def _step(model, inputs) -> tuple[int, dict[str, torch.Tensor]]:
@@ -107,6 +108,51 @@ def test_what_a_recomputation_cannot_repeat_is_a_remat_error(between, message):
         model(torch.randn(8, 32, requires_grad=True)).sum().backward()
     remat.remove(model)
     model(torch.randn(8, 32)).sum().backward()  # nothing left open: the step runs again without the plan
+
+
+class Rung(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(256, 256)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x))
+
+
+class Ladder(nn.Module):
+    """Eight small layers in an nn.ModuleList (runs of them beat single checkpoints), with `between` after
+    the fourth."""
+
+    def __init__(self, between: str = ""):
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Rung() for _ in range(8))
+        self.between = between
+        self.scale = nn.Parameter(torch.ones(256))
+
+    def forward(self, x):
+        for i, layer in enumerate(self.layers):
+            x = layer(x)
+            if i == 3:
+                x = x * self.scale if self.between == "saves" else x + 1.0 if self.between == "makes" else x
+        return x
+
+
+@pytest.mark.parametrize("between", ["saves", "makes"])
+def test_plans_do_not_run_one_checkpoint_across_loop_code_the_profile_saw(between):
+    """The loop code of the error cases above is in the profile: no unit the planner could choose runs one
+    checkpoint across it (before, every run over layers.3 and layers.4 could be chosen, and raised)."""
+    x = torch.randn(512, 256, requires_grad=True)
+    prof = remat.profile(Ladder(between), x)
+    assert [b.grad_ops_before for b in prof.blocks if b.depth == 0] == [0, 0, 0, 0, 1, 0, 0, 0]
+    assert [b.grad_ops_before for b in remat.profile(Ladder(), x).blocks if b.depth == 0] == [0] * 8
+    problem = Problem.from_profile(prof, MAX_SEGMENT, None)
+    across = [u for u in problem.units if {"layers.3", "layers.4"} <= set(u.blocks)]
+    within = [u for u in problem.units if len(u.blocks) > 1 and u not in across]
+    assert across and not any(u.appliable for u in across) and all(u.appliable for u in within)
+    assert any(len(seg) > 1 for seg in remat.frontier(prof)[-1].segments)  # runs on either side of it
+    report = remat.verify(Ladder(between), x, remat.frontier(prof)[-1])
+    assert report.ok, str(report)
 
 
 def test_a_plain_loop_trains_with_runs_and_the_same_gradients():

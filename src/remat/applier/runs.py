@@ -119,7 +119,7 @@ class _Run:
                 f"remat: {self.names[k]} takes a tensor that needs a gradient and is neither an input of "
                 f"{self.names[0]} nor an output of an earlier layer of the checkpoint {self.names[0]} .. "
                 f"{self.names[-1]}: the model's loop makes it between the layers, and a recomputation cannot. "
-                "Fix: plan with max_segment=1 (one checkpoint per layer), or checkpoint these layers by hand."
+                "Fix: plan from a profile of this step, or with max_segment=1 (one checkpoint per layer)."
             )
         return ("keep", leaf)
 
@@ -139,7 +139,7 @@ class _Run:
             raise RematError(
                 f"remat: code between {self.names[k]} and {self.names[k + 1]} saves a tensor for backward, inside "
                 f"the checkpoint {self.names[0]} .. {self.names[-1]}; its recomputation runs the layers only. "
-                "Fix: plan with max_segment=1 (one checkpoint per layer), or checkpoint these layers by hand."
+                "Fix: plan from a profile of this step, or with max_segment=1 (one checkpoint per layer)."
             )
 
         return pack

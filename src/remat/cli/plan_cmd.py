@@ -23,7 +23,7 @@ from remat.errors import RematError
 from remat.planner import baseline_plans
 from remat.planner.api import SOLVERS
 from remat.planner.budget import parse_budget
-from remat.planner.problem import NotAChain
+from remat.planner.problem import MAX_SEGMENT, NotAChain
 from remat.report.frontier_text import render_frontier
 from remat.report.plan_text import render_plan
 from remat.report.plot import plot_frontier
@@ -52,6 +52,9 @@ def register(verbs) -> None:
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
                    "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)")
+    p.add_argument("--max-segment", metavar="N", type=int, default=MAX_SEGMENT,
+                   help=f"the most consecutive modules one checkpoint may wrap (default {MAX_SEGMENT}); 1 wraps each "
+                   "module alone")
     p.add_argument("--offload-bandwidth", metavar="R", default=None,
                    help='host<->GPU copy speed, e.g. "16GB/s" or "25GiB/s": lets the plan offload saved tensors to '
                    "CPU memory where the copies cost less than recomputing (CUDA steps only; a real CUDA profile "
@@ -72,8 +75,9 @@ def register(verbs) -> None:
     p.set_defaults(command=_cmd_plan)
 
 
-def _offload_options(args: argparse.Namespace) -> dict:
-    return {"offload_bandwidth": args.offload_bandwidth, "device_flops": args.device_flops}
+def _solver_options(args: argparse.Namespace) -> dict:
+    return {"offload_bandwidth": args.offload_bandwidth, "device_flops": args.device_flops,
+            "max_segment": args.max_segment}
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -83,18 +87,17 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     plan = None
     if args.budget is not None:
         with spinner("planning"):
-            plan = remat.plan(prof, args.budget, solver=args.solver, **_offload_options(args))
+            plan = remat.plan(prof, args.budget, solver=args.solver, **_solver_options(args))
         print(render_plan(plan, baselines=report_baselines(baselines, plan.budget_bytes)), end="")
     if args.frontier or args.plot is not None:
         with spinner("computing the frontier"):
-            plans = pareto(remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS,
-                                          **_offload_options(args)))
+            plans = remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS, **_solver_options(args))
         budget_bytes = plan.budget_bytes if plan is not None else None
-        if args.frontier:
+        if args.frontier:  # every plan: the one --budget chose is among them
             print("\n" if plan is not None else "", end="")
             print(render_frontier(plans, budget_bytes), end="")
-        if args.plot is not None:
-            write(args.plot, "the frontier plot", lambda p: plot_frontier(plans, p, budget_bytes, baselines))
+        if args.plot is not None:  # peak against FLOPs: the plans no other beats on both
+            write(args.plot, "the frontier plot", lambda p: plot_frontier(pareto(plans), p, budget_bytes, baselines))
     if args.out is not None:
         write(args.out, "the plan as JSON", plan.save)
     if args.verify:

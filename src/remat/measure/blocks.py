@@ -41,7 +41,7 @@ class BlockIO:
     @contextlib.contextmanager
     def hooks(self):
         h1 = register_module_forward_pre_hook(self._pre)
-        h2 = register_module_forward_hook(self._post)
+        h2 = register_module_forward_hook(self._post, with_kwargs=True)  # T5 passes position_bias by keyword
         try:
             yield
         finally:
@@ -64,12 +64,12 @@ class BlockIO:
         if name not in self.calls:
             self.order.append(name)
         self.calls[name] = self.calls.get(name, 0) + 1
-        self.inputs[name] = self._records(args)
 
-    def _post(self, mod, args, out):
+    def _post(self, mod, args, kwargs, out):
         name = self.by_module.get(id(mod))
         if name is None or in_backward():
             return
+        self.inputs[name] = self._records((args, kwargs))
         self.outputs[name] = self._records(_flatten_output(out))
 
 
@@ -86,7 +86,8 @@ def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[Block
     ran = list(io.order)
     parents = {n: enclosing(n, ran) for n in ran}
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
-    return [_Block(tracker, io, name, parents, siblings[name]).profile(i, live) for i, name in enumerate(ran)]
+    keys = {id(r): k for k, r in enumerate(tracker.records)}
+    return [_Block(tracker, io, name, parents, siblings[name], keys).profile(i, live) for i, name in enumerate(ran)]
 
 
 @dataclass
@@ -98,6 +99,8 @@ class _Block:
     name: str
     parents: dict[str, str | None]
     siblings: list[str]
+    keys: dict[int, int]
+    """Position of each storage record in the tracker's list, by id: the same tensor's number everywhere."""
 
     def __post_init__(self) -> None:
         ops = self.tracker.ops
@@ -128,7 +131,19 @@ class _Block:
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
             has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
             container=_container_kind(self.io.containers.get(self.name)), extra=self.name in self.io.extras,
+            grad_ops_before=self._grad_ops_before(),
         )
+
+    def _grad_ops_before(self) -> int:
+        """Forward ops between the forwards of the previous module of the same container and this one that
+        join the graph (loop code, or another module called in between)."""
+        same = [m for m in self.siblings if parent_name(m) == parent_name(self.name)]
+        k = same.index(self.name)
+        if k == 0 or not self.fwd_k:
+            return 0
+        before = [i for i, op in enumerate(self.tracker.ops) if within(op.module, same[k - 1])]
+        start = max((i for i in before if self.tracker.ops[i].phase in ("forward", "loss")), default=-1) + 1
+        return sum(op.reads_grad for op in self.tracker.ops[start : self.fwd_k[0]])
 
     def _depth(self) -> int:
         depth, p = 0, self.parents[self.name]
@@ -154,9 +169,11 @@ class _Block:
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
             output_kept_by=_kept_by(saved_outputs, self.siblings),
-            input_unsaved_bytes=_sum(
-                r for r in self.inputs if not r.saved and r.category in ("activations", "temporaries")
-            ),
+            input_unsaved_bytes=_sum(self._unsaved_inputs()),
+            held_inputs=[
+                [self.keys[id(r)], r.nbytes, len(self.tracker.ops) if r.free_step is None else r.free_step]
+                for r in self._unsaved_inputs()
+            ],
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
             offload_bytes=_sum(
@@ -165,6 +182,10 @@ class _Block:
                 and any(within(m, self.name) for m in r.packers)
             ),
         )
+
+    def _unsaved_inputs(self) -> list[StorageRecord]:
+        """Inputs (positional and keyword) that autograd does not keep: a checkpoint holds them (Rule 2)."""
+        return [r for r in self.inputs if not r.saved and r.category in ("activations", "temporaries")]
 
     def _costs(self) -> dict[str, object]:
         return dict(

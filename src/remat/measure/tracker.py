@@ -98,6 +98,8 @@ class OpRecord:
     recompute: bool
     packed_by: set[str] = field(default_factory=set)
     """Modules running when autograd packed one of this op's outputs for backward."""
+    reads_grad: bool = False
+    """A forward op, under grad mode, with an input that requires grad: its output joins the graph."""
 
 
 @dataclass
@@ -183,11 +185,13 @@ class Tracker(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         reads_forward = self.phase in ("forward", "loss") and not in_backward()
+        reads_grad = False
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
                 rec = self.record_of(a)  # Rule 3: an unseen input counts from this op on
                 if rec is not None and reads_forward:
                     rec.last_forward_use = len(self.ops)
+                reads_grad = reads_grad or a.requires_grad
         if self.time_ops and self.sync is not None:
             self.sync()
         probe = self.scratch_probe
@@ -211,6 +215,7 @@ class Tracker(TorchDispatchMode):
                 flops_of(func, args, kwargs, out),
                 dt,
                 in_backward() and torch.is_grad_enabled(),  # NOTE [Recomputation]
+                reads_grad=reads_forward and reads_grad and torch.is_grad_enabled(),
             )
         )
         return out

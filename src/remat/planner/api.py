@@ -21,6 +21,9 @@ FIXED_DOMINATES = 0.5
 """Parameters, gradients and optimizer state above this share of a peak: checkpointing is not the lever.
 The infeasible-budget message measures it against the least peak any plan reaches, explain's
 `activations-not-dominant` against the step's measured peak."""
+FRONTIER_STEP = 1e-3
+"""`frontier` looks for each next plan at least this share of the unplanned peak below the last one: a plan
+that saves a few KiB for one more op re-run is not a point a reader can tell from its neighbour."""
 
 
 def _without_cycle_collection(fn):
@@ -74,6 +77,7 @@ def plan(
     fewer ops wins.
     """
     _check_profile(profile)
+    _check_max_segment(max_segment)
     budget_bytes = parse_budget(budget, profile.peak_bytes)
     problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)  # before the budget test: an unknown solver is an error either way
@@ -93,21 +97,27 @@ def frontier(
     time_limit_s: float = 60.0,
     offload_bandwidth: float | str | None = None,
     device_flops: float | str | None = None,
+    *,
+    max_segment: int = MAX_SEGMENT,
 ) -> list[Plan]:
     """Pareto-optimal plans, from keep-everything down to the least memory possible.
 
     Example: for p in remat.frontier(prof): print(p.peak_bytes, p.recompute_flops)
 
-    Plans come in order of decreasing peak, each the cheapest for its memory; the last one
-    is always the least-memory plan, also when `max_points` cuts the descent short (it then
-    takes the place of the last point reached).
+    Plans come in order of decreasing peak, each the cheapest for its memory (FLOPs, then
+    ops re-run), and each at least FRONTIER_STEP (0.1%) of the unplanned peak below the one
+    before; `plan` at a point's peak returns that point.  The last one is always the
+    least-memory plan, also when `max_points` cuts the descent short (it then takes the
+    place of the last point reached).
     """
     _check_profile(profile)
-    problem = Problem.from_profile(profile, MAX_SEGMENT, offload_rates(profile, offload_bandwidth, device_flops))
+    _check_max_segment(max_segment)
+    problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)
     plans = [keep_all(profile, None, "keep everything")]
     costs = [(0, 0)]  # (FLOPs, ops re-run) of each plan: the solvers' own order
-    budget = profile.peak_bytes - 1
+    step = max(1, int(profile.peak_bytes * FRONTIER_STEP))
+    budget = profile.peak_bytes - step
     while len(plans) < max_points:
         chosen = _solve(problem, name, budget, time_limit_s)
         if chosen is None:
@@ -121,16 +131,22 @@ def frontier(
             costs.pop()
         plans.append(p)
         costs.append(cost)
-        budget = p.peak_bytes - 1
+        budget = p.peak_bytes - step
     least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
     if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
-        p = make_plan(profile, problem, least, name, None)
-        cost = (problem.cost(least), p.recompute_ops)
-        while len(plans) > 1 and (len(plans) >= max_points or costs[-1] >= cost):
-            plans.pop()  # make room for the least-memory plan, or dominated by it
-            costs.pop()
-        plans.append(p)
+        _end_with(plans, costs, make_plan(profile, problem, least, name, None), problem.cost(least), max_points, step)
     return plans
+
+
+def _end_with(plans: list[Plan], costs: list, least: Plan, flops: int, max_points: int, step: int) -> None:
+    """Put the least-memory plan last, in place of the points it dominates, is too near, or needs room from."""
+    cost = (flops, least.recompute_ops)
+    while len(plans) > 1 and (
+        len(plans) >= max_points or costs[-1] >= cost or plans[-1].peak_bytes - least.peak_bytes < step
+    ):
+        plans.pop()
+        costs.pop()
+    plans.append(least)
 
 
 def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float, float] | None:
@@ -167,6 +183,14 @@ def _check_profile(profile) -> None:
         raise RematError(
             f"remat: expected a StepProfile from remat.profile, saw {type(profile).__name__}. "
             "Fix: prof = remat.profile(model, inputs); remat.plan(prof, budget)."
+        )
+
+
+def _check_max_segment(max_segment) -> None:
+    if isinstance(max_segment, bool) or not isinstance(max_segment, int) or max_segment < 1:
+        raise RematError(
+            f"remat: max_segment is the most blocks one checkpoint may wrap: a whole number of at least 1; saw "
+            f"{max_segment!r}. Fix: max_segment=1 for one checkpoint per module, or leave it out ({MAX_SEGMENT})."
         )
 
 

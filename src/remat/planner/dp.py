@@ -158,7 +158,7 @@ class _Chain:
                 if len(idx) == 0:
                     opts.append((j, unit, -(2**62)))
                     continue
-                k0, a = problem.coefficient_table[problem.position(unit)]
+                k0, a = problem.stacked_table[problem.position(unit)]  # shared holds once per holder: safe
                 inside = (idx >= k0) & (idx < k0 + len(a))
                 freed = np.zeros(len(idx), dtype=np.int64)
                 freed[inside] = a[idx[inside] - k0]

@@ -17,13 +17,9 @@ from remat.planner.problem import Problem, Unit
 SCALED_PEAK = 1e4
 """Memory rows are divided so that the peak is about this: in bytes HiGHS stops at points that are not
 optimal (seen: 1,088 MiB reported where 585 is reachable)."""
-OPS_WEIGHT = 1e-3
-"""Objective: FLOPs, plus at most this (in FLOPs) for re-running more ops, so that among plans of equal
-FLOPs the one re-running fewer ops wins (elementwise ops count 0 FLOPs but not 0 time); it cannot outweigh
-a single FLOP."""
-FREED_WEIGHT = 1e-6
-"""... minus at most this for the bytes a unit frees (as a share of the peak): among plans equal in both,
-the one freeing more wins.  Smaller than OPS_WEIGHT so it never overrules the ops tie-break."""
+PEAK_WEIGHT = 0.5
+"""The second program's objective is ops re-run + this x peak / largest interval: ops are whole numbers,
+so the peak (below 1) only breaks ties between plans that re-run as many ops."""
 
 
 @dataclass
@@ -57,75 +53,134 @@ def solve(problem: Problem, budget_bytes: int, time_limit_s: float = 60.0) -> li
 
 def min_peak(problem: Problem, time_limit_s: float = 60.0) -> int:
     """The least peak any compatible set of units reaches: minimise z with sum_u a_uk x_u + z >= L_k."""
-    from scipy.optimize import Bounds, LinearConstraint, milp
+    n = len(problem.units)
 
-    n, mem = len(problem.units), problem.interval_max
-    scale = _scale(problem)
-    rows = _Rows([], [], [])
-    # [Constraint] memory: every interval k, with the peak z as one more column
-    for k, a in enumerate(problem.coefficient_matrix):
-        rows.add(np.append(a / scale, 1.0), mem[k] / scale, np.inf)
-    _exclusivity(problem, rows, extra_columns=1)
-    cost = np.zeros(n + 1)
-    cost[-1] = 1.0
-    res = milp(
-        cost,
-        constraints=[LinearConstraint(np.array(rows.rows), rows.lower, rows.upper)],
-        integrality=np.append(np.ones(n), 0),
-        bounds=Bounds(np.zeros(n + 1), np.append(_upper_bounds(problem), np.inf)),
-        options={"time_limit": time_limit_s, "mip_rel_gap": 0.0},
-    )
-    if res.x is None:
-        return max(mem)
-    return problem.peak([u for u, x in zip(problem.units, res.x[:n]) if x > 0.5])
+    def program(scale: float) -> _Program:
+        objective = np.append(np.zeros(n + _n_or(problem)), 1.0)
+        return _Program(objective, _peak_rows(problem, scale), _upper_bounds(problem) + [np.inf])
+
+    x = _milp(problem, program, time_limit_s)
+    if x is None:
+        return max(problem.interval_max)
+    return problem.peak([u for u, v in zip(problem.units, x[:n]) if v > 0.5])
 
 
 def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Unit] | None:
-    from scipy.optimize import Bounds, LinearConstraint, milp
-
+    """The plan of least (FLOPs, ops re-run, peak) under the budget, in two programs: HiGHS resolves an
+    objective to about 1e-6 of its size, so tie-breaks folded into a FLOP objective are lost (seen: a plan
+    re-running 717 ops where dp found one of equal FLOPs re-running 712)."""
+    n_units = len(problem.units)
     if not problem.units:
         return [] if max(problem.interval_max) <= budget_bytes else None
+    if _budget_rows(problem, budget_bytes, 1.0) is None:
+        return None  # an interval over budget that no unit acts on
+    flops = np.append([float(u.cost_flops) for u in problem.units], np.zeros(_n_or(problem)))
+
+    def program(scale: float) -> _Program:
+        return _Program(flops, _budget_rows(problem, budget_bytes, scale), _upper_bounds(problem))
+
+    x = _milp(problem, program, time_limit_s)
+    if x is None:
+        return None
+    cheapest = [u for u, v in zip(problem.units, x[:n_units]) if v > 0.5]
+    ties = _least_ops_then_peak(problem, budget_bytes, problem.cost(cheapest), time_limit_s)
+    return ties if ties is not None and _rank(problem, ties) < _rank(problem, cheapest) else cheapest
+
+
+def _least_ops_then_peak(problem: Problem, budget_bytes: int, flops_bound: int, time_limit_s: float):
+    """Among plans of at most `flops_bound` FLOPs under the budget, the one re-running the fewest ops, then
+    the one of least peak: the min-peak program with the peak column bounded by the budget and one more row."""
+    n = len(problem.units)
+    n_or = _n_or(problem)
+    flops_row = np.array([float(u.cost_flops) for u in problem.units] + [0.0] * (n_or + 1)) / max(1.0, flops_bound)
+    ops = np.append([float(u.cost_ops) for u in problem.units], np.zeros(n_or))
+    bound = budget_bytes
+    for attempt in range(4):  # as in `solve`: tighten the peak column's bound if HiGHS lands a byte over
+
+        def program(scale: float, bound=bound) -> _Program:
+            rows = _peak_rows(problem, scale)
+            rows.add(flops_row, -np.inf, 1.0 if flops_bound else 0.0)  # [Constraint] the cheapest plan's FLOPs
+            objective = np.append(ops, PEAK_WEIGHT * scale / max(1, max(problem.interval_max)))
+            return _Program(objective, rows, _upper_bounds(problem) + [bound / scale])
+
+        x = _milp(problem, program, time_limit_s)
+        if x is None:
+            return None
+        chosen = [u for u, v in zip(problem.units, x[:n]) if v > 0.5]
+        if problem.cost(chosen) > flops_bound:  # HiGHS's row tolerance let a dearer plan through
+            return None
+        over = problem.peak(chosen) - budget_bytes
+        if over <= 0:
+            return chosen
+        bound -= max(over, int(_scale(problem))) << attempt
+    return None
+
+
+def _rank(problem: Problem, chosen: list[Unit]) -> tuple[int, int, int]:
+    return problem.cost(chosen), sum(u.cost_ops for u in chosen), problem.peak(chosen)
+
+
+@dataclass
+class _Program:
+    """One mixed-integer program: the unit columns are binary, any after them continuous."""
+
+    objective: np.ndarray
+    rows: _Rows
+    upper: list[float]
+
+
+def _milp(problem: Problem, program, time_limit_s: float):
+    """HiGHS on `program(scale)`: the solution vector, or None when HiGHS proves that none exists."""
+    from scipy.optimize import Bounds, LinearConstraint, milp
+
     # HiGHS sometimes stops with "Solve error" (status 4) on one form of the same program (seen with
     # byte-sized memory rows, and with rows scaled to max(L) = 1e4 on another model): try the forms in turn.
     for scale, presolve in [(_scale(problem), True), (1.0, True), (1.0, False)]:
-        rows = _budget_rows(problem, budget_bytes, scale)
-        if rows is None:
-            return None  # an interval over budget that no unit acts on
+        p = program(scale)
         res = milp(
-            _objective(problem),
-            constraints=[LinearConstraint(np.array(rows.rows), rows.lower, rows.upper)] if rows.rows else [],
-            integrality=np.ones(len(problem.units)),
-            bounds=Bounds(0, _upper_bounds(problem)),
+            p.objective,
+            constraints=[LinearConstraint(np.array(p.rows.rows), p.rows.lower, p.rows.upper)] if p.rows.rows else [],
+            integrality=np.append(np.ones(len(problem.units)), np.zeros(len(p.objective) - len(problem.units))),
+            bounds=Bounds(np.zeros(len(p.objective)), p.upper),
             options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve},
         )
-        if res.x is not None or res.status == 2:  # a plan, or proved infeasible
-            break
-    if res.x is None:
-        if res.status == 2:
-            return None
-        raise RematError(
-            f"remat: the ilp solver (HiGHS) stopped without an answer: status {res.status}, {res.message!r}. "
-            "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
-            "of blocks, or a larger time_limit_s."
-        )
-    return [u for u, x in zip(problem.units, res.x) if x > 0.5]
+        if res.x is not None or res.status == 2:  # a solution, or proved infeasible
+            return res.x
+    raise RematError(
+        f"remat: the ilp solver (HiGHS) stopped without an answer: status {res.status}, {res.message!r}. "
+        "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
+        "of blocks, or a larger time_limit_s."
+    )
 
 
 def _scale(problem: Problem) -> float:
     return max(1.0, max(problem.interval_max) / SCALED_PEAK)
 
 
-def _objective(problem: Problem) -> np.ndarray:
-    """FLOPs, then ops re-run, then bytes freed (OPS_WEIGHT, FREED_WEIGHT)."""
-    flops = np.array([float(u.cost_flops) for u in problem.units])
-    ops = np.array([float(u.cost_ops) for u in problem.units])
-    freed = np.array([float(u.reduction_bytes) for u in problem.units]) / max(1.0, max(problem.interval_max))
-    return flops + OPS_WEIGHT * ops / max(1.0, ops.sum()) - FREED_WEIGHT * freed
+def _peak_rows(problem: Problem, scale: float) -> _Rows:
+    """[Constraint] memory with the peak z as one more column: sum_u a_uk x_u + z >= L_k for every
+    interval k (in units of `scale`), exclusivity and the OR columns' links."""
+    rows = _Rows([], [], [])
+    for k, a in enumerate(_memory_matrix(problem)):
+        rows.add(np.append(a / scale, 1.0), problem.interval_max[k] / scale, np.inf)
+    _exclusivity(problem, rows, extra_columns=1)
+    return rows
+
+
+def _memory_matrix(problem: Problem) -> np.ndarray:
+    """Bytes freed per interval (row) by each unit, then by each OR column of the shared holds (negative:
+    `remat.planner.holds.or_columns`)."""
+    matrix, _ = problem.or_columns
+    return np.hstack([problem.coefficient_matrix, -matrix]) if matrix.shape[1] else problem.coefficient_matrix
+
+
+def _n_or(problem: Problem) -> int:
+    return problem.or_columns[0].shape[1]
 
 
 def _upper_bounds(problem: Problem) -> list[float]:
-    """A unit may be chosen only if it is useful (Rule 5)."""
-    return [1.0 if ok else 0.0 for ok in problem.useful]
+    """A unit may be chosen only if it is useful (Rule 5); an OR column is a share in [0, 1]."""
+    return [1.0 if ok else 0.0 for ok in problem.useful] + [1.0] * _n_or(problem)
 
 
 def _budget_rows(problem: Problem, budget_bytes: int, scale: float) -> _Rows | None:
@@ -134,9 +189,9 @@ def _budget_rows(problem: Problem, budget_bytes: int, scale: float) -> _Rows | N
     # [Constraint] memory: L_k - sum_u a_uk x_u <= budget (in units of `scale`) for every interval k over
     # budget, and every one where a unit adds bytes (Rule 2's held inputs can push an interval at or under
     # budget over it); elsewhere the constraint holds whatever is chosen
-    for k, a in enumerate(problem.coefficient_matrix):
+    for k, a in enumerate(_memory_matrix(problem)):
         need = problem.interval_max[k] - budget_bytes
-        if need > 0 and not a.any():
+        if need > 0 and not (a > 0).any():
             return None
         if need > 0 or (a < 0).any():
             rows.add(a / scale, need / scale, np.inf)
@@ -145,6 +200,12 @@ def _budget_rows(problem: Problem, budget_bytes: int, scale: float) -> _Rows | N
 
 
 def _exclusivity(problem: Problem, rows: _Rows, extra_columns: int) -> None:
+    n, n_or = len(problem.units), _n_or(problem)
     # [Constraint] exclusivity: a block is inside at most one chosen unit
     for row in problem.exclusive_sets:
-        rows.add(np.append(row, np.zeros(extra_columns)), -np.inf, 1.0)
+        rows.add(np.append(row, np.zeros(n_or + extra_columns)), -np.inf, 1.0)
+    # [Constraint] OR: a shared hold's column is at least each of its holders (z_c - x_u >= 0)
+    for column, unit in problem.or_columns[1]:
+        row = np.zeros(n + n_or + extra_columns)
+        row[n + column], row[unit] = 1.0, -1.0
+        rows.add(row, 0.0, np.inf)

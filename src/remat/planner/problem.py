@@ -9,9 +9,11 @@ NOTE [The memory model of a plan]
             step): r_c = c's internal activations + its saved output if every op that
             saves that output is inside U; the output only from its last read in forward
             on (`output_last_use_op`: a skip connection holds it until then).
-    Rule 2. The checkpoint keeps U's inputs: the part autograd would not have kept
-            (`input_unsaved_bytes` of c_1) is held from the end of c_1's forward until
-            c_1's backward is over (the checkpoint releases its inputs last).
+    Rule 2. The checkpoint keeps U's inputs, positional and keyword: each one autograd would
+            not have kept (`held_inputs` of c_1) is held from the later of the end of c_1's
+            forward and its own free until c_1's backward is over (the checkpoint releases
+            its inputs last); a tensor several chosen units hold is held once, over the
+            union of their spans (`remat.planner.holds`).
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
@@ -48,6 +50,9 @@ from typing import NamedTuple
 import numpy as np
 
 from remat.module_tree import main_chain, parent_name, within
+from remat.planner import holds as held
+from remat.planner.effects import Effect, freed_effects, run_columns
+from remat.planner.holds import Hold, unit_holds
 from remat.types import Action, BlockProfile, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
@@ -66,17 +71,6 @@ class Group(NamedTuple):
 
 class NotAChain(ValueError):
     """The blocks do not run as a chain (forward in order, backward in reverse), or none frees memory."""
-
-
-class Effect(NamedTuple):
-    """`bytes` fewer live bytes over op indices [start, end).  (A tuple: a 100-stage chain has ~10^5.)"""
-
-    start: int
-    end: int
-    bytes: int
-
-
-_effect = tuple.__new__  # Effect((a, b, c)) without NamedTuple's Python-level __new__: ~10^5 per problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,16 +94,18 @@ class Unit:
     """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
     transfer_bytes: int = 0
     """Offload: bytes copied to CPU memory and back (`cost_flops` is then a FLOP-equivalent, Rule 6)."""
+    holds: tuple[Hold, ...] = ()
+    """Inputs held that units starting at other blocks may hold too (Rule 2): not in `effects`."""
 
     @property
     def key(self) -> tuple:
         return (self.action, *self.blocks)
 
     reduction_bytes: int = field(init=False, compare=False)
-    """Bytes the unit frees while fully held (Rules 1 and 2): the sum of its effects."""
+    """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reduction_bytes", sum(e.bytes for e in self.effects))
+        object.__setattr__(self, "reduction_bytes", sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds))
 
 
 
@@ -168,14 +164,14 @@ class Problem:
                     units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         extras = frozenset(b.name for b in blocks if b.extra)
-        return cls(list(prof.timeline.live_bytes), units, groups, spans, prof.model, extras)
+        return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras)
 
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property
     def breakpoints(self) -> list[int]:
         points = {0, len(self.live)}
         for u in self.units:
-            for e in u.effects:
+            for e in (*u.effects, *u.holds):
                 points.update((e.start, e.end))
         return sorted(p for p in points if 0 <= p <= len(self.live))
 
@@ -191,15 +187,33 @@ class Problem:
 
     @cached_property
     def coefficient_table(self) -> list[tuple[int, np.ndarray]]:
-        """Per unit, (k0, a): the unit removes a[k - k0] bytes in interval k, 0 outside a's span.
+        """Per unit, (k0, a): the unit removes a[k - k0] bytes in interval k, 0 outside a's span, by its
+        effects (its shared holds are `shared_holds`)."""
+        return self._table([u.effects for u in self.units])
 
-        Built from all effects at once (searchsorted, then a running sum per unit): a
-        100-stage chain has ~4,400 units and ~200 intervals."""
+    @cached_property
+    def stacked_table(self) -> list[tuple[int, np.ndarray]]:
+        """coefficient_table with each unit's shared holds counted as its own: what `dp` plans with."""
+        if not any(u.holds for u in self.units):
+            return self.coefficient_table
+        return self._table([(*u.effects, *((h.start, h.end, -h.bytes) for h in u.holds)) for u in self.units])
+
+    @cached_property
+    def shared_holds(self) -> list[tuple[int, list[tuple[int, int, int]]]]:
+        return held.shared(self.units, self.breakpoints)
+
+    @cached_property
+    def or_columns(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
+        return held.or_columns(self.shared_holds, len(self.interval_max))
+
+    def _table(self, effects: list) -> list[tuple[int, np.ndarray]]:
+        """Built from all effects at once (searchsorted, then a running sum per unit): a 100-stage chain has
+        ~4,400 units and ~200 intervals."""
         bp = np.array(self.breakpoints, dtype=np.int64)
-        counts = [len(u.effects) for u in self.units]
-        starts = np.searchsorted(bp, [e.start for u in self.units for e in u.effects])
-        ends = np.searchsorted(bp, [e.end for u in self.units for e in u.effects])
-        values = np.array([e.bytes for u in self.units for e in u.effects], dtype=np.int64)
+        counts = [len(e) for e in effects]
+        starts = np.searchsorted(bp, [e[0] for u in effects for e in u])
+        ends = np.searchsorted(bp, [e[1] for u in effects for e in u])
+        values = np.array([e[2] for u in effects for e in u], dtype=np.int64)
         table, at = [], 0
         for c in counts:
             if c == 0:
@@ -251,6 +265,8 @@ class Problem:
         for u in chosen:
             k0, a = self.coefficient_table[self.position(u)]
             mem[k0 : k0 + len(a)] -= a
+        if self.shared_holds:
+            mem += held.covered(self.shared_holds, {self.position(u) for u in chosen}, len(mem))
         return mem.tolist()
 
     def peak(self, chosen: list[Unit]) -> int:
@@ -296,55 +312,29 @@ def _runs_from(
     first = by_name[names[i]]
     appliable_multi = first.container in RUN_CONTAINERS
     stop = min(len(names), i + max_segment)
-    # per block m of the run: where its forward ends, what it frees alone, and the position of
-    # the last block that keeps its output (the output is freed too once the run reaches it)
-    pos = {n: k for k, n in enumerate(names)}
-    starts, out_starts, internal, output, reach = [], [], [], [], []
-    for n in names[i:stop]:
-        b = by_name[n]
-        starts.append(b.forward_end_op + 1)
-        out_starts.append(max(b.forward_end_op, b.output_last_use_op) + 1)  # read later (a skip): held till then
-        internal.append(b.internal_bytes)
-        output.append(b.output_saved_bytes)
-        keepers = [pos.get(k, -1) for k in b.output_kept_by]
-        reach.append(max(keepers) if keepers and min(keepers) >= i else len(names))
-    columns = (np.array(x, dtype=np.int64) for x in (starts, out_starts, internal, output, reach))
-    starts, out_starts, internal, output, reach = columns
+    starts, out_starts, internal, output, reach = run_columns(names, i, stop, by_name)
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
     flops = seconds = ops = 0  # of the whole forwards of names[i..j-1]
+    joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
     for j in range(i, stop):
         last = by_name[names[j]]
+        joined = joined and (j == i or not last.grad_ops_before)
         covers = covers | nested[last.name]
         end = last.backward_start_op
         m = j - i + 1
-        effects = _freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
-        if first.input_unsaved_bytes:  # Rule 2: held until the checkpoint's backward is over
-            held_end = max(end, first.backward_end_op + 1)
-            if first.forward_end_op + 1 < held_end:
-                effects.append(Effect(first.forward_end_op + 1, held_end, -first.input_unsaved_bytes))
+        effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
         last_s = last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
         units.append(Unit(
             tuple(names[i : j + 1]), group, i, covers,
             flops + last.checkpoint_recompute_flops, seconds + last_s, tuple(effects),
-            j == i or appliable_multi, Action.RECOMPUTE, ops + last.checkpoint_recompute_ops,
+            j == i or (appliable_multi and joined), Action.RECOMPUTE, ops + last.checkpoint_recompute_ops,
+            holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
         ))
         flops += last.forward_flops
         seconds += last.forward_s
         ops += _forward_ops(last)
     return units
-
-
-def _freed_effects(starts, out_starts, internal, output, end: int) -> list[Effect]:
-    """Rule 1's effects of the blocks of a run: internal bytes from the end of each block's forward, its
-    output from the later of that and the output's last read in forward (one effect when they coincide)."""
-    same = out_starts == starts
-    freed = internal + np.where(same, output, 0)
-    keep = (freed != 0) & (starts < end)
-    effects = [_effect(Effect, (a, end, f)) for a, f in zip(starts[keep].tolist(), freed[keep].tolist())]
-    later = ~same & (output != 0) & (out_starts < end)
-    effects += [_effect(Effect, (a, end, f)) for a, f in zip(out_starts[later].tolist(), output[later].tolist())]
-    return effects
 
 
 def _make_selective_unit(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset]) -> Unit | None:
@@ -356,12 +346,10 @@ def _make_selective_unit(b: BlockProfile, group: Group, position: int, nested: d
     effects = [Effect(b.forward_end_op + 1, b.backward_start_op, b.selective_free_bytes)]
     if b.selective_extra_bytes:  # the recompute at the block's backward start consumes the cache
         effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, -b.selective_extra_bytes))
-    if b.input_unsaved_bytes:
-        effects.append(Effect(b.forward_end_op + 1, held_end, -b.input_unsaved_bytes))
     covers = nested[b.name]
     effects = tuple(e for e in effects if e.start < e.end)
     return Unit((b.name,), group, position, covers, b.selective_recompute_flops, b.selective_recompute_s, effects,
-                True, Action.SELECTIVE, b.selective_recompute_ops)
+                True, Action.SELECTIVE, b.selective_recompute_ops, holds=unit_holds(b, held_end))
 
 
 def _make_offload_unit(

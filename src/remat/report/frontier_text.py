@@ -10,14 +10,16 @@ from remat.report.text import console_text, fmt_bytes, fmt_flops, fmt_share, pla
 
 
 def render_frontier(frontier: list[Plan], budget_bytes: int | None = None) -> str:
-    """One row per Pareto-optimal plan: predicted peak, extra FLOPs, checkpoints; the budget's fit.
+    """One row per Pareto-optimal plan: predicted peak, extra FLOPs and ops, checkpoints; the budget's fit.
 
     Example:
         >>> print(render_frontier(remat.frontier(prof), budget_bytes=6 * 2**30))
 
     The first row is "keep everything" (the unplanned peak, nothing recomputed); each
-    later row needs less memory and no less recomputation.  With `budget_bytes`, a last
-    column says whether each plan fits and marks the cheapest that does.  `extra %` is
+    later row needs less memory and more recomputation: more FLOPs, or as many FLOPs and
+    more ops re-run (`ops`; elementwise ops count 0 FLOPs but not 0 time).  With
+    `budget_bytes`, a last column says whether each plan fits and marks the cheapest that
+    does, the plan `remat.plan` returns for that budget.  `extra %` is
     the recomputed forward FLOPs as a share of the unplanned step's forward + backward
     FLOPs; `extra s` appears when the plans carry profiled kernel times (a real-mode
     profile), `selective` when a plan checkpoints modules selectively (matmul outputs kept).
@@ -47,7 +49,7 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
     offload = any(p.offload for p in frontier)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("#", justify="right")
-    columns = ("peak", "extra GFLOP", "extra %", *(("extra s",) if timed else ()), "checkpoints",
+    columns = ("peak", "extra GFLOP", "extra %", "ops", *(("extra s",) if timed else ()), "checkpoints",
                *(("selective",) if selective else ()), *(("offloaded",) if offload else ()))
     for col in columns:
         table.add_column(col, justify="right")
@@ -60,6 +62,7 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
             fmt_bytes(p.peak_bytes, "auto"),
             fmt_flops(p.recompute_flops),
             fmt_share(p.recompute_flops, p.step_flops),
+            str(p.recompute_ops),
             *((f"{p.extra_s:.3f}",) if timed else ()),
             str(len(p.segments)),
             *((str(len(p.selective)),) if selective else ()),
@@ -73,4 +76,4 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
 
 def _cheapest_fitting(frontier: list[Plan], budget_bytes: int | None) -> Plan | None:
     fitting = [p for p in frontier if budget_bytes is not None and p.peak_bytes <= budget_bytes]
-    return min(fitting, key=lambda p: (p.recompute_flops, p.peak_bytes), default=None)
+    return min(fitting, key=lambda p: (p.recompute_flops, p.recompute_ops, p.peak_bytes), default=None)

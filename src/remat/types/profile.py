@@ -145,6 +145,15 @@ class BlockProfile:
     extra: bool = False
     """A module outside the model's blocks (an embedder, stem, final norm or head;
     `remat.module_tree.find_extras`): plans may checkpoint it, the recipes and the chain leave it out."""
+    held_inputs: list[list[int]] = field(default_factory=list)
+    """[tensor, bytes, op index at which the unplanned step frees it] for each part of `input_unsaved_bytes`,
+    positional or keyword; `tensor` is the same number wherever the step passes the same tensor (T5's
+    position bias goes to every layer): a checkpoint holds it from its free until the checkpoint's backward
+    is over, and several checkpoints hold it once (`remat.planner.holds`)."""
+    grad_ops_before: int = 0
+    """Forward ops that ran between the previous sibling's forward and this one's and read a tensor that
+    requires grad (loop code between nn.ModuleList entries, another module): one checkpoint cannot run both
+    siblings (NOTE [A run of nn.ModuleList entries as one checkpoint])."""
 
 
 @dataclass(frozen=True, slots=True)

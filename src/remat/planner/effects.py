@@ -1,0 +1,55 @@
+"""Rule 1 of NOTE [The memory model of a plan] (`remat.planner.problem`): what the blocks of a run stop
+holding, and when, as `Effect`s."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from remat.types import BlockProfile
+
+
+class Effect(NamedTuple):
+    """`bytes` fewer live bytes over op indices [start, end).  (A tuple: a 100-stage chain has ~10^5.)"""
+
+    start: int
+    end: int
+    bytes: int
+
+
+_effect = tuple.__new__  # Effect((a, b, c)) without NamedTuple's Python-level __new__: ~10^5 per problem
+
+
+
+def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile]) -> list[np.ndarray]:
+    """Per block of names[i..stop-1]: where its forward ends, where its output is last read, what it frees
+    alone, its saved output, and the position of the last block that keeps that output (the output is
+    freed too once the run reaches it)."""
+    pos = {n: k for k, n in enumerate(names)}
+    columns: list[list[int]] = [[], [], [], [], []]
+    for n in names[i:stop]:
+        b = by_name[n]
+        keepers = [pos.get(k, -1) for k in b.output_kept_by]
+        row = (
+            b.forward_end_op + 1,
+            max(b.forward_end_op, b.output_last_use_op) + 1,  # read later (a skip): held till then
+            b.internal_bytes,
+            b.output_saved_bytes,
+            max(keepers) if keepers and min(keepers) >= i else len(names),
+        )
+        for column, value in zip(columns, row):
+            column.append(value)
+    return [np.array(c, dtype=np.int64) for c in columns]
+
+
+def freed_effects(starts, out_starts, internal, output, end: int) -> list[Effect]:
+    """Rule 1's effects of the blocks of a run: internal bytes from the end of each block's forward, its
+    output from the later of that and the output's last read in forward (one effect when they coincide)."""
+    same = out_starts == starts
+    freed = internal + np.where(same, output, 0)
+    keep = (freed != 0) & (starts < end)
+    effects = [_effect(Effect, (a, end, f)) for a, f in zip(starts[keep].tolist(), freed[keep].tolist())]
+    later = ~same & (output != 0) & (out_starts < end)
+    effects += [_effect(Effect, (a, end, f)) for a, f in zip(out_starts[later].tolist(), output[later].tolist())]
+    return effects
