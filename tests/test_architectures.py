@@ -4,8 +4,8 @@ CNN with BatchNorm, ViT, and blocks kept in an nn.ModuleDict, all built from con
 
 At the least peak any plan reaches and half way to the unplanned peak: gradients bit-equal, extra
 FLOPs (FlopCounterMode) equal to the plan's, and the planned step's peak (remat's tracker, real mode)
-within the budget + 1%.  Seen 2026-11-23: T5 +0.86% / +1.32% over its prediction, every other model
-within 0.06%.  The process's own measure of these steps is issue 12's.
+within the budget + 1%.  Seen 2026-11-23: T5 +0.86% / +1.32% over its prediction (its position bias, a
+keyword input, was not counted as held: equal since 2026-11-24), every other model within 0.06%.  The process's own measure of these steps is issue 12's.
 """
 
 from __future__ import annotations
@@ -62,3 +62,23 @@ def test_no_hand_recipe_goes_below_the_stated_least(name):
     best = min(hand, key=hand.get)
     assert planned.measured_peak_bytes <= hand[best], (best, hand[best], planned.measured_peak_bytes)
     assert least.peak_bytes <= hand[best] * (1 + OVER_BUDGET)
+
+
+def test_a_hidden_state_the_model_returns_is_not_counted_as_freed():
+    """With `output_hidden_states=True` GPT-2 returns every layer's output: a checkpoint over the layers
+    frees none of them, and its recomputation makes second copies.  Before, one checkpoint over the three
+    layers measured 2.776 MB for 2.743 MB predicted (two hidden states of 16 KiB)."""
+    from remat.planner.problem import MAX_SEGMENT, Problem
+    from remat.planner.result import make_plan
+
+    model, inputs = ALL["gpt2"]()
+    model.config.output_hidden_states = True
+    prof = remat.profile(model, inputs)
+    held = [b.name for b in prof.blocks if b.output_free_op > b.backward_end_op + 1 and b.output_saved_bytes]
+    assert "transformer.h.0" in held
+    problem = Problem.from_profile(prof, MAX_SEGMENT, None)
+    layers = [b.name for b in prof.blocks if b.name.startswith("transformer.h.")]
+    for plan in (make_plan(prof, problem, [problem.unit(*layers)], "ilp", None), remat.frontier(prof)[-1]):
+        report = remat.verify(model, inputs, plan)
+        assert report.ok, str(report)
+        assert abs(report.measured_peak_bytes - plan.peak_bytes) <= 0.001 * plan.peak_bytes, str(report)

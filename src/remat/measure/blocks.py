@@ -166,6 +166,8 @@ class _Block:
             output_bytes=_sum(self.outputs),
             output_saved_bytes=_sum(saved_outputs),
             output_last_use_op=max((r.last_forward_use for r in saved_outputs), default=-1),
+            output_free_op=max((len(self.tracker.ops) if r.free_step is None else r.free_step for r in saved_outputs),
+                               default=-1),
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
             output_kept_by=_kept_by(saved_outputs, self.siblings),

@@ -8,7 +8,9 @@ NOTE [The memory model of a plan]
             backward starts (when U is recomputed, they come back as in the unplanned
             step): r_c = c's internal activations + its saved output if every op that
             saves that output is inside U; the output only from its last read in forward
-            on (`output_last_use_op`: a skip connection holds it until then).
+            on (`output_last_use_op`: a skip connection holds it until then), and never
+            if the model holds it past c's backward (it returns it: `output_hidden_states`;
+            then U's recomputation makes a second copy, held until c's backward starts).
     Rule 2. The checkpoint keeps U's inputs, positional and keyword: each one autograd would
             not have kept (`held_inputs` of c_1) is held from the later of the end of c_1's
             forward and its own free until c_1's backward is over (the checkpoint releases
@@ -51,7 +53,7 @@ import numpy as np
 
 from remat.module_tree import main_chain, parent_name, within
 from remat.planner import holds as held
-from remat.planner.effects import Effect, freed_effects, run_columns
+from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
 from remat.planner.holds import Hold, unit_holds
 from remat.types import Action, BlockProfile, StepProfile
 
@@ -312,7 +314,7 @@ def _runs_from(
     first = by_name[names[i]]
     appliable_multi = first.container in RUN_CONTAINERS
     stop = min(len(names), i + max_segment)
-    starts, out_starts, internal, output, reach = run_columns(names, i, stop, by_name)
+    starts, out_starts, internal, output, reach, held, backward_starts = run_columns(names, i, stop, by_name)
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
     flops = seconds = ops = 0  # of the whole forwards of names[i..j-1]
@@ -324,6 +326,7 @@ def _runs_from(
         end = last.backward_start_op
         m = j - i + 1
         effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
+        effects += recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
         last_s = last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
         units.append(Unit(
             tuple(names[i : j + 1]), group, i, covers,
@@ -356,7 +359,7 @@ def _make_offload_unit(
     b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], bandwidth: float, flops_per_s: float
 ) -> list[Unit]:
     """Offloading one block's saved tensors to CPU memory (Rule 6); none if it would free nothing."""
-    freed = b.internal_bytes + (b.output_saved_bytes if b.output_kept_by == [b.name] else 0)
+    freed = b.internal_bytes + (output_freeable(b) if b.output_kept_by == [b.name] else 0)
     if freed <= 0 or b.offload_bytes <= 0 or b.forward_end_op + 1 >= b.backward_start_op:
         return []
     seconds = 2 * b.offload_bytes / bandwidth
