@@ -7,6 +7,7 @@ one, this file is the only one to change.
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator
 
 import torch
@@ -141,6 +142,21 @@ def checkpoint_wrapper_type():
     except Exception:  # torch built without distributed
         return None
     return CheckpointWrapper
+
+
+def wrapped_module(model):
+    """The module a training wrapper runs, or None: DistributedDataParallel's `module`, or the original of
+    `torch.compile(module)` (`OptimizedModule._orig_mod`, a private attribute of a private class)."""
+    try:
+        from torch.nn.parallel import DistributedDataParallel
+    except Exception:  # torch built without distributed
+        DistributedDataParallel = ()
+    if DistributedDataParallel and isinstance(model, DistributedDataParallel):
+        return model.module
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # never imported: nothing was compiled
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        return model._orig_mod
+    return None
 
 
 def fsdp_checkpoint_wrapper(module, reentrant: bool = False):

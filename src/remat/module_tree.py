@@ -126,3 +126,12 @@ def main_chain(names: list[str]) -> list[str]:
     for name in top_level(names):
         groups.setdefault(parent_name(name), []).append(name)
     return max(groups.values(), key=len, default=[])
+
+
+def is_fsdp_unit(module) -> bool:
+    """`module` was sharded by FSDP2's `fully_shard` (its class is then FSDP<original class>)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except Exception:  # torch built without distributed
+        return False
+    return isinstance(module, FSDPModule)

@@ -8,12 +8,21 @@ from typing import Any
 import torch.nn as nn
 
 from remat import planner
+from remat._torch_compat import wrapped_module
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
 from remat.hf import NoCacheInTraining, checkpointed_by_hf
 from remat.measure import profile
-from remat.module_tree import find_candidates, holds_runs, join, main_chain, parent_name, runs_children_in_order
+from remat.module_tree import (
+    find_candidates,
+    holds_runs,
+    is_fsdp_unit,
+    join,
+    main_chain,
+    parent_name,
+    runs_children_in_order,
+)
 from remat.planner.recipes import RECIPES
 from remat.types import Action, Plan, Recipe
 
@@ -35,12 +44,18 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
     tensors wait in pinned CPU memory between forward and backward; state dict keys do
     not change, and `remat.remove(model)` restores the original forwards.
 
+    `model` may be wrapped, before or after apply, in DistributedDataParallel or
+    `torch.compile`: the plan names the modules of the model inside (`bare`), as a profile
+    of the bare model does, and a class FSDP2's `fully_shard` renamed (FSDPGPT2Block)
+    matches the one it was made from (GPT2Block).
+
     Known limitations: a segment of several modules must be consecutive children of
-    an nn.Sequential; a module that Hugging Face gradient checkpointing already
-    checkpoints is left to it.
+    an nn.Sequential or entries of an nn.ModuleList; a module that Hugging Face gradient
+    checkpointing already checkpoints is left to it.
     """
     if not isinstance(model, nn.Module):
         raise RematError(f"remat: apply expects a torch.nn.Module, saw {type(model).__name__}. Fix: pass the model.")
+    wrapper, model = model, bare(model)
     if APPLIED in model.__dict__:
         raise RematError(
             f"remat: {type(model).__name__} already follows a plan ({_describe(model.__dict__[APPLIED])}); "
@@ -63,6 +78,15 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
             "not checkpointed twice.",
             stacklevel=2,
         )
+    return wrapper
+
+
+def bare(model: nn.Module) -> nn.Module:
+    """The model inside DistributedDataParallel and `torch.compile` wrappers (nested too); `model` itself
+    when it is not wrapped."""
+    inner = wrapped_module(model)
+    while inner is not None:
+        model, inner = inner, wrapped_module(inner)
     return model
 
 
@@ -84,12 +108,13 @@ def remove(model: nn.Module) -> nn.Module:
     A model that follows no plan is returned as it is."""
     if not isinstance(model, nn.Module):
         raise RematError(f"remat: remove expects a torch.nn.Module, saw {type(model).__name__}. Fix: pass the model.")
+    wrapper, model = model, bare(model)
     for m in [m for m in model.modules() if is_wrapped(m)]:
         unwrap(m)
     model.__dict__.pop(APPLIED, None)
     if NO_CACHE in model.__dict__:
         model.__dict__.pop(NO_CACHE).remove()
-    return model
+    return wrapper
 
 
 def checkpoint(module: nn.Module) -> nn.Module:
@@ -132,7 +157,7 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
             f"{plan.model!r}). Fix: profile and plan this model, then apply."
         )
     changed = [f"{b.name} ({b.type} in the plan, {type(modules[b.name]).__name__} here)" for b in plan.blocks
-               if type(modules[b.name]).__name__ != b.type]
+               if b.type not in {c.__name__ for c in type(modules[b.name]).__mro__}]  # FSDP2: FSDPGPT2Block
     planned = {b.name for b in plan.blocks}
     changed += [f"{n} (here, not in the plan)" for n in main_chain(find_candidates(model)) if n not in planned]
     if changed:
@@ -158,6 +183,14 @@ def _check_segment(modules: dict[str, nn.Module], seg: list[str]) -> None:
             f"remat: a segment of the plan ({seg[0]} .. {seg[-1]}) is not a run of consecutive children of one "
             "nn.Sequential or nn.ModuleList, so one checkpoint cannot wrap it. Fix: plan again with this version "
             "of remat."
+        )
+    sharded = [n for n in seg if is_fsdp_unit(modules[n])]
+    if sharded:
+        raise RematError(
+            f"remat: the plan checkpoints {seg[0]} .. {seg[-1]} as one run, but {listing(sharded, 3)} "
+            "are FSDP units (fully_shard): each gathers its parameters in its own forward hooks, which a "
+            "recomputation of the run would not call. Expected one module per checkpoint on a sharded model. "
+            "Fix: plan with max_segment=1 (remat plan --max-segment 1)."
         )
 
 
@@ -211,6 +244,6 @@ def _describe(what) -> str:
 
 
 def applied(model: nn.Module) -> Plan | str | None:
-    """The plan or recipe `model` follows, if any."""
-    return model.__dict__.get(APPLIED)
+    """The plan or recipe `model` (or the model inside its wrappers) follows, if any."""
+    return bare(model).__dict__.get(APPLIED)
 

@@ -35,6 +35,7 @@ import torch.nn as nn
 from remat._torch_compat import in_backward, open_checkpoint, tensor_leaves, tree_flatten, tree_unflatten
 from remat.applier.wrapping import OWN, _batchnorm_stats_kept, _current_forward, _install, hf_checkpoints
 from remat.errors import RematError
+from remat.module_tree import is_fsdp_unit
 
 Ref = tuple  # ("in", leaf index) | ("out", entry, tensor index) | ("keep", object)
 _OPEN: list[_Run] = []
@@ -115,10 +116,12 @@ class _Run:
                 return ("out", *found[:-1]) if table is self.outputs else ("in", found[0])
         if leaf.requires_grad:
             self._abort()
+            where = ("FSDP's hooks around the layers (fully_shard) make it" if is_fsdp_unit(self.entries[k])
+                     else "the model's loop makes it between the layers")
             raise RematError(
                 f"remat: {self.names[k]} takes a tensor that needs a gradient and is neither an input of "
                 f"{self.names[0]} nor an output of an earlier layer of the checkpoint {self.names[0]} .. "
-                f"{self.names[-1]}: the model's loop makes it between the layers, and a recomputation cannot. "
+                f"{self.names[-1]}: {where}, and a recomputation cannot. "
                 "Fix: plan from a profile of this step, or with max_segment=1 (one checkpoint per layer)."
             )
         return ("keep", leaf)
