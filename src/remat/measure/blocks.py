@@ -87,7 +87,16 @@ def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[Block
     parents = {n: enclosing(n, ran) for n in ran}
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
     keys = {id(r): k for k, r in enumerate(tracker.records)}
-    return [_Block(tracker, io, name, parents, siblings[name], keys).profile(i, live) for i, name in enumerate(ran)]
+    blocks = {name: _Block(tracker, io, name, parents, siblings[name], keys) for name in ran}
+    return [b.profile(i, live, _previous_forward_end(b, blocks)) for i, b in enumerate(blocks.values())]
+
+
+def _previous_forward_end(block: "_Block", blocks: dict[str, "_Block"]) -> int | None:
+    """The last forward op of the module of the same container that ran just before `block`, if any."""
+    same = [m for m in block.siblings if parent_name(m) == parent_name(block.name)]
+    k = same.index(block.name)
+    previous = blocks[same[k - 1]].fwd_k if k > 0 else []
+    return previous[-1] if previous else None
 
 
 @dataclass
@@ -121,7 +130,7 @@ class _Block:
         self.cached = [r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"]
         self.module = self.io.modules[self.name]
 
-    def profile(self, index: int, live: list[int]) -> BlockProfile:
+    def profile(self, index: int, live: list[int], previous_end: int | None) -> BlockProfile:
         kind = self._checkpoint_kind()
         return BlockProfile(
             name=self.name, type=type(self.module).__name__, index=index, depth=self._depth(),
@@ -131,19 +140,15 @@ class _Block:
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
             has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
             container=_container_kind(self.io.containers.get(self.name)), extra=self.name in self.io.extras,
-            grad_ops_before=self._grad_ops_before(),
+            grad_ops_before=self._grad_ops_before(previous_end),
         )
 
-    def _grad_ops_before(self) -> int:
-        """Forward ops between the forwards of the previous module of the same container and this one that
-        join the graph (loop code, or another module called in between)."""
-        same = [m for m in self.siblings if parent_name(m) == parent_name(self.name)]
-        k = same.index(self.name)
-        if k == 0 or not self.fwd_k:
+    def _grad_ops_before(self, previous_end: int | None) -> int:
+        """Forward ops between the end of the previous module of the same container and this one's start
+        that join the graph (loop code, or another module called in between)."""
+        if previous_end is None or not self.fwd_k:
             return 0
-        before = [i for i, op in enumerate(self.tracker.ops) if within(op.module, same[k - 1])]
-        start = max((i for i in before if self.tracker.ops[i].phase in ("forward", "loss")), default=-1) + 1
-        return sum(op.reads_grad for op in self.tracker.ops[start : self.fwd_k[0]])
+        return sum(op.reads_grad for op in self.tracker.ops[previous_end + 1 : self.fwd_k[0]])
 
     def _depth(self) -> int:
         depth, p = 0, self.parents[self.name]
