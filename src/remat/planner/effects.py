@@ -21,7 +21,6 @@ class Effect(NamedTuple):
 _effect = tuple.__new__  # Effect((a, b, c)) without NamedTuple's Python-level __new__: ~10^5 per problem
 
 
-
 def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile]) -> list[np.ndarray]:
     """Per block of names[i..stop-1]: where its forward ends, where its output is last read, what it frees
     alone, its saved output, the position of the last block that keeps that output (the output is
