@@ -412,3 +412,17 @@ def test_max_segment_limits_the_modules_one_checkpoint_wraps(capsys, target_file
     assert code == 2 and f"reaches is {least_of_3.peak_bytes / 2**20:,.1f} MiB" in err
     code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.5", "--max-segment", "0", *FAKE)
     assert code == 2 and err.startswith("remat: max_segment is the most blocks one checkpoint may wrap")
+
+
+def test_the_plan_printed_is_in_the_frontier_table_even_between_its_points(capsys, target_file, monkeypatch):
+    """The frontier steps 0.1% of the peak from point to point; a budget's plan can lie in such a gap (here
+    made so by leaving it out of the frontier): the table still lists it and marks it cheapest."""
+    real = remat.frontier
+    prof = _library_profile(f"{target_file}:mlp_chain")
+    plan = remat.plan(prof, 0.8)
+    monkeypatch.setattr(remat, "frontier", lambda *a, **k: [p for p in real(*a, **k) if p.peak_bytes != plan.peak_bytes])
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--frontier", *FAKE)
+    assert code == 0, err
+    cheapest = [line.split() for line in out.splitlines() if line.rstrip().endswith(" cheapest")]
+    assert len(cheapest) == 1
+    assert cheapest[0][1:3] == re.search(r"predicted peak ([\d.]+ MiB)", out).group(1).split()

@@ -93,9 +93,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         with spinner("computing the frontier"):
             plans = remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS, **_solver_options(args))
         budget_bytes = plan.budget_bytes if plan is not None else None
-        if args.frontier:  # every plan: the one --budget chose is among them
+        if args.frontier:  # every plan, and the one --budget chose marked
             print("\n" if plan is not None else "", end="")
-            print(render_frontier(plans, budget_bytes), end="")
+            print(render_frontier(plans, budget_bytes, chosen=plan), end="")
         if args.plot is not None:  # peak against FLOPs: the plans no other beats on both
             write(args.plot, "the frontier plot", lambda p: plot_frontier(pareto(plans), p, budget_bytes, baselines))
     if args.out is not None:

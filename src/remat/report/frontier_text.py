@@ -9,7 +9,7 @@ from remat.types import Plan
 from remat.report.text import console_text, fmt_bytes, fmt_flops, fmt_share, plain_console
 
 
-def render_frontier(frontier: list[Plan], budget_bytes: int | None = None) -> str:
+def render_frontier(frontier: list[Plan], budget_bytes: int | None = None, chosen: Plan | None = None) -> str:
     """One row per Pareto-optimal plan: predicted peak, extra FLOPs and ops, checkpoints; the budget's fit.
 
     Example:
@@ -19,7 +19,9 @@ def render_frontier(frontier: list[Plan], budget_bytes: int | None = None) -> st
     later row needs less memory and more recomputation: more FLOPs, or as many FLOPs and
     more ops re-run (`ops`; elementwise ops count 0 FLOPs but not 0 time).  With
     `budget_bytes`, a last column says whether each plan fits and marks the cheapest that
-    does, the plan `remat.plan` returns for that budget.  `extra %` is
+    does: `chosen`, the plan `remat.plan` returned for that budget, when given (it is
+    listed if it is not already; `dp` does not break ties of FLOPs and ops by the peak).
+    `extra %` is
     the recomputed forward FLOPs as a share of the unplanned step's forward + backward
     FLOPs; `extra s` appears when the plans carry profiled kernel times (a real-mode
     profile), `selective` when a plan checkpoints modules selectively (matmul outputs kept).
@@ -39,11 +41,13 @@ def render_frontier(frontier: list[Plan], budget_bytes: int | None = None) -> st
     if budget_bytes is not None:
         budget = fmt_bytes(budget_bytes, "auto")
         console.print(f"fits: within the budget of {budget}; cheapest: the least recomputation that fits")
-    console.print(_frontier_table(frontier, budget_bytes))
+    if chosen is not None and not any(_same_point(p, chosen) for p in frontier):
+        frontier = sorted([*frontier, chosen], key=lambda p: -p.peak_bytes)
+    console.print(_frontier_table(frontier, budget_bytes, chosen))
     return console_text(console)
 
 
-def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
+def _frontier_table(frontier: list[Plan], budget_bytes: int | None, chosen: Plan | None) -> Table:
     timed = any(p.extra_s > 0 for p in frontier)
     selective = any(p.selective for p in frontier)
     offload = any(p.offload for p in frontier)
@@ -55,7 +59,8 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
         table.add_column(col, justify="right")
     if budget_bytes is not None:
         table.add_column("fits", no_wrap=True)
-    cheapest_fit = _cheapest_fitting(frontier, budget_bytes)
+    cheapest_fit = next((p for p in frontier if _same_point(p, chosen)), None) if chosen is not None else (
+        _cheapest_fitting(frontier, budget_bytes))
     for i, p in enumerate(frontier):
         row = [
             str(i),
@@ -72,6 +77,10 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None) -> Table:
             row.append(("cheapest" if p is cheapest_fit else "yes") if p.peak_bytes <= budget_bytes else "no")
         table.add_row(*row)
     return table
+
+
+def _same_point(a: Plan, b: Plan) -> bool:
+    return (a.peak_bytes, a.recompute_flops, a.recompute_ops) == (b.peak_bytes, b.recompute_flops, b.recompute_ops)
 
 
 def _cheapest_fitting(frontier: list[Plan], budget_bytes: int | None) -> Plan | None:
