@@ -166,21 +166,19 @@ class _Block:
 
     def _bytes(self) -> dict[str, object]:
         saved_outputs = [r for r in self.outputs if r.category == "activations"]
+        unsaved_inputs = self._unsaved_inputs()
+        n_ops = len(self.tracker.ops)
         return dict(
             saved_bytes=_sum(self.acts),
             output_bytes=_sum(self.outputs),
             output_saved_bytes=_sum(saved_outputs),
             output_last_use_op=max((r.last_forward_use for r in saved_outputs), default=-1),
-            output_free_op=max((len(self.tracker.ops) if r.free_step is None else r.free_step for r in saved_outputs),
-                               default=-1),
+            output_free_op=max((_freed_at(r, n_ops) for r in saved_outputs), default=-1),
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
             output_kept_by=_kept_by(saved_outputs, self.siblings),
-            input_unsaved_bytes=_sum(self._unsaved_inputs()),
-            held_inputs=[
-                [self.keys[id(r)], r.nbytes, len(self.tracker.ops) if r.free_step is None else r.free_step]
-                for r in self._unsaved_inputs()
-            ],
+            input_unsaved_bytes=_sum(unsaved_inputs),
+            held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
             offload_bytes=_sum(
@@ -216,6 +214,11 @@ class _Block:
             backward_start_op=bwd[0] if bwd else -1,
             backward_end_op=bwd[-1] if bwd else -1,
         )
+
+
+def _freed_at(rec: StorageRecord, n_ops: int) -> int:
+    """The op index at which the step freed `rec`: `n_ops` (the step's length) if it never did."""
+    return n_ops if rec.free_step is None else rec.free_step
 
 
 def _sum(records) -> int:

@@ -31,13 +31,14 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
     for n in names[i:stop]:
         b = by_name[n]
         keepers = [pos.get(k, -1) for k in b.output_kept_by]
+        freeable = output_freeable(b)
         row = (
             b.forward_end_op + 1,
             max(b.forward_end_op, b.output_last_use_op) + 1,  # read later (a skip): held till then
             b.internal_bytes,
-            output_freeable(b),
+            freeable,
             max(keepers) if keepers and min(keepers) >= i else len(names),
-            b.output_saved_bytes - output_freeable(b),
+            b.output_saved_bytes - freeable,
             b.backward_start_op,
         )
         for column, value in zip(columns, row):

@@ -38,15 +38,20 @@ class _Rows:
 
 def solve(problem: Problem, budget_bytes: int, time_limit_s: float = 60.0) -> list[Unit] | None:
     """The cheapest compatible units that fit the budget (optimal for the model), or None."""
+    return _within(problem, budget_bytes, lambda target: _solve(problem, target, time_limit_s))
+
+
+def _within(problem: Problem, budget_bytes: int, solve_at) -> list[Unit] | None:
+    """`solve_at(target)` for target = the budget, then tighter: HiGHS works in floating point, and a byte or
+    two over is under its feasibility tolerance on rows in units of `scale` bytes.  None once it finds none."""
     target = budget_bytes
-    for attempt in range(4):  # HiGHS works in floating point: tighten if it lands a few bytes over
-        chosen = _solve(problem, target, time_limit_s)
+    for attempt in range(4):
+        chosen = solve_at(target)
         if chosen is None:
             return None
         over = problem.peak(chosen) - budget_bytes
         if over <= 0:
             return chosen
-        # a byte or two over is under HiGHS's feasibility tolerance on rows in units of `scale` bytes
         target -= max(over, int(_scale(problem))) << attempt
     return None
 
@@ -72,12 +77,15 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     n_units = len(problem.units)
     if not problem.units:
         return [] if max(problem.interval_max) <= budget_bytes else None
-    if _budget_rows(problem, budget_bytes, 1.0) is None:
+    rows = {_scale(problem): _budget_rows(problem, budget_bytes, _scale(problem))}  # the first form _milp tries
+    if rows[_scale(problem)] is None:
         return None  # an interval over budget that no unit acts on
     flops = np.append([float(u.cost_flops) for u in problem.units], np.zeros(_n_or(problem)))
 
     def program(scale: float) -> _Program:
-        return _Program(flops, _budget_rows(problem, budget_bytes, scale), _upper_bounds(problem))
+        if scale not in rows:
+            rows[scale] = _budget_rows(problem, budget_bytes, scale)
+        return _Program(flops, rows[scale], _upper_bounds(problem))
 
     x = _milp(problem, program, time_limit_s)
     if x is None:
@@ -94,10 +102,10 @@ def _least_ops_then_peak(problem: Problem, budget_bytes: int, flops_bound: int, 
     n_or = _n_or(problem)
     flops_row = np.array([float(u.cost_flops) for u in problem.units] + [0.0] * (n_or + 1)) / max(1.0, flops_bound)
     ops = np.append([float(u.cost_ops) for u in problem.units], np.zeros(n_or))
-    bound = budget_bytes
-    for attempt in range(4):  # as in `solve`: tighten the peak column's bound if HiGHS lands a byte over
 
-        def program(scale: float, bound=bound) -> _Program:
+    def solve_at(bound: int) -> list[Unit] | None:  # the peak column bounded by `bound`
+
+        def program(scale: float) -> _Program:
             rows = _peak_rows(problem, scale)
             rows.add(flops_row, -np.inf, 1.0 if flops_bound else 0.0)  # [Constraint] the cheapest plan's FLOPs
             objective = np.append(ops, PEAK_WEIGHT * scale / max(1, max(problem.interval_max)))
@@ -107,13 +115,9 @@ def _least_ops_then_peak(problem: Problem, budget_bytes: int, flops_bound: int, 
         if x is None:
             return None
         chosen = [u for u, v in zip(problem.units, x[:n]) if v > 0.5]
-        if problem.cost(chosen) > flops_bound:  # HiGHS's row tolerance let a dearer plan through
-            return None
-        over = problem.peak(chosen) - budget_bytes
-        if over <= 0:
-            return chosen
-        bound -= max(over, int(_scale(problem))) << attempt
-    return None
+        return chosen if problem.cost(chosen) <= flops_bound else None  # HiGHS's row tolerance: checked exactly
+
+    return _within(problem, budget_bytes, solve_at)
 
 
 def _rank(problem: Problem, chosen: list[Unit]) -> tuple[int, int, int]:
