@@ -1,7 +1,8 @@
 """One rank of a 2-rank gloo run for tests/test_distributed.py (issue 14): a GPT-2 trained under
 DistributedDataParallel without a plan, and with a plan each rank makes on the bare model, applied before
 wrapping and after.  Writes what the test checks as JSON: usage `dist_worker.py OUT.json` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT set."""
+WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; `dist_worker.py OUT.json profile fsdp|ddp PLAN.json` profiles each rank
+of a wrapped model and trains it with a plan (`main_profile`)."""
 
 from __future__ import annotations
 
@@ -123,5 +124,64 @@ def main_fsdp(out: str) -> None:
     dist.destroy_process_group()
 
 
+def profiled_model():
+    """The model and global batch of the per-rank profile runs (`main_profile`); tests predict it too."""
+    return zoo.gpt2(n_layer=4, n_embd=256, n_head=4, seq=128, batch=4, vocab=2048)
+
+
+def adamw(params):
+    return torch.optim.AdamW(params)
+
+
+def _wrapped(kind: str, model, mesh):
+    return _sharded(model, mesh) if kind == "fsdp" else DistributedDataParallel(model)
+
+
+def _process_peak(wrapped, inputs) -> int:
+    from remat.measure.loop import Loop
+    from remat.verifier.process import loop_peak_bytes
+
+    bare = wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+    return loop_peak_bytes(wrapped, inputs, None, adamw(bare.parameters()), Loop()).peak_bytes
+
+
+def _rank_grads(wrapped, inputs) -> dict[str, torch.Tensor]:
+    bare = wrapped.module if isinstance(wrapped, DistributedDataParallel) else wrapped
+    bare.zero_grad(set_to_none=True)
+    wrapped(**inputs).loss.backward()
+    grads = {n: p.grad for n, p in bare.named_parameters()}
+    return {n: (g.full_tensor() if hasattr(g, "full_tensor") else g).clone() for n, g in grads.items()}
+
+
+def main_profile(out: str, kind: str, plan_path: str) -> None:
+    """Each rank profiles its own step of the wrapped model, measures it by the process (VmHWM), and trains with
+    the plan the test predicted from one process: measured again, and its gradients against the unplanned run's."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo")
+    rank, mesh = dist.get_rank(), init_device_mesh("cpu", (dist.get_world_size(),))
+    model, inputs = profiled_model()
+    inputs = {k: v.chunk(dist.get_world_size())[rank] for k, v in inputs.items()}  # this rank's share
+    plain = _wrapped(kind, copy.deepcopy(model), mesh)
+    prof = remat.profile(plain, inputs, optimizer=adamw)
+    result = {"rank": rank, "peak": prof.peak_bytes, "param_bytes": prof.param_bytes, "grad_bytes": prof.grad_bytes,
+              "optimizer_bytes": prof.optimizer_bytes, "gathered": prof.at_peak.gathered_bytes,
+              "parallel": [prof.parallel, prof.world_size, prof.rank], "names": [b.name for b in prof.blocks],
+              "process_peak": _process_peak(plain, inputs)}
+    planned = _wrapped(kind, copy.deepcopy(model), mesh)
+    remat.apply(planned, remat.load_plan(plan_path))
+    torch.manual_seed(0)
+    reference = _rank_grads(_wrapped(kind, copy.deepcopy(model), mesh), inputs)
+    torch.manual_seed(0)
+    result["planned_diff"] = _diff(reference, _rank_grads(planned, inputs))
+    result["planned_process_peak"] = _process_peak(planned, inputs)
+    with open(out, "w") as f:
+        json.dump(result, f)
+    dist.destroy_process_group()
+
+
 if __name__ == "__main__":
-    (main_fsdp if sys.argv[2:] == ["fsdp"] else main)(sys.argv[1])
+    if sys.argv[2:3] == ["profile"]:
+        main_profile(sys.argv[1], *sys.argv[3:5])
+    else:
+        (main_fsdp if sys.argv[2:] == ["fsdp"] else main)(sys.argv[1])

@@ -116,6 +116,20 @@ def test_profile_a_module_target(capsys):
     assert "Top 3 of" in out
 
 
+def test_world_size_predicts_one_rank_and_plans_it(capsys):
+    """Issue 14: --world-size N with --mode fake predicts one FSDP2 rank of N from this process (its shard of the
+    parameters, the gathered ones as a row of their own); with --mode real it is a `remat:` error (rc 2)."""
+    code, out, err = run(capsys, "profile", "remat.zoo:gpt2", "--mode", "fake", "--world-size", "4")
+    assert code == 0, err
+    assert out.startswith("remat profile of GPT2LMHeadModel: fake mode on cpu, one rank of 4 (FSDP2)")
+    assert re.search(r"gathered parameters \(FSDP\) +\d+\.\d MiB", out) and "predicted for one rank of 4" in out
+    code, out, err = run(capsys, "plan", "remat.zoo:gpt2", "--mode", "fake", "--world-size", "4", "--budget", "0.8")
+    assert code == 0, err
+    assert "sharded with FSDP2: each checkpoint wraps one module" in out
+    code, out, err = run(capsys, "profile", "remat.zoo:gpt2", "--world-size", "4")
+    assert code == 2 and err.startswith("remat: world_size=4 predicts one rank of 4 in fake mode; saw mode='real'.")
+
+
 def test_profile_json_round_trips(capsys, target_file, tmp_path):
     path = tmp_path / "profile.json"
     code, out, _ = run(capsys, "profile", f"{target_file}:make", "--json", path)

@@ -135,3 +135,15 @@ def is_fsdp_unit(module) -> bool:
     except Exception:  # torch built without distributed
         return False
     return isinstance(module, FSDPModule)
+
+
+def class_name(module) -> str:
+    """The name of `module`'s class as the user wrote it: FSDP2's `fully_shard` renames GPT2Block to FSDPGPT2Block
+    (a subclass of FSDPModule and GPT2Block), and profiles and plans name the original, so a plan made on the
+    sharded model applies to the bare one and back."""
+    cls = type(module)
+    if is_fsdp_unit(module):
+        from torch.distributed.fsdp import FSDPModule
+
+        cls = next((b for b in cls.__bases__ if b is not FSDPModule), cls)
+    return cls.__name__

@@ -55,11 +55,22 @@ def add_step_options(p: argparse.ArgumentParser) -> None:
                    "training loop repeats, with the optimizer's state resident from its start)")
     p.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="forward/backward passes per optimizer step: gradient accumulation (default: 1)")
+    p.add_argument("--world-size", type=int, default=1, metavar="N",
+                   help="with --mode fake, predict one rank of N data-parallel ranks; the TARGET's inputs are the "
+                   "global batch (default: 1, one process)")
+    p.add_argument("--wrap", choices=("fsdp", "ddp"), default="fsdp",
+                   help="with --world-size: how the ranks share the model: fsdp (FSDP2's fully_shard on each "
+                   "block, then the model, as torchtitan does) or ddp (DistributedDataParallel) (default: fsdp)")
 
 
 def loop_options(args: argparse.Namespace) -> dict:
     """The `step` and `accumulate` arguments of remat.profile and remat.verify, from the step options."""
     return {"step": "first" if args.first_step else "steady", "accumulate": args.accumulate}
+
+
+def profile_options(args: argparse.Namespace) -> dict:
+    """`loop_options` and the ranks to predict (`world_size`, `wrap`): the keyword arguments of remat.profile."""
+    return {**loop_options(args), "world_size": args.world_size, "wrap": args.wrap}
 
 
 def add_outputs(p: argparse.ArgumentParser) -> None:
@@ -86,7 +97,7 @@ def load(target: str, mode: str, device: str | None) -> Target:
 def profile_built(
     built: Target, mode: str, device: str | None, optimizer: Callable | None, loop: dict | None = None
 ) -> StepProfile:
-    """`remat.profile` with a spinner on stderr saying which phase is running; `loop` from `loop_options`."""
+    """`remat.profile` with a spinner on stderr saying which phase is running; `loop` from `profile_options`."""
     with spinner("running the step") as status:
         return remat.profile(
             built.model, built.inputs, built.loss_fn,

@@ -15,6 +15,7 @@ from remat.cli.common import (
     add_step_options,
     load,
     loop_options,
+    profile_options,
     profile_built,
     spinner,
     write,
@@ -137,7 +138,7 @@ def _plan_input(args: argparse.Namespace) -> tuple[Target | None, StepProfile]:
     if args.target.endswith(".json") and ":" not in args.target:
         return None, _read_profile(Path(args.target))
     built = load(args.target, args.mode, args.device)
-    return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer], loop_options(args))
+    return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer], profile_options(args))
 
 
 def _read_profile(path: Path) -> StepProfile:

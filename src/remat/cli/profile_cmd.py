@@ -12,7 +12,7 @@ from remat.cli.common import (
     add_outputs,
     add_step_options,
     load,
-    loop_options,
+    profile_options,
     profile_built,
     write_outputs,
 )
@@ -45,7 +45,7 @@ def _count_arg(text: str) -> int:
 
 
 def _cmd_profile(args: argparse.Namespace) -> int:
-    prof = _profile_target(args.target, args.mode, args.device, OPTIMIZERS[args.optimizer], loop_options(args))
+    prof = _profile_target(args.target, args.mode, args.device, OPTIMIZERS[args.optimizer], profile_options(args))
     print(render_profile(prof, top=args.top), end="")
     if args.json is not None or args.plot is not None:
         print()

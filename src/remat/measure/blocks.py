@@ -16,7 +16,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
-from remat.module_tree import enclosing, find_extras, parent_name, runs_children_in_order, within
+from remat.module_tree import class_name, enclosing, find_extras, parent_name, runs_children_in_order, within
 from remat.ops import RANDOM_OPS, SAVE_OPS
 from remat.types import BlockProfile
 
@@ -133,7 +133,7 @@ class _Block:
     def profile(self, index: int, live: list[int], previous_end: int | None) -> BlockProfile:
         kind = self._checkpoint_kind()
         return BlockProfile(
-            name=self.name, type=type(self.module).__name__, index=index, depth=self._depth(),
+            name=self.name, type=class_name(self.module), index=index, depth=self._depth(),
             parent=self.parents[self.name], calls=self.io.calls[self.name], **self._bytes(),
             **self._costs(), peak_bytes=max((live[k] for k in self.mine), default=0), **self._spans(),
             checkpointed=bool(kind), checkpoint_kind=kind,

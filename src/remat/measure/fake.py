@@ -7,53 +7,66 @@ the step and put back afterwards (also on error), so the user's model is untouch
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
 
 from remat._torch_compat import FakeTensor, FakeTensorMode, fake_mode_of, tree_map
+from remat._torch_compat.distributed import local_tensor
 
 
 def existing_fake_mode(model: nn.Module) -> FakeTensorMode | None:
-    """The fake mode a model was built under (its parameters are fake), if any."""
+    """The fake mode a model was built under (its parameters, or their local shards, are fake), if any."""
     for t in list(model.parameters()) + list(model.buffers()):
-        mode = fake_mode_of(t)
+        mode = fake_mode_of(local_tensor(t))
         if mode is not None:
             return mode
     return None
 
 
 def _fake_like(t: torch.Tensor, mode: FakeTensorMode, device: torch.device) -> torch.Tensor:
-    if isinstance(t, FakeTensor):
-        return t
     with mode:
         return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=device)
 
 
 @contextlib.contextmanager
-def fake_model(model: nn.Module, mode: FakeTensorMode, device: torch.device) -> Iterator[dict[int, torch.Tensor]]:
-    """Swap every parameter and buffer of `model` for a fake one; yields {id(real): fake}."""
+def swapped_tensors(
+    model: nn.Module, make: Callable[[torch.Tensor], torch.Tensor], keep_fake: bool = True
+) -> Iterator[dict[int, torch.Tensor]]:
+    """Swap every parameter and buffer of `model` for `make(detached tensor)` (a parameter stays one, tied
+    weights stay tied); yields {id(original): replacement}, and puts the originals back after.  With
+    `keep_fake`, a tensor that is fake already (a DTensor whose shard is fake too) is kept."""
     swapped: list[tuple[dict, str, object]] = []
     table: dict[int, torch.Tensor] = {}
     try:
         for mod in model.modules():
             for store, is_param in ((mod._parameters, True), (mod._buffers, False)):
                 for name, t in list(store.items()):
-                    if t is None:
+                    if t is None or (keep_fake and isinstance(local_tensor(t), FakeTensor)):
                         continue
-                    fake = table.get(id(t))
-                    if fake is None:  # tied weights stay tied
-                        fake = _fake_like(t.detach(), mode, device)
+                    new = table.get(id(t))
+                    if new is None:
+                        new = make(t.detach())
                         if is_param:
-                            fake = nn.Parameter(fake, requires_grad=t.requires_grad)
-                        table[id(t)] = fake
+                            new = nn.Parameter(new, requires_grad=t.requires_grad)
+                        table[id(t)] = new
                     swapped.append((store, name, t))
-                    store[name] = fake
+                    store[name] = new
         yield table
     finally:
         for store, name, t in reversed(swapped):
             store[name] = t
+
+
+def meta_like(t: torch.Tensor) -> torch.Tensor:
+    """A tensor of `t`'s shape, strides and dtype on the meta device (no data; `t` may be fake)."""
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta")
+
+
+def fake_model(model: nn.Module, mode: FakeTensorMode, device: torch.device):
+    """Swap every parameter and buffer of `model` for a fake one meanwhile; yields {id(real): fake}."""
+    return swapped_tensors(model, lambda t: _fake_like(t, mode, device))
 
 
 def fake_inputs(obj, mode: FakeTensorMode, device: torch.device):

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from remat.errors import RematError
 from remat.measure.step import StepInputs, compute_loss, run_user_code
-from remat.measure.tracker import PeakMeter, rounded_bytes
+from remat.measure.tracker import PeakMeter, rounded_bytes, storage_of
 from remat.types import Step
 
 FIRST_STEP_NOTE = (
@@ -105,10 +105,11 @@ def clear_grads(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
 
 def lead_in(
     model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
-    rounding: int = 1,
+    rounding: int = 1, *, warm_steps: int = 0,
 ) -> LeadIn:
-    """Run what comes before the tracked pass: in steady mode a whole first step, metered (Rule 3), then
-    the measured step's first K-1 passes (Rule 2)."""
+    """Run what comes before the tracked pass: in steady mode a whole first step, metered (Rule 3), and
+    `warm_steps` more (DDP rebuilds its buckets in the second), then the measured step's first K-1
+    passes (Rule 2)."""
     clear_grads(model, opt)
     first_peak, held = None, []
     if loop.step == Step.STEADY:
@@ -116,6 +117,9 @@ def lead_in(
             optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         first_peak = meter.peak_bytes
         clear_grads(model, opt)
+        for _ in range(warm_steps):
+            optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
+            clear_grads(model, opt)
     for _ in range(loop.accumulate - 1):
         micro_batch(model, step, loss_fn, held)
     return LeadIn(first_peak, held)
@@ -149,8 +153,8 @@ def storage_bytes(tensors: list, rounding: int = 1) -> int:
     """Bytes of the distinct storages of the tensors among `tensors`, each rounded up to `rounding`."""
     seen: dict[int, int] = {}
     for t in tensors:
-        if isinstance(t, torch.Tensor):
-            st = t.untyped_storage()
+        st = storage_of(t)  # a DTensor's local shard (NOTE [What counts as live memory], Rule 6)
+        if st is not None:
             seen[id(st)] = rounded_bytes(st.nbytes(), rounding)
     return sum(seen.values())
 

@@ -18,7 +18,11 @@ from remat import procmem
 from remat.measure import cuda_kernels, fake, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
+from remat._torch_compat.distributed import fsdp_gathered
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
+from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
+from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note
+from remat.measure.ranks import rank_share, sharded_copy
 from remat.measure.step import (
     StateSnapshot,
     StepInputs,
@@ -53,6 +57,8 @@ def profile(
     progress: Progress | None = None,
     step: str = "steady",
     accumulate: int = 1,
+    world_size: int = 1,
+    wrap: Any = "fsdp",
 ) -> StepProfile:
     """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
 
@@ -70,17 +76,57 @@ def profile(
     optimizer as given.  `accumulate=K` runs K forward/backward passes of `inputs` per
     optimizer step (gradient accumulation).  See NOTE [The step that is measured].
 
+    A model wrapped in DistributedDataParallel or sharded with FSDP2 is profiled as the
+    rank this runs in sees its step (NOTE [A rank's step]).  `world_size=N` with
+    `mode="fake"` predicts one rank of N from this process, with no process group: the
+    inputs are the global batch, and `wrap` says how the job shares the model: "fsdp"
+    (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model`
+    (NOTE [N ranks from one process]).
+
     Known limitations: memory a kernel allocates and frees inside one op (cuBLAS
     workspaces) is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`)
     cannot run; a simulated CUDA target runs CPU kernels except for the optimizer,
     autocast and attention, which run as on CUDA (NOTE [A CUDA step simulated on CPU]).
     """
     check_model(model)
-    loop = Loop.of(step, accumulate)
+    check_request(model, mode, world_size, wrap)
+    options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate))
+    if world_size == 1:
+        return _profile(model, inputs, loss_fn, optimizer, options)
+    return _predict_ranks(model, inputs, loss_fn, optimizer, options, (world_size, wrap))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    mode: str
+    device: str | torch.device | None
+    blocks: list[str] | None
+    progress: Progress | None
+    loop: Loop
+
+
+def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options, ranks: tuple[int, Any]) -> StepProfile:
+    """NOTE [N ranks from one process]: the step of rank 0 of `world_size`, the model wrapped by `wrap`."""
+    world_size, wrap = ranks
+    share, note = rank_share(inputs, world_size), prediction_note(world_size, wrap, inputs)
+    if wrap == "ddp":
+        ddp = Parallel("ddp", world_size, 0, None, tuple(predicted_ddp_buckets(model)))
+        prof = _profile(model, share, loss_fn, optimizer, options, ddp)
+    else:
+        setup = _setup(model, options.mode, options.device)
+        with sharded_copy(model, world_size, wrap, _run_device(setup)) as sharded:
+            prof = _profile(sharded, share, loss_fn, optimizer_for(optimizer, model, sharded), options)
+    return dataclasses.replace(prof, model=type(model).__name__, notes=prof.notes + [note])
+
+
+def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Parallel | None = None) -> StepProfile:
+    """`profile` of one process's step; `parallel` says how a prediction spreads it (else found on the model)."""
+    model, found = parallel_of(model)  # NOTE [A rank's step]
     step_inputs = normalize_inputs(inputs)
-    setup = _setup(model, mode, device)
+    setup = _setup(model, options.mode, options.device)
     check_optimizer(optimizer, model)
-    run = _Run(model, loss_fn, find_candidates(model, blocks), setup, progress, loop)
+    candidates = find_candidates(model, options.blocks)
+    run = _Run(model, loss_fn, candidates, setup, options.progress, options.loop, parallel or found)
     if setup.mode == Mode.REAL:
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, step_inputs.tensors())
@@ -107,10 +153,15 @@ def _setup(model: nn.Module, mode: str, device: str | torch.device | None) -> Se
     return Setup(Mode(mode), target, rounding, simulated, [SIMULATED_NOTE] if simulated else [])
 
 
+def _run_device(setup: Setup) -> torch.device:
+    """Where a fake step's tensors live: the CPU for a simulated CUDA target."""
+    return torch.device("cpu") if setup.simulated else setup.target
+
+
 def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
     """The step on fake tensors: the model's parameters and buffers swapped for fake ones meanwhile."""
     fake_mode = fake.existing_fake_mode(run.model) or FakeTensorMode(allow_non_fake_inputs=True)
-    run_device = torch.device("cpu") if run.setup.simulated else run.setup.target
+    run_device = _run_device(run.setup)
     with (
         fake.fake_model(run.model, fake_mode, run_device) as table,
         unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]
@@ -139,16 +190,23 @@ class _Run:
     setup: Setup
     progress: Progress | None
     loop: Loop = Loop()
+    parallel: Parallel = Parallel()
+
+    @property
+    def runner(self) -> nn.Module:
+        """What the training loop calls: the DDP wrapper, else the model (NOTE [A rank's step])."""
+        return self.parallel.runner or self.model
 
     def measure(self, step: StepInputs, opt: torch.optim.Optimizer | None, restore=None) -> StepProfile:
         """The profile of the step; `restore()` puts the model and optimizer back as before it (real mode)."""
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
-        tracker = Tracker(type(self.model).__name__, self.setup.rounding, self.setup.mode == Mode.REAL, sync)
+        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, self.setup.mode == Mode.REAL, sync)
         tracker.scratch_probe = self._scratch_probe()
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
-            lead = lead_in(self.model, step, self.loss_fn, opt, self.loop, self.setup.rounding)
+            lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
+                           warm_steps=int(self.parallel.kind == "ddp"))  # NOTE [A rank's step], Rule 3
             kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             if cuda_real:
                 torch.cuda.synchronize()
@@ -171,9 +229,10 @@ class _Run:
             prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
         first_peak = lead.first_peak
         notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
+        par = self.parallel
         prof = dataclasses.replace(
             prof, step=str(self.loop.step), accumulate=self.loop.accumulate, first_step_peak_bytes=first_peak,
-            notes=prof.notes + notes,
+            notes=prof.notes + notes + (par.notes() if self.setup.mode == Mode.REAL else []), parallel=par.kind, world_size=par.world_size, rank=par.rank,
         )
         if cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
@@ -181,7 +240,7 @@ class _Run:
 
     def _measures_scratch(self, prof: StepProfile) -> bool:
         """NOTE [Kernel scratch], Rule 2: measured on CPU in real mode, for a step large enough to show it."""
-        real_cpu = self.setup.mode == Mode.REAL and self.setup.target.type == "cpu"
+        real_cpu = self.setup.mode == Mode.REAL and self.setup.target.type == "cpu" and not self.parallel.kind
         return real_cpu and procmem.available() and prof.peak_bytes >= scratch.MEASURED_FROM_BYTES
 
     def _scratch_probe(self):
@@ -209,7 +268,7 @@ class _Run:
         tensors whose category is known (`_register_state`), grown by the gradients and optimizer state;
         `held`, the previous pass's output and loss, is let go when the forward returns (NOTE [The step
         that is measured], Rule 4)."""
-        model = self.model
+        model, runner = self.model, self.runner
         with contextlib.ExitStack() as stack:
             tracker.modules = stack.enter_context(ModuleTracker())
             stack.enter_context(io.hooks())
@@ -218,7 +277,7 @@ class _Run:
             try:
                 phase("forward")
                 with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, _identity):
-                    out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
+                    out = run_user_code("the model's forward", lambda: runner(*step.args, **step.kwargs))
                     held.clear()
                     phase("loss")
                     loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))
@@ -230,6 +289,7 @@ class _Run:
                     run_user_code("the optimizer step", opt.step)
                     kinds["optimizer"] += optimizer_state(opt)
                 _classify(tracker, kinds)
+                self.setup.notes.extend(ddp_buckets(tracker, self.parallel))
                 del out, loss
             finally:
                 tracker.modules = None
@@ -278,6 +338,7 @@ def _register_state(tracker: Tracker, model: nn.Module, step, opt, held: list) -
         "inputs": step.tensors(),
         "grads": [p.grad for p in model.parameters() if p.grad is not None],
         "optimizer": [],
+        "gathered": fsdp_gathered(model),  # resized to nothing between uses (NOTE [A rank's step], Rule 2)
     }
     if opt is not None:
         kinds["optimizer"] = optimizer_state(opt)
@@ -288,11 +349,12 @@ def _register_state(tracker: Tracker, model: nn.Module, step, opt, held: list) -
 
 def _classify(tracker: Tracker, kinds: dict[str, list]) -> None:
     """Give each record its category; the first kind that claims a storage wins."""
-    for kind in ("params", "buffers", "inputs", "grads", "optimizer"):
+    for kind in ("params", "buffers", "inputs", "grads", "optimizer", "gathered"):
         for t in kinds[kind]:
             rec = tracker.record_of(t)  # seen already, or made without dispatch (Adam's step counters)
-            if rec is not None and not rec.category:
+            while rec is not None and not rec.category:  # and its records before resizes (FSDP2)
                 rec.category = kind
+                rec = rec.resized_from
     for rec in tracker.records:
         if not rec.category:
             made_in_forward = rec.phase in ("forward", "loss") and rec.alloc_step >= 0

@@ -16,6 +16,12 @@ NOTE [What counts as live memory]
   Rule 5. Scratch memory a kernel allocates and frees inside one op is no storage; it is
           measured or estimated per op (`Tracker.scratch`, NOTE [Kernel scratch] in
           `remat.measure.scratch`) and counted on top of what is live after that op.
+  Rule 6. A rank holds its own shard of a DTensor (FSDP2's parameters, gradients, optimizer
+          state): that local tensor is what counts, and the ops on DTensors are seen as the
+          ops DTensor runs on the local shards.
+  Rule 7. A storage resized in place (FSDP2 frees an all-gathered parameter with
+          `resize_(0)` and re-allocates it for the next use) is freed at the resize, and
+          a storage resized to a new size is a new allocation from there on.
 
 NOTE [When a saved tensor is attributed to a module]
   A storage belongs to the innermost module running when the op that made it
@@ -45,10 +51,13 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
+from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
+
 
 def storage_of(t) -> torch.UntypedStorage | None:
     """The storage a strided tensor counts by (NOTE [What counts as live memory]); None for anything else
-    (not a tensor, sparse, a subclass without storage)."""
+    (not a tensor, sparse, a subclass without storage); a DTensor's is its local shard's (Rule 6)."""
+    t = local_tensor(t)
     if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
         return None
     try:
@@ -60,6 +69,24 @@ def storage_of(t) -> torch.UntypedStorage | None:
 def rounded_bytes(n: int, rounding: int) -> int:
     """`n` bytes rounded up to a multiple of `rounding` (the CUDA caching allocator's 512), as allocated."""
     return n if rounding <= 1 else (n + rounding - 1) // rounding * rounding
+
+
+class _SeesResizes(TorchDispatchMode):
+    """A dispatch mode that is told of storage resizes while it is active (Rule 7): `self.resized(storage)`."""
+
+    def resized(self, st: torch.UntypedStorage) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self._resizes = storage_resizes(self.resized)
+        self._resizes.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc):
+        try:
+            return super().__exit__(*exc)
+        finally:
+            self._resizes.__exit__(*exc)
 
 
 @dataclass(slots=True)
@@ -83,6 +110,8 @@ class StorageRecord:
     """The aten op (packet name) that returned it; "" if no op made it."""
     last_forward_use: int = -1
     """Index of the last op of forward or loss that read it (-1 if none did)."""
+    resized_from: "StorageRecord | None" = None
+    """The record of the same storage before it was resized in place (Rule 7)."""
 
     def live_at(self, k: int) -> bool:
         return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
@@ -103,7 +132,7 @@ class OpRecord:
 
 
 @dataclass
-class Tracker(TorchDispatchMode):
+class Tracker(_SeesResizes):
     """Logs storages and ops; all interpretation happens afterwards in `remat.measure.build` and `remat.measure.blocks`."""
 
     root_type: str
@@ -146,9 +175,23 @@ class Tracker(TorchDispatchMode):
         return rec
 
     def _freed(self, key: int, rec: StorageRecord) -> None:
-        rec.free_step = len(self.ops)
+        if rec.free_step is None:  # not ended by a resize already (Rule 7)
+            rec.free_step = len(self.ops)
         if self._live.get(key) is rec:
             del self._live[key]
+
+    def resized(self, st: torch.UntypedStorage) -> None:
+        """Rule 7: the record of a storage resized in place ends here, and its new size is a new record."""
+        rec = self._live.pop(id(st), None)
+        if rec is None and not st.nbytes():
+            return
+        if rec is not None:
+            rec.free_step = len(self.ops)
+        new = StorageRecord(rounded_bytes(st.nbytes(), self.rounding), len(self.ops), self.phase,
+                            self.current_module(), op="resize_", resized_from=rec)
+        self.records.append(new)  # 0 bytes while resized to nothing: the chain to its earlier records stays
+        self._live[id(st)] = new
+        weakref.finalize(st, self._freed, id(st), new)
 
     def mark_saved(self, t: torch.Tensor) -> torch.Tensor:
         """Pack hook for `saved_tensors_hooks`: flags the storage and the op, returns the tensor unchanged."""
@@ -183,6 +226,8 @@ class Tracker(TorchDispatchMode):
 
     # -- dispatch --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if has_dtensor(types):  # Rule 6: seen again as the ops DTensor runs on the local shards
+            return NotImplemented
         kwargs = kwargs or {}
         reads_forward = self.phase in ("forward", "loss") and not in_backward()
         reads_grad = False
@@ -221,7 +266,7 @@ class Tracker(TorchDispatchMode):
         return out
 
 
-class PeakMeter(TorchDispatchMode):
+class PeakMeter(_SeesResizes):
     """The peak of live tensor bytes of a stretch of ops, and nothing else (Rules 1-4 of
     NOTE [What counts as live memory]): the cheap meter of a step that is not profiled."""
 
@@ -247,7 +292,20 @@ class PeakMeter(TorchDispatchMode):
     def _freed(self, key: int) -> None:
         self.live_bytes -= self._live.pop(key, 0)
 
+    def resized(self, st: torch.UntypedStorage) -> None:
+        known = id(st) in self._live
+        self.live_bytes -= self._live.pop(id(st), 0)
+        if st.nbytes():
+            n = rounded_bytes(st.nbytes(), self.rounding)
+            if not known:
+                weakref.finalize(st, self._freed, id(st))
+            self._live[id(st)] = n
+            self.live_bytes += n
+            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if has_dtensor(types):  # Rule 6 of NOTE [What counts as live memory]
+            return NotImplemented
         kwargs = kwargs or {}
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):

@@ -143,7 +143,9 @@ class Problem:
     def from_profile(
         cls, prof: StepProfile, max_segment: int = MAX_SEGMENT, offload: tuple[float, float] | None = None
     ) -> "Problem":
-        """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6)."""
+        """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6).
+        A step sharded with FSDP2 gets one checkpoint per module (`result.FSDP_NOTE`)."""
+        max_segment = 1 if prof.parallel == "fsdp" else max_segment
         blocks = [
             b for b in prof.blocks
             if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not b.checkpointed

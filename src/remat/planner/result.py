@@ -10,6 +10,10 @@ from remat.types import KEEP_ALL_SOLVER, Action, Plan, PlannedBlock, StepProfile
 
 BATCHNORM_NOTE = "a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact"
 OFFLOAD_NOTE = "offload not weighed: give offload_bandwidth (and device_flops for a fake profile) to consider it"
+FSDP_NOTE = (
+    "the step is sharded with FSDP2: each checkpoint wraps one module, since one over several FSDP units would run "
+    "them without the hooks that gather their parameters"
+)
 
 
 def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver: str, budget: int | None) -> Plan:
@@ -53,6 +57,8 @@ def already_checkpointed_note(profile: StepProfile) -> str | None:
 
 def _notes(profile: StepProfile, problem: Problem, recomputed: list[Unit], solver: str) -> list[str]:
     notes = [n for n in [already_checkpointed_note(profile)] if n]
+    if profile.parallel == "fsdp":
+        notes.append(FSDP_NOTE)
     if any(profile.block(b).has_batchnorm for u in recomputed for b in u.blocks):
         notes.append(BATCHNORM_NOTE)
     offload_weighed = any(u.action == Action.OFFLOAD for u in problem.units)

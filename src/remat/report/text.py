@@ -30,6 +30,7 @@ _CATEGORY_LABELS = {
     "inputs": "inputs",
     "grads": "gradients",
     "optimizer": "optimizer state",
+    "gathered": "gathered parameters (FSDP)",
     "activations": "activations (saved for backward)",
     "temporaries": "temporaries",
     "scratch": "kernel scratch (no tensor)",
@@ -148,6 +149,9 @@ def plain_console() -> Console:
 def _header_lines(p: StepProfile) -> list[str]:
     device = f"{p.device} (simulated on CPU)" if p.simulated_device else p.device
     where = f"{p.mode} mode on {device}"
+    if p.parallel:
+        label = {"fsdp": "FSDP2", "ddp": "DDP"}.get(p.parallel, p.parallel)
+        where += f", rank {p.rank} of {p.world_size} ({label})" if p.mode == "real" else f", one rank of {p.world_size} ({label})"
     if p.allocation_rounding_bytes > 1:
         where += f", storages rounded up to {p.allocation_rounding_bytes} B"
     gib = f"{fmt_bytes(p.peak_bytes, 'GiB')}, " if p.peak_bytes >= 2**30 else ""
@@ -173,6 +177,8 @@ def _breakdown_table(at_peak: Breakdown, end_fwd: Breakdown) -> Table:
     peak_total, fwd_total = at_peak.total_bytes, end_fwd.total_bytes
     peak_parts, fwd_parts = at_peak.as_dict(), end_fwd.as_dict()
     for cat in CATEGORIES:
+        if cat == "gathered" and not (peak_parts[cat] or fwd_parts[cat]):
+            continue  # a row only where FSDP gathers
         table.add_row(
             _CATEGORY_LABELS[cat],
             _amount(peak_parts[cat], peak_total),

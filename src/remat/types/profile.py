@@ -20,7 +20,7 @@ PROFILE_VERSION = 3
 3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`."""
 
 PHASES = ("forward", "loss", "backward", "optimizer")
-CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "activations", "temporaries", "scratch")
+CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "gathered", "activations", "temporaries", "scratch")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +40,8 @@ class Breakdown:
     """Storages that are, or become, a parameter's `.grad`."""
     optimizer_bytes: int = 0
     """Optimizer state (Adam's exp_avg / exp_avg_sq, momentum buffers, ...)."""
+    gathered_bytes: int = 0
+    """Parameters FSDP2 all-gathered for the units computing (and prefetched) then: 0 without FSDP."""
     activations_bytes: int = 0
     """Tensors made in forward or loss and saved by autograd for backward."""
     temporaries_bytes: int = 0
@@ -240,6 +242,13 @@ class StepProfile:
     """Forward/backward passes per optimizer step; the figures are those of the last pass and the optimizer step."""
     first_step_peak_bytes: int | None = None
     """Peak live tensor bytes of the first step, metered before a steady-state measurement (None for step="first")."""
+    parallel: str = ""
+    """How the step is spread over ranks: "fsdp" (FSDP2's `fully_shard`), "ddp" (DistributedDataParallel) or ""
+    (one process); the figures are one rank's (NOTE [A rank's step] in `remat.measure.parallel`)."""
+    world_size: int = 1
+    """How many ranks run the step (for a fake-mode prediction, how many it was predicted for)."""
+    rank: int = 0
+    """The rank whose step was measured (0 in a fake-mode prediction)."""
 
     # -- convenience ---------------------------------------------------------
     def block(self, name: str) -> BlockProfile:

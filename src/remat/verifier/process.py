@@ -13,7 +13,8 @@ NOTE [Measuring a step by the process]
           `zero_grad(set_to_none=True)` per step; in steady mode the third step is measured, as
           ../shared/MEASURING.md says.  Its peak is VmHWM after it minus the resident set before it,
           plus the tensor bytes resident before it (parameters, buffers, inputs, optimizer state, the
-          previous output and loss): tensors plus a few MB of interpreter and autograd overhead.
+          previous output and loss, DDP's gradient buckets): tensors plus a few MB of interpreter and
+          autograd overhead.  Under DDP or FSDP2 every rank runs this loop, and each measures its own.
   Rule 4. A fresh interpreter (`step_peak_bytes`, a TARGET) first runs a one-parameter step with
           the same optimizer: the first optimizer imports torch._dynamo (seen: 75 MB of resident
           code), which would otherwise count in a first step.
@@ -52,6 +53,7 @@ from remat.procmem import (
     resident_bytes,
 )
 from remat.measure.loop import Loop, clear_grads, optimizer_step_of_loop, resident_tensors, storage_bytes, tensors_in
+from remat.measure.parallel import ddp_bucket_total
 from remat.measure.step import make_optimizer, normalize_inputs
 from remat.target import load_target
 from remat.types import Step, load_plan
@@ -96,7 +98,7 @@ def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     for i in range(steps):
         if i == steps - 1:
             gc.collect()
-            resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held))
+            resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held)) + ddp_bucket_total(model)
             reset_high_water_mark()
             before = resident_bytes()
         optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
@@ -112,6 +114,7 @@ def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     for i in range(3 if loop.step == Step.STEADY else 1):
         torch.cuda.synchronize()
         resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held), rounding=512)
+        resident += ddp_bucket_total(model, rounding=512)
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
         optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)

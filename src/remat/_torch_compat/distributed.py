@@ -1,0 +1,115 @@
+"""The private parts of torch.distributed that remat uses, in one place (see `remat._torch_compat`).
+
+- DTensor (FSDP2's sharded parameters, gradients and optimizer state) is a wrapper: a rank holds
+  only its local shard (`DTensor._local_tensor`), and that is what remat counts.
+- FSDP2 frees and re-allocates the memory of the parameters it all-gathers by resizing their
+  storages (`UntypedStorage.resize_`), which no dispatch mode sees; `storage_resizes` reports
+  each resize.  `fsdp_gathered` lists those storages' tensors.
+- A fake process group (`torch.testing._internal.distributed.fake_pg`) lets one process run the
+  step of rank 0 of N with every collective a no-op, so FSDP2 allocates, gathers and frees as on
+  each rank of a real run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+
+import torch
+import torch.nn as nn
+
+
+def _dtensor_class():
+    try:
+        from torch.distributed.tensor import DTensor
+    except Exception:  # torch built without distributed
+        return None
+    return DTensor
+
+
+def local_tensor(t):
+    """The tensor a rank holds for `t`: its local shard if `t` is a DTensor, else `t`."""
+    dtensor = _dtensor_class()
+    while dtensor is not None and isinstance(t, dtensor):
+        t = t._local_tensor
+    return t
+
+
+def has_dtensor(types) -> bool:
+    """True if one of the tensor types of a dispatched op is DTensor (which then desugars into ops on the
+    local shards: a dispatch mode that returns NotImplemented sees those instead)."""
+    dtensor = _dtensor_class()
+    return dtensor is not None and any(issubclass(t, dtensor) for t in types)
+
+
+@contextlib.contextmanager
+def storage_resizes(on_resize: Callable[[torch.UntypedStorage], None]) -> Iterator[None]:
+    """Call `on_resize(storage)` after each `UntypedStorage.resize_` that changes a storage's size (FSDP2's
+    unshard and reshard), restoring the method after; nests."""
+    original = torch.UntypedStorage.resize_
+
+    def resize_(storage, size):
+        before = storage.nbytes()
+        result = original(storage, size)
+        if storage.nbytes() != before:
+            on_resize(storage)
+        return result
+
+    torch.UntypedStorage.resize_ = resize_
+    try:
+        yield
+    finally:
+        torch.UntypedStorage.resize_ = original
+
+
+def fsdp_state(module: nn.Module):
+    """FSDP2's state of a module `fully_shard` wrapped, else None."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except Exception:  # torch built without distributed
+        return None
+    return module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+
+
+def fsdp_gathered(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors FSDP2 all-gathers each unit's parameters into (resized to 0 bytes while resharded)."""
+    found = []
+    for mod in model.modules():
+        state = fsdp_state(mod)
+        for group in getattr(state, "_fsdp_param_groups", []) if state is not None else []:
+            for fsdp_param in group.fsdp_params:
+                found += list(fsdp_param.all_gather_outputs)
+    return found
+
+
+def fsdp_mesh_problem(model: nn.Module) -> str:
+    """Why remat cannot profile this FSDP2 model ("" if it can): remat follows a 1-D mesh of data-parallel
+    shards (FSDP); a 2-D mesh (HSDP, or FSDP with tensor parallelism) it does not."""
+    for name, mod in model.named_modules():
+        state = fsdp_state(mod)
+        for group in getattr(state, "_fsdp_param_groups", []) if state is not None else []:
+            mesh = group.mesh_info.mesh
+            if mesh.ndim != 1:
+                return f"{name or 'the model'} is sharded over a {mesh.ndim}-D mesh {tuple(mesh.shape)}"
+    return ""
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, device_type: str) -> Iterator[object]:
+    """A process group of `world_size` ranks in which this process is rank 0 and every collective is a
+    no-op (it allocates its outputs, moves no data); yields its 1-D device mesh, and is gone after."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore  # registers the "fake" backend
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield init_device_mesh(device_type, (world_size,))
+    finally:
+        dist.destroy_process_group()
+
+
+def ddp_bucket_bytes(ddp: nn.Module) -> list[int]:
+    """Bytes of each gradient bucket DistributedDataParallel allocated (its logging data, a private method)."""
+    sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", "")).replace(" ", "")
+    return [int(s) for s in sizes.split(",") if s]
