@@ -175,7 +175,7 @@ def main_profile(out: str, kind: str, plan_path: str) -> None:
     torch.manual_seed(0)
     result["planned_diff"] = _diff(reference, _rank_grads(planned, inputs))
     result["planned_process_peak"] = _process_peak(planned, inputs)
-    with open(out, "w") as f:
+    with open(out.format(rank=rank), "w") as f:  # OUT may hold {rank}: one path for every rank (torchrun)
         json.dump(result, f)
     dist.destroy_process_group()
 

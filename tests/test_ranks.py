@@ -109,3 +109,23 @@ def test_a_wrapped_model_without_a_process_group_and_a_2d_mesh_are_refused():
             remat.profile(model, inputs)
     assert str(e.value).startswith("remat: the model is sharded over a 2-D mesh (2, 2); remat follows FSDP2 over a "
                                    "1-D mesh") and "Fix:" in str(e.value)
+
+
+def test_a_plan_applied_inside_wrap_predicts_the_peak_the_plan_promised_and_an_applied_model_is_refused():
+    """The prediction of the planned step (the plan applied to the copy before sharding, as torchtitan applies its
+    checkpointing) peaks where the plan said, or up to 1% under it.  A model remat.apply wrapped cannot be copied for a prediction (its
+    checkpoints call the original modules): a `remat:` error, not a step run on the wrong modules."""
+    from remat.measure.ranks import _shard_per_block
+
+    model, inputs = _gpt2()
+    prof = remat.profile(model, inputs, optimizer=_adam, mode="fake", world_size=2)
+    plan = remat.frontier(prof)[-1]
+    assert plan.peak_bytes < prof.peak_bytes
+    planned = remat.profile(model, inputs, optimizer=_adam, mode="fake", world_size=2,
+                            wrap=lambda copy, mesh: _shard_per_block(remat.apply(copy, plan), mesh))
+    assert 0.99 * plan.peak_bytes <= planned.peak_bytes <= plan.peak_bytes  # seen: 0.9% under it, 2 layers
+    assert applied(model) is None  # the plan went to the copy
+    remat.apply(model, plan)
+    with pytest.raises(remat.RematError, match=r"^remat: world_size=2 predicts from a copy of the model, but "
+                                               r"remat.apply has wrapped modules of this one"):
+        remat.profile(model, inputs, mode="fake", world_size=2)

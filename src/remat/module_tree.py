@@ -11,6 +11,9 @@ from remat._torch_compat import checkpoint_wrapper_type
 from remat.errors import RematError
 
 
+WRAPPED_MARK = "_remat_forward"
+"""The attribute `remat.apply` sets on each module it wraps (its undo record, `applier.wrapping.WrapInfo`)."""
+
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 """Modules that hold blocks: their children are the natural units of checkpointing."""
 NO_FORWARD = (nn.ModuleList, nn.ModuleDict)
@@ -147,3 +150,8 @@ def class_name(module) -> str:
 
         cls = next((b for b in cls.__bases__ if b is not FSDPModule), cls)
     return cls.__name__
+
+
+def has_remat_wrappers(model: nn.Module) -> bool:
+    """`remat.apply` wrapped some module of `model` (and `remat.remove` has not undone it)."""
+    return any(WRAPPED_MARK in m.__dict__ for m in model.modules())

@@ -34,7 +34,7 @@ from remat._torch_compat.distributed import fake_process_group
 from remat.errors import RematError
 from remat.measure import fake
 from remat.measure.parallel import is_ddp, is_sharded
-from remat.module_tree import find_candidates, main_chain
+from remat.module_tree import find_candidates, has_remat_wrappers, main_chain
 
 WRAPS = ("fsdp", "ddp")
 DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
@@ -65,6 +65,14 @@ def check_request(model: nn.Module, mode: str, world_size: Any, wrap: Any) -> No
             f"remat: world_size={world_size} predicts from the bare model, but {type(model).__name__} is wrapped "
             "already (DistributedDataParallel or fully_shard). Fix: pass the model before wrapping, or profile the "
             "wrapped model in mode='real' in each rank of the job."
+        )
+    if has_remat_wrappers(model):
+        raise RematError(
+            f"remat: world_size={world_size} predicts from a copy of the model, but remat.apply has wrapped modules "
+            "of this one, and its checkpoints call the modules they wrapped, not their copies. Fix: predict the bare "
+            "model (remat.remove(model) first), or apply the plan to the copy inside wrap: "
+            "wrap=lambda m, mesh: shard(remat.apply(m, plan), mesh), as torchtitan applies checkpointing before "
+            "fully_shard."
         )
     import torch.distributed as dist
 
