@@ -12,13 +12,13 @@ import torch
 import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode, ModuleTracker
+from remat._torch_compat.distributed import fsdp_gathered
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
 from remat.measure import cuda_kernels, fake, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
-from remat._torch_compat.distributed import fsdp_gathered
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
 from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
 from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note
@@ -34,7 +34,7 @@ from remat.measure.step import (
     run_user_code,
 )
 from remat.measure.tracker import Tracker
-from remat.module_tree import find_candidates
+from remat.module_tree import class_name, find_candidates
 from remat.types import Mode, StepProfile
 
 CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator's block granularity
@@ -223,23 +223,25 @@ class _Run:
             self.setup.notes.append(
                 f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes"
             )
-        prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
+        prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
         if restore is not None and self._measures_scratch(prof):
             tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
-            prof = build_profile(type(self.model).__name__, tracker, io, self.setup, step_s)
+            prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
         first_peak = lead.first_peak
         notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
         par = self.parallel
+        notes += par.notes() if self.setup.mode == Mode.REAL else []  # a prediction says so itself
         prof = dataclasses.replace(
             prof, step=str(self.loop.step), accumulate=self.loop.accumulate, first_step_peak_bytes=first_peak,
-            notes=prof.notes + notes + (par.notes() if self.setup.mode == Mode.REAL else []), parallel=par.kind, world_size=par.world_size, rank=par.rank,
+            notes=prof.notes + notes, parallel=par.kind, world_size=par.world_size, rank=par.rank,
         )
         if cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
 
     def _measures_scratch(self, prof: StepProfile) -> bool:
-        """NOTE [Kernel scratch], Rule 2: measured on CPU in real mode, for a step large enough to show it."""
+        """NOTE [Kernel scratch], Rule 2: measured on CPU in real mode, for a step large enough to show it; never
+        in a rank of a job (NOTE [A rank's step], Rule 5)."""
         real_cpu = self.setup.mode == Mode.REAL and self.setup.target.type == "cpu" and not self.parallel.kind
         return real_cpu and procmem.available() and prof.peak_bytes >= scratch.MEASURED_FROM_BYTES
 

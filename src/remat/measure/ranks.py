@@ -158,9 +158,9 @@ def optimizer_for(optimizer: Any, model: nn.Module, sharded: nn.Module) -> Any:
 
 
 def wrap_label(wrap: Any) -> str:
-    return {"fsdp": "FSDP2 per block (fully_shard on each block of the main chain, then the model)",
-            "ddp": "DistributedDataParallel"}.get(wrap, f"{getattr(wrap, '__name__', 'a callable')}(model, mesh)") \
-        if isinstance(wrap, str) or callable(wrap) else str(wrap)
+    if wrap == "fsdp":
+        return "FSDP2 per block (fully_shard on each block of the main chain, then the model)"
+    return f"{getattr(wrap, '__name__', 'a callable')}(model, mesh)"
 
 
 def prediction_note(world_size: int, wrap: Any, inputs: Any) -> str:
