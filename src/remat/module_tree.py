@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import torch.nn as nn
 
-from remat._torch_compat import checkpoint_wrapper_type
+from remat._torch_compat.distributed import FSDP_MODULE, checkpoint_wrapper_type, distributed_class, is_a
 from remat.errors import RematError
 
 
@@ -133,11 +133,7 @@ def main_chain(names: list[str]) -> list[str]:
 
 def is_fsdp_unit(module) -> bool:
     """`module` was sharded by FSDP2's `fully_shard` (its class is then FSDP<original class>)."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except Exception:  # torch built without distributed
-        return False
-    return isinstance(module, FSDPModule)
+    return is_a(module, FSDP_MODULE)
 
 
 def class_name(module) -> str:
@@ -146,9 +142,8 @@ def class_name(module) -> str:
     sharded model applies to the bare one and back."""
     cls = type(module)
     if is_fsdp_unit(module):
-        from torch.distributed.fsdp import FSDPModule
-
-        cls = next((b for b in cls.__bases__ if b is not FSDPModule), cls)
+        fsdp = distributed_class(*FSDP_MODULE)
+        cls = next((b for b in cls.__bases__ if b is not fsdp), cls)
     return cls.__name__
 
 

@@ -7,7 +7,6 @@ one, this file is the only one to change.
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 
 import torch
@@ -133,30 +132,6 @@ def _as_tuple(tensors) -> tuple:
 def fake_mode_of(t: torch.Tensor):
     """The FakeTensorMode a fake tensor belongs to, or None for a real tensor."""
     return t.fake_mode if isinstance(t, FakeTensor) else None
-
-
-def checkpoint_wrapper_type():
-    """The class of `checkpoint_wrapper(...)` modules, or None where torch.distributed is absent."""
-    try:
-        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
-    except Exception:  # torch built without distributed
-        return None
-    return CheckpointWrapper
-
-
-def wrapped_module(model):
-    """The module a training wrapper runs, or None: DistributedDataParallel's `module`, or the original of
-    `torch.compile(module)` (`OptimizedModule._orig_mod`, a private attribute of a private class)."""
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-    except Exception:  # torch built without distributed
-        DistributedDataParallel = ()
-    if DistributedDataParallel and isinstance(model, DistributedDataParallel):
-        return model.module
-    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # never imported: nothing was compiled
-    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
-        return model._orig_mod
-    return None
 
 
 def fsdp_checkpoint_wrapper(module, reentrant: bool = False):
@@ -394,3 +369,6 @@ def rng_fingerprint() -> bytes:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             states += torch.cuda.get_rng_state_all()
         return b"".join(s.numpy().tobytes() for s in states)
+
+
+from remat._torch_compat.distributed import checkpoint_wrapper_type, wrapped_module  # noqa: E402  (re-exported)

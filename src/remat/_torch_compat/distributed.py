@@ -1,5 +1,8 @@
 """The private parts of torch.distributed that remat uses, in one place (see `remat._torch_compat`).
 
+- Its classes (DDP, FSDPModule, DTensor, checkpoint_wrapper's) are looked up once, by name, and are None
+  where torch is built without distributed (`distributed_class`, `is_a`).
+
 - DTensor (FSDP2's sharded parameters, gradients and optimizer state) is a wrapper: a rank holds
   only its local shard (`DTensor._local_tensor`), and that is what remat counts.
 - FSDP2 frees and re-allocates the memory of the parameters it all-gathers by resizing their
@@ -13,24 +16,56 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib
+import sys
 from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
 
 
-def _dtensor_class():
+DDP = ("torch.nn.parallel", "DistributedDataParallel")
+FSDP_MODULE = ("torch.distributed.fsdp", "FSDPModule")
+"""What `fully_shard` makes a module: an instance of FSDP<its class>, a subclass of FSDPModule and its class."""
+DTENSOR = ("torch.distributed.tensor", "DTensor")
+
+
+@functools.cache
+def distributed_class(module: str, name: str) -> type | None:
+    """Class `name` of torch's `module`, imported once (the tracker asks on every op); None where torch is
+    built without distributed."""
     try:
-        from torch.distributed.tensor import DTensor
+        return getattr(importlib.import_module(module), name)
     except Exception:  # torch built without distributed
         return None
-    return DTensor
+
+
+def is_a(obj, which: tuple[str, str]) -> bool:
+    """`obj` is an instance of the class `which` names (DDP, FSDP_MODULE, DTENSOR), which torch may lack."""
+    cls = distributed_class(*which)
+    return cls is not None and isinstance(obj, cls)
+
+
+def checkpoint_wrapper_type():
+    """The class of `checkpoint_wrapper(...)` modules, or None where torch.distributed is absent."""
+    return distributed_class("torch.distributed.algorithms._checkpoint.checkpoint_wrapper", "CheckpointWrapper")
+
+
+def wrapped_module(model):
+    """The module a training wrapper runs, or None: DistributedDataParallel's `module`, or the original of
+    `torch.compile(module)` (`OptimizedModule._orig_mod`, a private attribute of a private class)."""
+    if is_a(model, DDP):
+        return model.module
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # never imported: nothing was compiled
+    if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
+        return model._orig_mod
+    return None
 
 
 def local_tensor(t):
     """The tensor a rank holds for `t`: its local shard if `t` is a DTensor, else `t`."""
-    dtensor = _dtensor_class()
-    while dtensor is not None and isinstance(t, dtensor):
+    while is_a(t, DTENSOR):
         t = t._local_tensor
     return t
 
@@ -38,7 +73,7 @@ def local_tensor(t):
 def has_dtensor(types) -> bool:
     """True if one of the tensor types of a dispatched op is DTensor (which then desugars into ops on the
     local shards: a dispatch mode that returns NotImplemented sees those instead)."""
-    dtensor = _dtensor_class()
+    dtensor = distributed_class(*DTENSOR)
     return dtensor is not None and any(issubclass(t, dtensor) for t in types)
 
 
@@ -64,33 +99,29 @@ def storage_resizes(on_resize: Callable[[torch.UntypedStorage], None]) -> Iterat
 
 def fsdp_state(module: nn.Module):
     """FSDP2's state of a module `fully_shard` wrapped, else None."""
-    try:
-        from torch.distributed.fsdp import FSDPModule
-    except Exception:  # torch built without distributed
-        return None
-    return module._get_fsdp_state() if isinstance(module, FSDPModule) else None
+    return module._get_fsdp_state() if is_a(module, FSDP_MODULE) else None
+
+
+def _param_groups(model: nn.Module) -> Iterator[tuple[str, object]]:
+    """(module name, FSDP2 parameter group) of every unit `fully_shard` made in `model`."""
+    for name, mod in model.named_modules():
+        state = fsdp_state(mod)
+        yield from ((name, group) for group in getattr(state, "_fsdp_param_groups", []))
 
 
 def fsdp_gathered(model: nn.Module) -> list[torch.Tensor]:
     """The tensors FSDP2 all-gathers each unit's parameters into (resized to 0 bytes while resharded)."""
-    found = []
-    for mod in model.modules():
-        state = fsdp_state(mod)
-        for group in getattr(state, "_fsdp_param_groups", []) if state is not None else []:
-            for fsdp_param in group.fsdp_params:
-                found += list(fsdp_param.all_gather_outputs)
-    return found
+    return [t for _, group in _param_groups(model) for fsdp_param in group.fsdp_params
+            for t in fsdp_param.all_gather_outputs]
 
 
 def fsdp_mesh_problem(model: nn.Module) -> str:
     """Why remat cannot profile this FSDP2 model ("" if it can): remat follows a 1-D mesh of data-parallel
     shards (FSDP); a 2-D mesh (HSDP, or FSDP with tensor parallelism) it does not."""
-    for name, mod in model.named_modules():
-        state = fsdp_state(mod)
-        for group in getattr(state, "_fsdp_param_groups", []) if state is not None else []:
-            mesh = group.mesh_info.mesh
-            if mesh.ndim != 1:
-                return f"{name or 'the model'} is sharded over a {mesh.ndim}-D mesh {tuple(mesh.shape)}"
+    for name, group in _param_groups(model):
+        mesh = group.mesh_info.mesh
+        if mesh.ndim != 1:
+            return f"{name or 'the model'} is sharded over a {mesh.ndim}-D mesh {tuple(mesh.shape)}"
     return ""
 
 

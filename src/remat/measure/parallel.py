@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
-from remat._torch_compat.distributed import ddp_bucket_bytes, fsdp_mesh_problem, fsdp_state
+from remat._torch_compat.distributed import DDP, ddp_bucket_bytes, fsdp_mesh_problem, fsdp_state, is_a
 from remat.errors import RematError
 from remat.measure.tracker import StorageRecord, Tracker, rounded_bytes
 
@@ -57,11 +57,7 @@ class Parallel:
 
 
 def is_ddp(model: nn.Module) -> bool:
-    try:
-        from torch.nn.parallel import DistributedDataParallel
-    except Exception:  # torch built without distributed
-        return False
-    return isinstance(model, DistributedDataParallel)
+    return is_a(model, DDP)
 
 
 def is_sharded(model: nn.Module) -> bool:
