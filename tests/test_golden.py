@@ -4,8 +4,9 @@ Each case runs `remat` in this process and compares stdout (and any JSON it writ
 with a file under tests/golden/cli/.  A change to any of them is a change to the
 public output: review it, say so in docs/changelog.md, and regenerate with
 REMAT_REGEN_GOLDEN=1.  Real-mode cases run under a fixed clock (each
-`time.perf_counter()` call advances 1 ms) so that kernel times print the same on
-every machine.  `verify`'s independent counter (the process's high-water mark) reads a little
+`time.perf_counter()` call advances 1 ms) and fixed step times (every op of the timed steps
+takes 1 ms, checkpointing costs nothing more, and verify measures the overhead the plan
+predicts) so that seconds print the same on every machine; test_seconds.py checks timing.  `verify`'s independent counter (the process's high-water mark) reads a little
 differently on each run; its figures are held against the truth in test_truth.py, and here it is
 pinned to the tracker's figure of the same step so that the layout of the report can be compared.
 """
@@ -22,6 +23,7 @@ import pytest
 
 import remat
 from remat.cli import main
+from remat.measure import profiling, timing
 
 GOLDEN = Path(__file__).parent / "golden" / "cli"
 REGEN = os.environ.get("REMAT_REGEN_GOLDEN") == "1"
@@ -48,6 +50,20 @@ CASES = {
 def fixed_clock(monkeypatch):
     ticks = itertools.count()
     monkeypatch.setattr(time, "perf_counter", lambda: next(ticks) * 1e-3)
+    real_time_loop = timing.time_loop
+
+    def one_ms_per_op(*args, **kwargs) -> timing.StepTimes:
+        timed = real_time_loop(*args, **{**kwargs, "repeats": 1})  # for the names of the ops
+        n, b = len(timed.op_names), timed.bounds
+        phases = [(b[i + 1] - b[i]) * 1e-3 for i in range(3)]
+        return timing.StepTimes(n * 1e-3, timed.op_names, [1e-3] * n, phases, b, 0.0)
+
+    def as_predicted(model, step_args, plan, loop, rounds):
+        return (1.0, 1.0 + plan.extra_fraction, plan.extra_fraction) if rounds else (0.0, 0.0, 0.0)
+
+    monkeypatch.setattr(profiling, "time_loop", one_ms_per_op)
+    monkeypatch.setattr(timing, "bookkeeping", lambda: timing.Bookkeeping(0.0, 0.0, 0.0))
+    monkeypatch.setattr(verify, "interleaved_times", as_predicted)
 
 
 def _compare(path: Path, text: str) -> None:

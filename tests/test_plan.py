@@ -1,5 +1,6 @@
 """remat.plan: optimality against brute force, predictions against measurement, budgets, errors."""
 
+import dataclasses
 import itertools
 import re
 from pathlib import Path
@@ -221,11 +222,15 @@ def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):
     plans = remat.frontier(prof)
     assert plans[0].segments == [] and plans[0].peak_bytes == prof.peak_bytes
     peaks = [p.peak_bytes for p in plans]
-    costs = [p.recompute_flops for p in plans]
+    assert prof.timed  # a real profile: seconds are the cost, FLOPs the tie-break
+    costs = [p.recompute_s for p in plans]
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)
     assert costs == sorted(costs)
-    ranked = [(p.recompute_flops, p.recompute_ops) for p in plans]
+    ranked = [(round(p.recompute_s * 1e9), p.recompute_flops) for p in plans]
     assert all(a < b for a, b in zip(ranked, ranked[1:])), "a plan that costs no less than a smaller one is dominated"
+    flop_plans = remat.frontier(dataclasses.replace(prof, timing=""))  # untimed: FLOPs, then ops re-run
+    ranked = [(p.recompute_flops, p.recompute_ops) for p in flop_plans]
+    assert all(a < b for a, b in zip(ranked, ranked[1:]))
     with pytest.raises(remat.InfeasibleBudget) as info:
         remat.plan(prof, peaks[-1] - 1)
     assert info.value.min_bytes == peaks[-1]
@@ -306,27 +311,31 @@ def gpt2_cuda_fake():
 
 
 def test_offload_is_chosen_only_where_copies_cost_less_than_recomputation(gpt2_cuda_fake):
-    _, _, prof = gpt2_cuda_fake
+    _, _, prof = gpt2_cuda_fake  # timed by the H100 roofline: copies are weighed against recomputation in seconds
     budget = int(0.5 * prof.peak_bytes)
-    fast_link = remat.plan(prof, budget, offload_bandwidth="1TB/s", device_flops="1TFLOPs/s")
+    fast_link = remat.plan(prof, budget, offload_bandwidth="1TB/s")
     assert fast_link.offload and fast_link.peak_bytes <= budget
     assert all(fast_link.decisions[n] == "offload" for n in fast_link.offload)
     assert fast_link.offload_bytes == sum(prof.block(n).offload_bytes for n in fast_link.offload)
     assert fast_link.offload_s == pytest.approx(2 * fast_link.offload_bytes / 1e12)
     # the FLOPs it reports are recomputation only: offload adds none
-    ilp_plan = remat.plan(prof, budget, solver="ilp", offload_bandwidth="1TB/s", device_flops="1TFLOPs/s")
+    ilp_plan = remat.plan(prof, budget, solver="ilp", offload_bandwidth="1TB/s")
     assert ilp_plan.offload and ilp_plan.recompute_flops == fast_link.recompute_flops
-    slow_link = remat.plan(prof, budget, offload_bandwidth="16GB/s", device_flops="400TFLOPs/s")
+    slow_link = remat.plan(prof, budget, offload_bandwidth="100MB/s")
     assert not slow_link.offload and slow_link.peak_bytes <= budget
     without = remat.plan(prof, budget)
     assert not without.offload and any("offload not weighed" in n for n in without.notes)
     assert (slow_link.recompute_flops, slow_link.segments) == (without.recompute_flops, without.segments)
+    # a profile that is not timed weighs the copies as FLOPs at device_flops
+    untimed = dataclasses.replace(prof, timing="")
+    assert remat.plan(untimed, budget, offload_bandwidth="1TB/s", device_flops="1TFLOPs/s").offload
+    assert not remat.plan(untimed, budget, offload_bandwidth="16GB/s", device_flops="400TFLOPs/s").offload
 
 
 def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
     _, _, prof = gpt2_cuda_fake
     with pytest.raises(remat.RematError, match=r"^remat: offload is weighed in seconds .* Fix: pass device_flops"):
-        remat.plan(prof, 0.5, offload_bandwidth="16GB/s")
+        remat.plan(dataclasses.replace(prof, timing=""), 0.5, offload_bandwidth="16GB/s")
     with pytest.raises(remat.RematError, match=r"^remat: cannot read offload_bandwidth='16GB'; .*GB is 10\*\*9, GiB 2\*\*30"):
         remat.plan(prof, 0.5, offload_bandwidth="16GB", device_flops="1TFLOPs/s")
     with pytest.raises(remat.RematError, match=r"^remat: cannot read device_flops='16GB/s'; expected FLOPs per second"):

@@ -14,6 +14,7 @@ from rich.status import Status
 
 import remat
 from remat.errors import RematError
+from remat.measure.roofline import NAMES
 from remat.report.plot import plot_timeline
 from remat.target import Target, load_target
 from remat.types import StepProfile
@@ -61,6 +62,9 @@ def add_step_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--wrap", choices=("fsdp", "ddp"), default="fsdp",
                    help="with --world-size: how the ranks share the model: fsdp (FSDP2's fully_shard on each "
                    "block, then the model, as torchtitan does) or ddp (DistributedDataParallel) (default: fsdp)")
+    p.add_argument("--hardware", choices=NAMES, default=None, type=_hardware_arg,
+                   help="with --mode fake, the device whose roofline predicts the seconds (default: this "
+                   "machine's GPU if it is one of these, else H100 for --device cuda, cpu otherwise)")
 
 
 def loop_options(args: argparse.Namespace) -> dict:
@@ -69,13 +73,19 @@ def loop_options(args: argparse.Namespace) -> dict:
 
 
 def profile_options(args: argparse.Namespace) -> dict:
-    """`loop_options` and the ranks to predict (`world_size`, `wrap`): the keyword arguments of remat.profile."""
-    return {**loop_options(args), "world_size": args.world_size, "wrap": args.wrap}
+    """`loop_options`, the ranks to predict (`world_size`, `wrap`) and the `hardware` of a prediction: the keyword
+    arguments of remat.profile."""
+    return {**loop_options(args), "world_size": args.world_size, "wrap": args.wrap, "hardware": args.hardware}
 
 
 def add_outputs(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", metavar="F", type=Path, help="also write the profile as JSON to F")
     p.add_argument("--plot", metavar="F", type=Path, help="also write the memory timeline as a PNG to F")
+
+
+def _hardware_arg(text: str) -> str:
+    """Any case: "h100" is "H100"."""
+    return next((n for n in NAMES if n.lower() == text.lower()), text)
 
 
 def _device_arg(text: str) -> str:

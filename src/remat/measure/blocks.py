@@ -200,6 +200,7 @@ class _Block:
             checkpoint_recompute_flops=_flops(self.checkpoint_ops),
             selective_recompute_flops=_flops(self.selective_ops),
             selective_recompute_s=sum(op.seconds for op in self.selective_ops),
+            checkpoint_recompute_s=sum(op.seconds for op in self.checkpoint_ops),
             forward_s=sum(op.seconds for op in self.fwd),
             backward_s=sum(op.seconds for op in self.bwd),
             checkpoint_recompute_ops=len(self.checkpoint_ops),

@@ -13,6 +13,7 @@ import torch
 
 from remat.errors import RematError
 from remat.measure.blocks import BlockIO, block_profiles
+from remat.measure.roofline import Hardware
 from remat.measure.tracker import Tracker
 from remat.types import Breakdown, Mode, StepProfile, Timeline
 
@@ -31,6 +32,8 @@ class Setup:
     simulated: bool
     """A CUDA target run on this machine's CPU (fake mode without a GPU)."""
     notes: list[str] = field(default_factory=list)
+    hardware: Hardware | None = None
+    """The roofline a fake step's op seconds are predicted by (NOTE [An op's seconds, predicted]); None in real mode."""
 
     @property
     def cuda_real(self) -> bool:

@@ -63,13 +63,20 @@ class Loop:
         return cls(Step(step), accumulate)
 
 
-def micro_batch(model: nn.Module, step: StepInputs, loss_fn: Callable | None, held: list) -> None:
+def micro_batch(
+    model: nn.Module, step: StepInputs, loss_fn: Callable | None, held: list, mark: Callable[[], None] | None = None
+) -> None:
     """One untracked forward, loss and backward, as the user's loop runs it: `held` has the previous
-    pass's output and loss until the forward returns, and this pass's after (Rule 4)."""
+    pass's output and loss until the forward returns, and this pass's after (Rule 4).  `mark()`, if
+    given, is called after the loss and after backward (where a timer splits the pass)."""
     out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
     held.clear()
     loss = run_user_code("the loss", lambda: compute_loss(out, loss_fn))
+    if mark is not None:
+        mark()
     run_user_code("backward", loss.backward)
+    if mark is not None:
+        mark()
     held += [out, loss]
 
 

@@ -16,7 +16,7 @@ from remat._torch_compat.distributed import fsdp_gathered
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
-from remat.measure import cuda_kernels, fake, scratch
+from remat.measure import cuda_kernels, fake, roofline, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
@@ -33,6 +33,7 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
+from remat.measure.timing import StepTimes, settle, time_loop
 from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
 from remat.types import Mode, StepProfile
@@ -59,6 +60,7 @@ def profile(
     accumulate: int = 1,
     world_size: int = 1,
     wrap: Any = "fsdp",
+    hardware: str | None = None,
 ) -> StepProfile:
     """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
 
@@ -68,8 +70,9 @@ def profile(
 
     `mode="real"` runs the step on the model's device and counts live tensor storages;
     `mode="fake"` predicts the same figures with fake tensors, allocating nothing, also
-    for a `device="cuda"` this machine does not have.  The model, its optimizer and the
-    RNG are left as they were (a real step's updates are undone).
+    for a `device="cuda"` this machine does not have, its seconds by the roofline of `hardware`
+    ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of a step]).  The model, its
+    optimizer and the RNG are left as they were (a real step's updates are undone).
 
     `step="steady"` (the default) measures the step a training loop repeats, with the
     optimizer's state resident from its start; `step="first"` the first step of the
@@ -83,14 +86,13 @@ def profile(
     (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model`
     (NOTE [N ranks from one process]).
 
-    Known limitations: memory a kernel allocates and frees inside one op (cuBLAS
-    workspaces) is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`)
-    cannot run; a simulated CUDA target runs CPU kernels except for the optimizer,
-    autocast and attention, which run as on CUDA (NOTE [A CUDA step simulated on CPU]).
-    """
+    Known limitations: memory a kernel allocates and frees inside one op (cuBLAS workspaces)
+    is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; a simulated
+    CUDA target runs CPU kernels but for the optimizer, autocast and attention (NOTE [A CUDA
+    step simulated on CPU])."""
     check_model(model)
     check_request(model, mode, world_size, wrap)
-    options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate))
+    options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate), hardware)
     if world_size == 1:
         return _profile(model, inputs, loss_fn, optimizer, options)
     return _predict_ranks(model, inputs, loss_fn, optimizer, options, (world_size, wrap))
@@ -103,6 +105,7 @@ class _Options:
     blocks: list[str] | None
     progress: Progress | None
     loop: Loop
+    hardware: str | None = None
 
 
 def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options, ranks: tuple[int, Any]) -> StepProfile:
@@ -113,7 +116,7 @@ def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options, ranks: 
         ddp = Parallel("ddp", world_size, 0, None, tuple(predicted_ddp_buckets(model)))
         prof = _profile(model, share, loss_fn, optimizer, options, ddp)
     else:
-        setup = _setup(model, options.mode, options.device)
+        setup = _setup(model, options.mode, options.device, options.hardware)
         with sharded_copy(model, world_size, wrap, _run_device(setup)) as sharded:
             prof = _profile(sharded, share, loss_fn, optimizer_for(optimizer, model, sharded), options)
     return dataclasses.replace(prof, model=type(model).__name__, notes=prof.notes + [note])
@@ -123,7 +126,7 @@ def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Par
     """`profile` of one process's step; `parallel` says how a prediction spreads it (else found on the model)."""
     model, found = parallel_of(model)  # NOTE [A rank's step]
     step_inputs = normalize_inputs(inputs)
-    setup = _setup(model, options.mode, options.device)
+    setup = _setup(model, options.mode, options.device, options.hardware)
     check_optimizer(optimizer, model)
     candidates = find_candidates(model, options.blocks)
     run = _Run(model, loss_fn, candidates, setup, options.progress, options.loop, parallel or found)
@@ -137,8 +140,8 @@ def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Par
     return _measure_fake(run, inputs, optimizer)
 
 
-def _setup(model: nn.Module, mode: str, device: str | torch.device | None) -> Setup:
-    """Check the mode and device asked for, and decide how the step is measured."""
+def _setup(model: nn.Module, mode: str, device: str | torch.device | None, hardware: str | None = None) -> Setup:
+    """Check the mode, device and hardware asked for, and decide how the step is measured."""
     if mode not in tuple(Mode):
         raise RematError(f"remat: mode must be 'real' or 'fake'; saw {mode!r}. Fix: pick one of the two.")
     model_device = _model_device(model)
@@ -148,9 +151,16 @@ def _setup(model: nn.Module, mode: str, device: str | torch.device | None) -> Se
             f"remat: mode='real' measures on the model's device ({model_device}), but device={target} was asked. "
             f"Fix: move the model with model.to('{target}'), or predict with mode='fake', device='{target}'."
         )
+    if mode == Mode.REAL and hardware is not None:
+        raise RematError(
+            f"remat: hardware={hardware!r} names the device a fake-mode prediction is timed for; a real step is "
+            "timed as it runs. Fix: leave hardware out, or predict with mode='fake'."
+        )
     simulated = mode == Mode.FAKE and target.type == "cuda" and not torch.cuda.is_available()
     rounding = CUDA_ROUNDING_BYTES if target.type == "cuda" else 1
-    return Setup(Mode(mode), target, rounding, simulated, [SIMULATED_NOTE] if simulated else [])
+    hw, note = roofline.hardware(hardware, target) if mode == Mode.FAKE else (None, None)
+    notes = ([SIMULATED_NOTE] if simulated else []) + ([note] if note else [])
+    return Setup(Mode(mode), target, rounding, simulated, notes, hw)
 
 
 def _run_device(setup: Setup) -> torch.device:
@@ -201,8 +211,9 @@ class _Run:
         """The profile of the step; `restore()` puts the model and optimizer back as before it (real mode)."""
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
-        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, self.setup.mode == Mode.REAL, sync)
-        tracker.scratch_probe = self._scratch_probe()
+        timed = self.setup.mode == Mode.REAL and not self.parallel.kind  # NOTE [The seconds of a step], Rule 4
+        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed, sync)
+        tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
@@ -223,6 +234,7 @@ class _Run:
             self.setup.notes.append(
                 f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes"
             )
+        timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt))
         prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
         if restore is not None and self._measures_scratch(prof):
             tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
@@ -234,10 +246,16 @@ class _Run:
         prof = dataclasses.replace(
             prof, step=str(self.loop.step), accumulate=self.loop.accumulate, first_step_peak_bytes=first_peak,
             notes=prof.notes + notes, parallel=par.kind, world_size=par.world_size, rank=par.rank,
+            **timing,
         )
         if cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
+
+    def _time_again(self, step: StepInputs, opt) -> StepTimes:
+        """NOTE [The seconds of a step], Rule 1: timed steps of the loop after the tracked one."""
+        with no_cache_in_training(self.model):
+            return time_loop(self.model, step, self.loss_fn, opt, self.loop, cuda=self.setup.cuda_real)
 
     def _measures_scratch(self, prof: StepProfile) -> bool:
         """NOTE [Kernel scratch], Rule 2: measured on CPU in real mode, for a step large enough to show it; never

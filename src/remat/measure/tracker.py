@@ -52,6 +52,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
+from remat.measure.roofline import Hardware, op_seconds
 
 
 def storage_of(t) -> torch.UntypedStorage | None:
@@ -153,6 +154,8 @@ class Tracker(_SeesResizes):
     `stop(started, func, args, kwargs, out) -> bytes` (see `remat.measure.scratch`)."""
     scratch: list[int] = field(default_factory=list)
     """Kernel scratch of each op (Rule 5): estimated as ops run, or set after the step from a measurement."""
+    roofline: Hardware | None = None
+    """Predicts each op's seconds instead of the clock (fake mode: NOTE [An op's seconds, predicted])."""
 
     def __post_init__(self):
         super().__init__()
@@ -252,12 +255,15 @@ class Tracker(_SeesResizes):
                 self._made_by[t] = len(self.ops)
         if probe is not None:
             self.scratch.append(probe.stop(started, func, args, kwargs, out))
+        flops = flops_of(func, args, kwargs, out)
+        if self.roofline is not None:
+            dt = op_seconds(self.roofline, func, args, kwargs, out, flops)
         self.ops.append(
             OpRecord(
                 op_name(func),
                 self.phase,
                 self.current_module(),
-                flops_of(func, args, kwargs, out),
+                flops,
                 dt,
                 in_backward() and torch.is_grad_enabled(),  # NOTE [Recomputation]
                 reads_grad=reads_forward and reads_grad and torch.is_grad_enabled(),

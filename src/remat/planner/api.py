@@ -69,12 +69,17 @@ def plan(
     nn.Sequential children), selective (matmul-like outputs kept, the rest recomputed)
     and, for a CUDA step, offload (saved tensors to pinned CPU memory and back).  Offload
     is weighed in seconds: 2 x bytes / `offload_bandwidth` (measured by a real CUDA
-    profile, or given: "16GB/s") against recomputed FLOPs / `device_flops` (measured by a
-    real profile's kernel times, or given: "400TFLOPs/s").
+    profile, or given: "16GB/s") against the recomputation's seconds; `device_flops`
+    ("400TFLOPs/s") turns them into FLOPs, the cost of a profile that is not timed.
 
-    Known limitations: FLOPs are the cost, so elementwise ops (which `FlopCounterMode`
-    counts as 0) look free to recompute; among plans of equal FLOPs the one re-running
-    fewer ops wins.
+    The cost minimised is seconds when the profile is timed (`profile.timed`: measured
+    in real mode, predicted by a roofline in fake mode), FLOPs breaking ties; else FLOPs,
+    ops re-run breaking ties (NOTE [The memory model of a plan], Rule 7).
+
+    Known limitations: a real profile's seconds vary a little from run to run, so two
+    plans within that noise of each other may swap between runs (both fit the budget);
+    checkpointing's own per-op cost is measured on a chain of small ops and on the
+    model's forward, not on the plan's modules.
     """
     _check_profile(profile)
     _check_max_segment(max_segment)
@@ -104,18 +109,18 @@ def frontier(
 
     Example: for p in remat.frontier(prof): print(p.peak_bytes, p.recompute_flops)
 
-    Plans come in order of decreasing peak, each the cheapest for its memory (FLOPs, then
-    ops re-run), and each at least FRONTIER_STEP (0.1%) of the unplanned peak below the one
-    before; `plan` at a point's peak returns that point.  The last one is always the
-    least-memory plan, also when `max_points` cuts the descent short (it then takes the
-    place of the last point reached).
+    Plans come in order of decreasing peak, each the cheapest for its memory (seconds or
+    FLOPs as in `plan`, then the tie-break), and each at least FRONTIER_STEP (0.1%) of the
+    unplanned peak below the one before; `plan` at a point's peak returns that point.  The
+    last one is always the least-memory plan, also when `max_points` cuts the descent
+    short (it then takes the place of the last point reached).
     """
     _check_profile(profile)
     _check_max_segment(max_segment)
     problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)
     plans = [keep_all(profile, None, "keep everything")]
-    costs = [(0, 0)]  # (FLOPs, ops re-run) of each plan: the solvers' own order
+    costs = [(0, 0)]  # (cost, tie-break) of each plan: the solvers' own order (Problem.cost_of)
     step = max(1, int(profile.peak_bytes * FRONTIER_STEP))
     budget = profile.peak_bytes - step
     while len(plans) < max_points:
@@ -125,7 +130,7 @@ def frontier(
         p = make_plan(profile, problem, chosen, name, None)
         if p.peak_bytes >= plans[-1].peak_bytes:
             break
-        cost = (problem.cost(chosen), p.recompute_ops)  # FLOPs, offload as FLOP-equivalents (Rule 6)
+        cost = (problem.cost(chosen), problem.tie(chosen))
         if cost <= costs[-1] and len(plans) > 1:
             plans.pop()  # the new plan needs less memory for no more cost: the last one is dominated
             costs.pop()
@@ -134,13 +139,13 @@ def frontier(
         budget = p.peak_bytes - step
     least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
     if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
-        _end_with(plans, costs, make_plan(profile, problem, least, name, None), problem.cost(least), max_points, step)
+        least_cost = (problem.cost(least), problem.tie(least))
+        _end_with(plans, costs, make_plan(profile, problem, least, name, None), least_cost, max_points, step)
     return plans
 
 
-def _end_with(plans: list[Plan], costs: list, least: Plan, flops: int, max_points: int, step: int) -> None:
+def _end_with(plans: list[Plan], costs: list, least: Plan, cost: tuple, max_points: int, step: int) -> None:
     """Put the least-memory plan last, in place of the points it dominates, is too near, or needs room from."""
-    cost = (flops, least.recompute_ops)
     while len(plans) > 1 and (
         len(plans) >= max_points or costs[-1] >= cost or plans[-1].peak_bytes - least.peak_bytes < step
     ):
@@ -164,18 +169,16 @@ def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float,
         return None  # nothing to weigh transfers with: recompute and selective only (see the plan's notes)
     bw = parse_rate(bandwidth, "offload_bandwidth", "16GB/s") if bandwidth is not None else measured_bw
     if device_flops is not None:
-        rate = parse_rate(device_flops, "device_flops", "400TFLOPs/s")
-    else:
-        flops = sum(b.forward_flops for b in profile.blocks if b.depth == 0)
-        seconds = sum(b.forward_s for b in profile.blocks if b.depth == 0)
-        if not (flops and seconds):
-            raise RematError(
-                "remat: offload is weighed in seconds against recomputation, which needs the GPU's FLOP rate; this "
-                f"{profile.mode} profile has no kernel times to measure it. Fix: pass device_flops (e.g. "
-                '"400TFLOPs/s" for bf16 matmuls on an H100), or profile with mode="real" on the GPU.'
-            )
-        rate = flops / seconds
-    return bw, rate
+        return bw, parse_rate(device_flops, "device_flops", "400TFLOPs/s")
+    if not profile.timed:
+        raise RematError(
+            "remat: offload is weighed in seconds against recomputation, which needs the GPU's FLOP rate; this "
+            f"{profile.mode} profile has no op times to measure it. Fix: pass device_flops (e.g. "
+            '"400TFLOPs/s" for bf16 matmuls on an H100), or profile again (a real or fake profile is timed).'
+        )
+    flops = sum(b.forward_flops for b in profile.blocks if b.depth == 0)
+    seconds = sum(b.forward_s for b in profile.blocks if b.depth == 0)
+    return bw, flops / seconds if seconds else 0.0
 
 
 def _check_profile(profile) -> None:

@@ -30,15 +30,15 @@ class _Step(NamedTuple):
     unit: int
     """Index in problem.units, -1 for keep."""
     freed: int
-    flops: int
-    ops: int
+    cost: int
+    tie: int
 
 
 def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> list[Unit] | None:
     """The cheapest units of one chain group that fit the budget, or None if none does.
 
-    fronts[i] holds the Pareto-optimal ways to settle blocks 0..i-1 as numpy columns:
-    FLOPs, ops re-run (the tie-break), bytes freed, and a back link (position, row, unit).
+    fronts[i] holds the Pareto-optimal ways to settle blocks 0..i-1 as numpy columns: cost and its
+    tie-break (`Problem.cost_of`), bytes freed, and a back link (position, row, unit).
     Every choice shifts a suffix of a front at once: a 100-stage chain is ~4,400 choices."""
     chain = _Chain(problem, group or chain_group(problem))
     if not chain.feasible(budget_bytes):
@@ -46,7 +46,7 @@ def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> li
     # No interval needs more than max(L) - budget freed; past that (plus what later units can take
     # back, Rule 2) more freed bytes change nothing, so freed bytes are capped there and states merge.
     cap = max(0, max(problem.interval_max) - budget_bytes) + chain.deficit
-    dtype = np.int64 if chain.max_flops < 2**62 else object
+    dtype = np.int64 if chain.max_cost < 2**62 else object
     n = chain.n
     parts: list[list[_Step]] = [[] for _ in range(n + 1)]
     fronts: list[_Front | None] = [None] * (n + 1)
@@ -58,10 +58,10 @@ def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> li
         front = fronts[i]
         if front is None or i == n:
             continue
-        for j, unit_id, need, red, flops, ops in chain.choices(i, budget_bytes):
+        for j, unit_id, need, red, cost, tie in chain.choices(i, budget_bytes):
             k = int(np.searchsorted(front.freed, need))  # freed ascending: rows k.. are enough
             if k < len(front.freed):
-                parts[j + 1].append(_Step(front, i, k, unit_id, red, flops, ops))
+                parts[j + 1].append(_Step(front, i, k, unit_id, red, cost, tie))
     last = fronts[n]
     if last is None:
         return None
@@ -81,8 +81,8 @@ def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> li
 class _Front:
     """Pareto states at one position, cost ascending and bytes freed strictly ascending."""
 
-    flops: np.ndarray
-    ops: np.ndarray
+    cost: np.ndarray
+    tie: np.ndarray
     freed: np.ndarray
     back_pos: np.ndarray
     back_row: np.ndarray
@@ -92,26 +92,26 @@ class _Front:
     @classmethod
     def start(cls, dtype) -> "_Front":
         zero = np.zeros(1, dtype=np.int64)
-        return cls(np.zeros(1, dtype=dtype), zero, zero, zero, zero, np.full(1, -1))
+        return cls(np.zeros(1, dtype=dtype), np.zeros(1, dtype=dtype), zero, zero, zero, np.full(1, -1))
 
     @classmethod
     def merge(cls, parts: list[_Step], cap: int, dtype) -> "_Front | None":
         if not parts:
             return None
-        flops = np.concatenate([p.front.flops[p.k :] + p.flops for p in parts]).astype(dtype)
-        ops = np.concatenate([p.front.ops[p.k :] + p.ops for p in parts])
+        cost = np.concatenate([p.front.cost[p.k :] + p.cost for p in parts]).astype(dtype)
+        tie = np.concatenate([p.front.tie[p.k :] + p.tie for p in parts]).astype(dtype)
         freed = np.minimum(np.concatenate([p.front.freed[p.k :] + p.freed for p in parts]), cap)
         sizes = [len(p.front.freed) - p.k for p in parts]
         back_pos = np.concatenate([np.full(m, p.i) for p, m in zip(parts, sizes)])
         back_row = np.concatenate([np.arange(p.k, p.k + m) for p, m in zip(parts, sizes)])
         unit = np.concatenate([np.full(m, p.unit) for p, m in zip(parts, sizes)])
-        order = np.lexsort((-freed, ops, flops))  # FLOPs, then ops re-run, then most bytes freed
+        order = np.lexsort((-freed, tie, cost))  # cost, then its tie-break, then most bytes freed
         freed = freed[order]
         best_before = np.maximum.accumulate(freed)
         keep = np.ones(len(freed), dtype=bool)
         keep[1:] = freed[1:] > best_before[:-1]
         rows = order[keep]
-        return cls(flops[rows], ops[rows], freed[keep], back_pos[rows], back_row[rows], unit[rows])
+        return cls(cost[rows], tie[rows], freed[keep], back_pos[rows], back_row[rows], unit[rows])
 
 
 def min_peak(problem: Problem, group: Group | None = None) -> int:
@@ -149,7 +149,7 @@ class _Chain:
         # (j, unit, need before the budget is subtracted), per start position
         self.options: list[list[tuple[int, Unit | None, int]]] = []
         self.problem = problem
-        self.max_flops = sum(u.cost_flops for i in range(self.n) for _, u in starting[i])
+        self.max_cost = max(sum(problem.cost_of(u)[k] for i in range(self.n) for _, u in starting[i]) for k in (0, 1))
         self.deficit = sum(max(0, -u.reduction_bytes) for i in range(self.n) for _, u in starting[i])
         for i in range(self.n):
             opts: list[tuple[int, Unit | None, int]] = [(i, None, keep_need[i])]
@@ -167,12 +167,12 @@ class _Chain:
 
     def choices(self, i: int, budget: int):
         """(last block, unit index or -1 for keep, bytes the segments before i must free,
-        bytes the choice frees, its FLOPs, its ops re-run)."""
+        bytes the choice frees, its cost and tie-break: `Problem.cost_of`)."""
         for j, unit, need in self.options[i]:
             if unit is None:
                 yield j, -1, need - budget, 0, 0, 0
             else:
-                yield j, self.problem.position(unit), need - budget, unit.reduction_bytes, unit.cost_flops, unit.cost_ops
+                yield j, self.problem.position(unit), need - budget, unit.reduction_bytes, *self.problem.cost_of(unit)
 
     def final_need(self, budget: int) -> int:
         return self.head_max - budget

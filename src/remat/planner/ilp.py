@@ -18,8 +18,9 @@ SCALED_PEAK = 1e4
 """Memory rows are divided so that the peak is about this: in bytes HiGHS stops at points that are not
 optimal (seen: 1,088 MiB reported where 585 is reachable)."""
 PEAK_WEIGHT = 0.5
-"""The second program's objective is ops re-run + this x peak / largest interval: ops are whole numbers,
-so the peak (below 1) only breaks ties between plans that re-run as many ops."""
+"""The second program's objective is the tie-break (ops re-run, or FLOPs in whole units: `_whole_ties`) + this
+x peak / largest interval: ties are whole numbers, so the peak (below 1) only breaks ties between plans of
+equal tie-break."""
 
 
 @dataclass
@@ -71,57 +72,65 @@ def min_peak(problem: Problem, time_limit_s: float = 60.0) -> int:
 
 
 def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Unit] | None:
-    """The plan of least (FLOPs, ops re-run, peak) under the budget, in two programs: HiGHS resolves an
-    objective to about 1e-6 of its size, so tie-breaks folded into a FLOP objective are lost (seen: a plan
-    re-running 717 ops where dp found one of equal FLOPs re-running 712)."""
+    """The plan of least (cost, tie-break, peak) under the budget (`Problem.cost_of`), in two programs: HiGHS
+    resolves an objective to about 1e-6 of its size, so tie-breaks folded into a cost objective are lost (seen:
+    a plan re-running 717 ops where dp found one of equal FLOPs re-running 712)."""
     n_units = len(problem.units)
     if not problem.units:
         return [] if max(problem.interval_max) <= budget_bytes else None
     rows = {_scale(problem): _budget_rows(problem, budget_bytes, _scale(problem))}  # the first form _milp tries
     if rows[_scale(problem)] is None:
         return None  # an interval over budget that no unit acts on
-    flops = np.append([float(u.cost_flops) for u in problem.units], np.zeros(_n_or(problem)))
+    costs = np.append([float(problem.cost_of(u)[0]) for u in problem.units], np.zeros(_n_or(problem)))
 
     def program(scale: float) -> _Program:
         if scale not in rows:
             rows[scale] = _budget_rows(problem, budget_bytes, scale)
-        return _Program(flops, rows[scale], _upper_bounds(problem))
+        return _Program(costs, rows[scale], _upper_bounds(problem))
 
     x = _milp(problem, program, time_limit_s)
     if x is None:
         return None
     cheapest = [u for u, v in zip(problem.units, x[:n_units]) if v > 0.5]
-    ties = _least_ops_then_peak(problem, budget_bytes, problem.cost(cheapest), time_limit_s)
+    ties = _least_tie_then_peak(problem, budget_bytes, problem.cost(cheapest), time_limit_s)
     return ties if ties is not None and _rank(problem, ties) < _rank(problem, cheapest) else cheapest
 
 
-def _least_ops_then_peak(problem: Problem, budget_bytes: int, flops_bound: int, time_limit_s: float):
-    """Among plans of at most `flops_bound` FLOPs under the budget, the one re-running the fewest ops, then
-    the one of least peak: the min-peak program with the peak column bounded by the budget and one more row."""
+def _least_tie_then_peak(problem: Problem, budget_bytes: int, cost_bound: int, time_limit_s: float):
+    """Among plans of at most `cost_bound` cost under the budget, the one of least tie-break, then the one of
+    least peak: the min-peak program with the peak column bounded by the budget and one more row."""
     n = len(problem.units)
     n_or = _n_or(problem)
-    flops_row = np.array([float(u.cost_flops) for u in problem.units] + [0.0] * (n_or + 1)) / max(1.0, flops_bound)
-    ops = np.append([float(u.cost_ops) for u in problem.units], np.zeros(n_or))
+    cost_row = np.array([float(problem.cost_of(u)[0]) for u in problem.units] + [0.0] * (n_or + 1)) / max(1.0, cost_bound)
+    ties = np.append(_whole_ties(problem), np.zeros(n_or))
 
     def solve_at(bound: int) -> list[Unit] | None:  # the peak column bounded by `bound`
 
         def program(scale: float) -> _Program:
             rows = _peak_rows(problem, scale)
-            rows.add(flops_row, -np.inf, 1.0 if flops_bound else 0.0)  # [Constraint] the cheapest plan's FLOPs
-            objective = np.append(ops, PEAK_WEIGHT * scale / max(1, max(problem.interval_max)))
+            rows.add(cost_row, -np.inf, 1.0 if cost_bound else 0.0)  # [Constraint] the cheapest plan's cost
+            objective = np.append(ties, PEAK_WEIGHT * scale / max(1, max(problem.interval_max)))
             return _Program(objective, rows, _upper_bounds(problem) + [bound / scale])
 
         x = _milp(problem, program, time_limit_s)
         if x is None:
             return None
         chosen = [u for u, v in zip(problem.units, x[:n]) if v > 0.5]
-        return chosen if problem.cost(chosen) <= flops_bound else None  # HiGHS's row tolerance: checked exactly
+        return chosen if problem.cost(chosen) <= cost_bound else None  # HiGHS's row tolerance: checked exactly
 
     return _within(problem, budget_bytes, solve_at)
 
 
+def _whole_ties(problem: Problem) -> list[float]:
+    """The units' tie-breaks as whole numbers below about 1e7 (FLOPs in units of a power of ten): HiGHS's
+    resolution, and PEAK_WEIGHT's rule that ties differ by at least 1."""
+    ties = [problem.cost_of(u)[1] for u in problem.units]
+    unit = 10 ** max(0, len(str(max(ties, default=0))) - 7)
+    return [float(t // unit) for t in ties]
+
+
 def _rank(problem: Problem, chosen: list[Unit]) -> tuple[int, int, int]:
-    return problem.cost(chosen), sum(u.cost_ops for u in chosen), problem.peak(chosen)
+    return problem.cost(chosen), problem.tie(chosen), problem.peak(chosen)
 
 
 @dataclass

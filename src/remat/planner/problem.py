@@ -37,6 +37,10 @@ NOTE [The memory model of a plan]
             span, keeps no inputs (no recomputation), and costs
             2 * `offload_bytes` / B seconds, weighed against recomputation as that many
             seconds of FLOPs at rate F (a FLOP-equivalent; not overlapped with compute).
+    Rule 7. A plan's cost is its units' seconds if the profile is timed (those of the ops
+            re-run, plus `checkpoint_op_s` per op re-run, plus for a selective unit
+            `selective_op_s` twice per op of the block), FLOPs breaking ties; else FLOPs, ops
+            re-run breaking ties.  Seconds count in whole nanoseconds: exact sums.
   The model is conservative inside a checkpointed block's own forward (its
   intermediate tensors are counted as if saved) and ignores the recompute's
   short-lived temporaries; docs/benchmarks.md compares it with measurements.
@@ -122,8 +126,12 @@ class Problem:
         block_spans: dict[str, tuple[int, int]],
         model: str = "",
         extras: frozenset[str] = frozenset(),
+        *,
+        timed: bool = False,
     ):
         self.live = live
+        self.timed = timed
+        """Rule 7: the cost is seconds (FLOPs break ties), else FLOPs (ops re-run break ties)."""
         self.extras = extras
         """Blocks outside the model's blocks (`BlockProfile.extra`): units, but never the chain."""
         self.units = units
@@ -158,17 +166,18 @@ class Problem:
         by_name = {b.name: b for b in blocks}
         nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
         units: list[Unit] = []
+        per_op = (prof.checkpoint_op_s, prof.selective_op_s)
         for group, names in groups.items():
             for i in range(len(names)):
-                units += _runs_from(names, i, max_segment, by_name, group, nested)
-                selective = _make_selective_unit(by_name[names[i]], group, i, nested)
+                units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op)
+                selective = _make_selective_unit(by_name[names[i]], group, i, nested, per_op=per_op)
                 if selective is not None:
                     units.append(selective)
                 if offload is not None:
                     units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         extras = frozenset(b.name for b in blocks if b.extra)
-        return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras)
+        return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras, timed=prof.timed)
 
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property
@@ -276,8 +285,17 @@ class Problem:
     def peak(self, chosen: list[Unit]) -> int:
         return max(self.memory(chosen), default=0)
 
+    def cost_of(self, unit: Unit) -> tuple[int, int]:
+        """Rule 7: (cost, tie-break) of a unit: (nanoseconds, FLOPs) when timed, else (FLOPs, ops re-run)."""
+        if self.timed:
+            return round(unit.cost_s * 1e9), unit.cost_flops
+        return unit.cost_flops, unit.cost_ops
+
     def cost(self, chosen: list[Unit]) -> int:
-        return sum(u.cost_flops for u in chosen)
+        return sum(self.cost_of(u)[0] for u in chosen)
+
+    def tie(self, chosen: list[Unit]) -> int:
+        return sum(self.cost_of(u)[1] for u in chosen)
 
     @staticmethod
     def compatible(chosen: list[Unit]) -> bool:
@@ -310,9 +328,12 @@ def _runs_from(
     by_name: dict[str, BlockProfile],
     group: Group,
     nested: dict[str, frozenset],
+    *,
+    per_op: tuple[float, float] = (0.0, 0.0),
 ) -> list[Unit]:
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
-    that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them)."""
+    that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
+    `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7)."""
     first = by_name[names[i]]
     appliable_multi = first.container in RUN_CONTAINERS
     stop = min(len(names), i + max_segment)
@@ -329,11 +350,11 @@ def _runs_from(
         m = j - i + 1
         effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
         effects += recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
-        last_s = last.forward_s * last.checkpoint_recompute_flops / last.forward_flops if last.forward_flops else last.forward_s
+        rerun = ops + last.checkpoint_recompute_ops
         units.append(Unit(
             tuple(names[i : j + 1]), group, i, covers,
-            flops + last.checkpoint_recompute_flops, seconds + last_s, tuple(effects),
-            j == i or (appliable_multi and joined), Action.RECOMPUTE, ops + last.checkpoint_recompute_ops,
+            flops + last.checkpoint_recompute_flops, seconds + last.checkpoint_recompute_s + rerun * per_op[0],
+            tuple(effects), j == i or (appliable_multi and joined), Action.RECOMPUTE, rerun,
             holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
         ))
         flops += last.forward_flops
@@ -342,9 +363,12 @@ def _runs_from(
     return units
 
 
-def _make_selective_unit(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset]) -> Unit | None:
+def _make_selective_unit(
+    b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *, per_op: tuple[float, float] = (0.0, 0.0)
+) -> Unit | None:
     """Selective checkpointing of one block (Rule 4): frees what is not a matmul-like output,
-    caches the matmul-like outputs autograd would have dropped, keeps the inputs."""
+    caches the matmul-like outputs autograd would have dropped, keeps the inputs; its policy runs on
+    every op of the block twice (Rule 7)."""
     if b.selective_free_bytes <= 0 or b.has_batchnorm:
         return None  # nothing to free; or BatchNorm, whose statistics remat restores only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
@@ -353,7 +377,8 @@ def _make_selective_unit(b: BlockProfile, group: Group, position: int, nested: d
         effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, -b.selective_extra_bytes))
     covers = nested[b.name]
     effects = tuple(e for e in effects if e.start < e.end)
-    return Unit((b.name,), group, position, covers, b.selective_recompute_flops, b.selective_recompute_s, effects,
+    seconds = b.selective_recompute_s + b.selective_recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
+    return Unit((b.name,), group, position, covers, b.selective_recompute_flops, seconds, effects,
                 True, Action.SELECTIVE, b.selective_recompute_ops, holds=unit_holds(b, held_end))
 
 

@@ -38,6 +38,8 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
         budget_bytes=budget,
         blocks=[PlannedBlock(b.name, b.type) for b in profile.blocks],
         step_flops=profile.forward_flops + profile.backward_flops,
+        step_time_s=profile.step_time_s,
+        timing=profile.timing,
         notes=_notes(profile, problem, recomputed, solver),
     )
 

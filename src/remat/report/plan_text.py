@@ -23,7 +23,9 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
         f"remat plan for {plan.model} ({plan.solver}): predicted peak {fmt_bytes(plan.peak_bytes, 'auto')} "
         f"(unplanned {fmt_bytes(plan.unplanned_peak_bytes, 'auto')}, budget {budget}), "
         f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
-        f"(+{plan.recompute_fraction:.1%} of the step's FLOPs)"
+        f"(+{plan.recompute_fraction:.1%} of the step's FLOPs"
+        + (f"; ~{plan.recompute_s * 1e3:,.1f} ms, +{plan.recompute_s / plan.step_time_s:.1%} of the step's "
+           f"{plan.step_time_s * 1e3:,.1f} ms, {_timing_word(plan.timing)})" if plan.step_time_s else ")")
         + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
            f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
     )
@@ -45,6 +47,13 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     return out.getvalue().rstrip() + "\n"
 
 
+def _timing_word(timing: str) -> str:
+    """How the plan's seconds were had, in words (`StepProfile.timing`)."""
+    if timing.startswith("roofline"):
+        return f"predicted for {timing.split(' ', 1)[1]}"
+    return {"measured": "measured", "tracked": "timed while tracked"}.get(timing, timing)
+
+
 def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, title="the same step with hand recipes (predicted)", title_justify="left")
     for col, just in (("strategy", "left"), ("peak", "right"), ("extra GFLOP", "right"), ("fits budget", "left")):
@@ -61,6 +70,15 @@ def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
                          "function; remat.apply checkpoints such layers one by one")
         table.caption_justify = "left"
     return table
+
+
+def _time_rows(table: Table, report) -> None:
+    """The step's time with the plan, measured beside predicted, and without it."""
+    predicted = report.predicted_overhead
+    gap = f"{(report.measured_overhead - predicted) * 100:+.0f} pp " + ("ok" if report.time_agrees else "off")
+    table.add_row("step time with the plan", f"{report.measured_overhead:+.1%}",
+                  f"{predicted:+.1%}" if predicted else "not timed", gap if predicted else "")
+    table.add_row("step time without the plan", f"{report.unplanned_step_s * 1e3:,.1f} ms", "", "")
 
 
 def render_verify(report) -> str:
@@ -106,5 +124,7 @@ def render_verify(report) -> str:
             "",
         )
     table.add_row("peak without the plan", fmt_bytes(report.unplanned_peak_bytes, "auto"), "", "")
+    if report.timed:
+        _time_rows(table, report)
     console.print(table)
     return out.getvalue().rstrip() + "\n"

@@ -164,7 +164,10 @@ def _header_lines(p: StepProfile) -> list[str]:
     work = f"forward {fmt_flops(p.forward_flops)} GFLOP, backward {fmt_flops(p.backward_flops)} GFLOP"
     if p.recompute_flops:
         work += f", recomputed {fmt_flops(p.recompute_flops)} GFLOP"
-    if p.step_s > 0:
+    if p.step_time_s > 0:
+        how = "measured" if p.timing == "measured" else p.timing.replace("roofline ", "predicted for ")
+        work += f", step {fmt_ms(p.step_time_s)} ms ({how})"
+    elif p.step_s > 0:
         work += f", step {p.step_s:.2f} s (with tracking overhead)"
     return [f"remat profile of {p.model}: {where}", peak, at, state, work]
 

@@ -42,7 +42,7 @@ class Plan:
     recompute_flops: int
     """Extra forward FLOPs the plan costs (`FlopCounterMode` formulas)."""
     recompute_s: float
-    """Extra seconds, from the profiled kernel times of the recomputed ops (0.0 for a fake profile)."""
+    """Extra seconds: those of the ops re-run, as the profile timed them (`timing`; 0.0 when not timed)."""
     unplanned_peak_bytes: int
     budget_bytes: int | None
     blocks: list[PlannedBlock]
@@ -60,11 +60,21 @@ class Plan:
     step_flops: int = 0
     """Forward + backward FLOPs of the unplanned step, to put `recompute_flops` in proportion."""
     notes: list[str] = field(default_factory=list)
+    step_time_s: float = 0.0
+    """Seconds of the unplanned step (`StepProfile.step_time_s`), to put `extra_s` in proportion."""
+    timing: str = ""
+    """Where the seconds come from (`StepProfile.timing`): "measured", "tracked", "roofline <device>" or ""
+    (not timed: the plan minimised FLOPs)."""
 
     @property
     def extra_s(self) -> float:
-        """Predicted extra seconds: recomputation (profiled kernel times) plus offload copies."""
+        """Predicted extra seconds: recomputation (the profile's op seconds) plus offload copies."""
         return self.recompute_s + self.offload_s
+
+    @property
+    def extra_fraction(self) -> float:
+        """Predicted extra seconds as a fraction of the unplanned step's (0.0 when not timed)."""
+        return self.extra_s / self.step_time_s if self.step_time_s else 0.0
 
     @property
     def recompute_fraction(self) -> float:

@@ -15,9 +15,11 @@ from remat.types import _json
 from remat.types._text import render
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 3
+PROFILE_VERSION = 4
 """2: BlockProfile gained the selective, op-count, offload and container fields.
-3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`."""
+3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
+4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
+   `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`)."""
 
 PHASES = ("forward", "loss", "backward", "optimizer")
 CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "gathered", "activations", "temporaries", "scratch")
@@ -108,11 +110,11 @@ class BlockProfile:
     selective_recompute_flops: int
     """Forward FLOPs selective checkpointing re-runs: the ops it does not keep, up to the last saved one."""
     forward_s: float
-    """Kernel seconds of its forward ops (real mode; 0.0 in fake mode)."""
+    """Seconds of its forward ops (measured, or predicted: `StepProfile.timing`; 0.0 when not timed)."""
     backward_s: float
-    """Kernel seconds of its backward ops (real mode; 0.0 in fake mode)."""
+    """Seconds of its backward ops (as `forward_s`)."""
     selective_recompute_s: float
-    """Kernel seconds of the ops selective checkpointing re-runs (real mode; 0.0 in fake mode)."""
+    """Seconds of the ops selective checkpointing re-runs (as `forward_s`)."""
     peak_bytes: int
     """Highest live bytes of the step seen while this module ran (forward, backward or recompute)."""
     forward_start_op: int
@@ -135,6 +137,8 @@ class BlockProfile:
     """How many ops a checkpoint around it re-runs (the deterministic tie-break among equal FLOPs)."""
     selective_recompute_ops: int = 0
     """How many ops selective checkpointing re-runs."""
+    checkpoint_recompute_s: float = 0.0
+    """Seconds of the ops a checkpoint around it re-runs (those of `checkpoint_recompute_flops`)."""
     offload_bytes: int = 0
     """Bytes of the step's tensors (not parameters or buffers) that ops inside it save for backward:
     what offloading it copies to CPU memory in forward and back in backward."""
@@ -223,7 +227,8 @@ class StepProfile:
     recompute_flops: int
     """Forward FLOPs re-run in backward by checkpointing already in the model."""
     step_s: float
-    """Wall seconds of the tracked step (includes tracking overhead; 0.0 in fake mode)."""
+    """Wall seconds of the tracked step (includes tracking overhead; 0.0 in fake mode): what profiling cost.
+    The step's own seconds are `step_time_s`."""
     blocks: list[BlockProfile]
     timeline: Timeline
     torch_version: str = ""
@@ -249,6 +254,24 @@ class StepProfile:
     """How many ranks run the step (for a fake-mode prediction, how many it was predicted for)."""
     rank: int = 0
     """The rank whose step was measured (0 in a fake-mode prediction)."""
+    timing: str = ""
+    """Where the seconds come from (NOTE [The seconds of a step] in `remat.measure.timing`): "measured" (timed
+    steps after a warm-up), "tracked" (the tracked step's clock), "roofline <device>" (predicted), or "" (not
+    timed: plans minimise FLOPs)."""
+    step_time_s: float = 0.0
+    """Seconds of one step of the loop without remat: the median of timed steps (real mode), or the sum of
+    the roofline's op seconds (fake mode); 0.0 when not timed."""
+    checkpoint_op_s: float = 0.0
+    """What a checkpoint costs per op it re-runs beyond the op itself (its hooks and frames), measured on
+    this machine's CPU (NOTE [The seconds of a step], Rule 5); 0.0 when not timed."""
+    selective_op_s: float = 0.0
+    """What selective checkpointing's policy costs per op of the module, in forward and again in the
+    recomputation (Rule 5); 0.0 when not timed."""
+
+    @property
+    def timed(self) -> bool:
+        """Op seconds are known: plans of this profile minimise seconds (FLOPs break ties)."""
+        return bool(self.timing)
 
     # -- convenience ---------------------------------------------------------
     def block(self, name: str) -> BlockProfile:
@@ -272,7 +295,7 @@ class StepProfile:
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
-            upgrades={2: _from_version_2},
+            upgrades={2: _from_version_2, 3: _from_version_3},
         )
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
@@ -286,4 +309,9 @@ class StepProfile:
 
 def _from_version_2(data: dict) -> dict:
     """Version 2 profiles measured the first step of the optimizer as given."""
-    return {**data, "step": "first"}
+    return _from_version_3({**data, "step": "first"})
+
+
+def _from_version_3(data: dict) -> dict:
+    """Version 3 profiles timed ops on the tracked step only (real mode), and fake ones not at all."""
+    return {**data, "timing": "tracked" if data.get("step_s") else ""}

@@ -11,6 +11,9 @@ PREDICTION_AGREES = 0.05
 """The tracked peak of the planned step within this fraction of the plan's prediction."""
 COUNTERS_AGREE = 0.03
 """The tracked peak within this fraction of the independent counter's."""
+TIME_AGREES = 0.10
+"""The predicted step-time overhead within this many percentage points (/100) of the measured one: a guide,
+not part of `ok` (step times on a shared machine drift by more than this between runs)."""
 BUDGET_SLACK = 0.01
 """The planned step may exceed its budget by this fraction (allocator and interpreter noise)."""
 COUNTER_RESOLVES_BYTES = 64 << 20
@@ -46,6 +49,25 @@ class VerifyReport:
     """What measured `independent_peak_bytes`: the process's high-water mark on CPU, the CUDA allocator on CUDA."""
     step: str = "steady"
     """The step of the training loop measured ("steady": from the second step on; "first")."""
+    unplanned_step_s: float = 0.0
+    """Seconds of a step of the loop without the plan (median of interleaved rounds; 0.0 when not timed)."""
+    planned_step_s: float = 0.0
+    """Seconds of a step of the loop with the plan (as `unplanned_step_s`)."""
+    measured_overhead: float = 0.0
+    """Median over the rounds of (with the plan / without) - 1: what the plan costs in time, measured."""
+    predicted_overhead: float = 0.0
+    """The plan's prediction of it: `Plan.extra_fraction` (0.0 for a plan of an untimed profile)."""
+
+    @property
+    def timed(self) -> bool:
+        return self.unplanned_step_s > 0
+
+    @property
+    def time_agrees(self) -> bool:
+        """The predicted overhead within TIME_AGREES of the measured one (True where either is not known)."""
+        if not self.timed or not self.predicted_overhead:
+            return True
+        return abs(self.measured_overhead - self.predicted_overhead) <= TIME_AGREES
 
     @property
     def grads_equal(self) -> bool:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -16,7 +18,7 @@ from remat.applier.apply import applied, apply, remove
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
 from remat.measure import profile
-from remat.measure.loop import Loop
+from remat.measure.loop import Loop, clear_grads, optimizer_step_of_loop
 from remat.measure.step import (
     RUN_FIX,
     StateSnapshot,
@@ -31,6 +33,9 @@ from remat.verifier.process import cuda_peak_bytes, forked_peak_bytes
 from remat.types import Plan, VerifyReport
 
 
+TIME_ROUNDS = 5
+
+
 def verify(
     model: nn.Module,
     inputs: Any,
@@ -41,6 +46,7 @@ def verify(
     *,
     step: str = "steady",
     accumulate: int = 1,
+    time_rounds: int | None = None,
 ) -> VerifyReport:
     """Run the step without and with `plan` from the same RNG state and compare.
 
@@ -54,6 +60,11 @@ def verify(
     remat's (NOTE [Measuring a step by the process]): on CPU the high-water mark of a
     forked copy of this process running the training loop (`step`, `accumulate` as in
     `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.
+
+    The step's time is measured too: `time_rounds` rounds of one step of the loop without
+    the plan and one with it, after a warm-up of each; the overhead is the median of the
+    rounds' ratios, beside the plan's prediction `plan.extra_fraction` (None: TIME_ROUNDS, 5;
+    0: not timed).
 
     Known limitations: the process's counter is read on Linux only (elsewhere the report
     has the tracker's figure alone); the optimizer step is part of the peak but not of
@@ -72,11 +83,14 @@ def verify(
             independent, counter = independent_peak(model, inputs, loss_fn, optimizer, loop)
         finally:
             remove(model)
-    return _report(plan, tolerance, base, planned, (independent, counter), loop)
+        rounds = TIME_ROUNDS if time_rounds is None else time_rounds
+        times = interleaved_times(model, (inputs, loss_fn, optimizer), plan, loop, rounds)
+    return _report(plan, tolerance, base, planned, (independent, counter), loop, times=times)
 
 
-def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop) -> VerifyReport:
-    """The comparison of the unplanned and planned steps; `independent` = (peak bytes or None, counter)."""
+def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop, *, times) -> VerifyReport:
+    """The comparison of the unplanned and planned steps; `independent` = (peak bytes or None, counter);
+    `times` = `interleaved_times`."""
     grads = _pairs(base.step.grads, planned.step.grads)
     return VerifyReport(
         grad_max_abs_diff={n: (g1 - g0).abs().max().item() if g0.numel() else 0.0 for n, (g0, g1) in grads},
@@ -93,7 +107,49 @@ def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured
         independent_peak_bytes=independent[0],
         independent_counter=independent[1],
         step=str(loop.step),
+        unplanned_step_s=times[0],
+        planned_step_s=times[1],
+        measured_overhead=times[2],
+        predicted_overhead=plan.extra_fraction,
     )
+
+
+def interleaved_times(model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, rounds: int) -> tuple[float, float, float]:
+    """(seconds of a step without `plan`, with it, median of the rounds' ratios with/without - 1): `rounds`
+    rounds of one step of each in turn, after a warm-up of each (../shared/MEASURING.md); the model is left
+    without the plan, and its state (parameters, optimizer, RNG) as before."""
+    if rounds <= 0:
+        return 0.0, 0.0, 0.0
+    inputs, loss_fn, optimizer = step_args
+    step = normalize_inputs(inputs)
+    opt = make_optimizer(optimizer, model)
+    snapshot = StateSnapshot(model, opt, step.tensors())
+    cuda = any(p.is_cuda for p in model.parameters())
+    held: list = []
+
+    def one(planned: bool) -> float:
+        if planned:
+            apply(model, plan)
+        try:
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
+            clear_grads(model, opt)
+            if cuda:
+                torch.cuda.synchronize()
+            return time.perf_counter() - t0
+        finally:
+            if planned:
+                remove(model)
+
+    try:
+        one(False), one(True)  # warm-up
+        pairs = [(one(False), one(True)) for _ in range(rounds)]
+    finally:
+        snapshot.restore()
+    base, planned = [b for b, _ in pairs], [p for _, p in pairs]
+    return statistics.median(base), statistics.median(planned), statistics.median(p / b - 1 for b, p in pairs)
 
 
 PROCESS_COUNTER = "process's high-water mark"

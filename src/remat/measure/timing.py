@@ -1,0 +1,269 @@
+"""How long the step takes, and each of its ops: what a plan's recomputation is weighed in.
+
+NOTE [The seconds of a step]
+  Rule 1. In real mode the seconds are measured on steps of the user's loop run after the
+          tracked step, from where it left off (the steady state: the optimizer's state exists,
+          kernels and caches are warm; `remat.profile` restores the model after), in REPEATS
+          rounds of two steps.  The first is timed whole, untracked: the step's seconds.  In the
+          second, each op of the last pass and of the optimizer step is timed (on CPU by the
+          clock around it; on CUDA by a pair of events, read after the step).  Step and ops take
+          the median over the rounds.  The tracked step's own clock is not used: tracking costs
+          more than the ops of a small step, and the first calls of a kernel are slower.
+  Rule 2. The timed ops are matched to the tracked ones by position, when both runs ran the same
+          ops (by name) in the same order; otherwise (a forward that depends on its data) the
+          tracked step's own times stay, and the profile says so.
+  Rule 3. In fake mode each op's seconds are predicted by the roofline of the target
+          (NOTE [An op's seconds, predicted] in `remat.measure.roofline`), and the step's are
+          their sum.
+  Rule 4. A rank of a DDP or FSDP2 job is not timed: every rank must make the same plan, and
+          measured seconds differ between ranks.  Its ops count 0 seconds, and plans of it
+          minimise FLOPs (a fake-mode prediction of a rank is timed by the roofline).
+  Rule 5. Checkpointing costs more than the ops it re-runs: a non-reentrant checkpoint's hooks,
+          detaches and frames per op re-run (`checkpoint_op_s`), and selective checkpointing's
+          policy, a Python dispatch mode, on every op of the module in forward and again in the
+          recomputation (`selective_op_s`).  In real mode both are measured once per process on
+          this machine's CPU (`bookkeeping`: a chain of small ops, best of 15), the second on the
+          model's own ops too (what the op timer, a dispatch mode, adds to its forward); a
+          prediction takes the reference machine's (NOTE [An op's seconds, predicted], Rule 5).
+"""
+
+from __future__ import annotations
+
+import functools
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+from remat._torch_compat import TorchDispatchMode, op_name
+from remat.measure.build import Setup
+from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
+from remat.measure.loop import Loop, clear_grads, micro_batch
+from remat.measure.step import StepInputs, run_user_code
+from remat.measure.tracker import Tracker
+
+REPEATS = 3
+"""Rounds of timed steps (Rule 1)."""
+UNMATCHED_NOTE = (
+    "Op seconds are the tracked step's own (tracking overhead included): the timed steps ran other ops "
+    "than the tracked one (NOTE [The seconds of a step], Rule 2)."
+)
+RANK_NOTE = (
+    "A rank of a job is not timed: every rank must make the same plan, and measured seconds differ between "
+    "ranks; plans of this profile minimise FLOPs (NOTE [The seconds of a step], Rule 4)."
+)
+
+
+class OpTimer(TorchDispatchMode):
+    """The name and seconds of each aten op run while it is active (Rule 1)."""
+
+    def __init__(self, cuda: bool = False):
+        super().__init__()
+        self.cuda = cuda
+        self.names: list[str] = []
+        self._spans: list = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if self.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            out = func(*args, **kwargs)
+            end.record()
+            self._spans.append((start, end))
+        else:
+            t0 = time.perf_counter()
+            out = func(*args, **kwargs)
+            self._spans.append(time.perf_counter() - t0)
+        self.names.append(op_name(func))
+        return out
+
+    def seconds(self) -> list[float]:
+        if not self.cuda:
+            return list(self._spans)
+        torch.cuda.synchronize()
+        return [start.elapsed_time(end) / 1e3 for start, end in self._spans]
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """Rule 1: the medians of the timed rounds."""
+
+    step_s: float
+    op_names: list[str]
+    op_s: list[float]
+    """Each op's own seconds (the clock or the events around it)."""
+    phase_s: list[float]
+    """Seconds of the last pass's forward (with the loss), its backward, and the optimizer step."""
+    bounds: list[int]
+    """Where those phases start and end among the ops: phase i is ops bounds[i] .. bounds[i+1] - 1."""
+    mode_op_s: float = 0.0
+    """What a Python dispatch mode (the op timer) adds per op of this model's forward (Rule 5)."""
+
+    def with_overhead(self) -> list[float]:
+        """Rule 1: each op's seconds plus an even share of the time its phase spends outside ops."""
+        out = list(self.op_s)
+        for i, wall in enumerate(self.phase_s):
+            lo, hi = self.bounds[i], self.bounds[i + 1]
+            if hi > lo:
+                share = max(0.0, wall - sum(out[lo:hi])) / (hi - lo)
+                out[lo:hi] = [s + share for s in out[lo:hi]]
+        return out
+
+
+def settle(tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes]) -> dict:
+    """The profile's timing fields (`timing`, `step_time_s`, Rule 5's overheads), with the tracker's op
+    seconds set as Rules 1-4 say; `time_again()` runs `time_loop` after the tracked step."""
+    if setup.hardware is not None:  # Rule 3
+        return {"timing": f"roofline {setup.hardware.name}", "step_time_s": sum(op.seconds for op in tracker.ops),
+                "checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
+    if ranked:  # Rule 4
+        setup.notes.append(RANK_NOTE)
+        return {"timing": "", "step_time_s": 0.0, **overheads("", None)}
+    times = time_again()
+    seconds = matched(times, [op.name for op in tracker.ops])
+    if seconds is None:  # Rule 2
+        setup.notes.append(UNMATCHED_NOTE)
+        return {"timing": "tracked", "step_time_s": times.step_s, **overheads("tracked", None)}
+    for op, s in zip(tracker.ops, seconds):
+        op.seconds = s
+    return {"timing": "measured", "step_time_s": times.step_s, **overheads("measured", times.mode_op_s)}
+
+
+def time_loop(
+    model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
+    *, cuda: bool = False, repeats: int | None = None,
+) -> StepTimes:
+    """Rule 1: the step's seconds and its ops', from the model's current state (which this changes), in
+    `repeats` rounds (REPEATS when None)."""
+    repeats = REPEATS if repeats is None else repeats
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    held: list = []
+    clear_grads(model, opt)
+    walls, phases, rounds, names, bounds, under_mode = [], [], [], [], [], []
+
+    def last_pass(mark: Callable[[], None]) -> None:
+        for _ in range(loop.accumulate - 1):
+            micro_batch(model, step, loss_fn, held)
+        mark()
+        micro_batch(model, step, loss_fn, held, mark)
+        if opt is not None:
+            run_user_code("the optimizer step", opt.step)
+        mark()
+
+    for _ in range(repeats):
+        sync()
+        stamps = [time.perf_counter()]
+        last_pass(lambda: (sync(), stamps.append(time.perf_counter())))
+        clear_grads(model, opt)
+        walls.append(stamps[-1] - stamps[0])
+        phases.append([b - a for a, b in zip(stamps[1:], stamps[2:])])
+        with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(_same, _same):
+            bounds, marks = [], []  # the hooks as the tracked step has them: the same ops run
+            last_pass(lambda: (sync(), bounds.append(len(timer.names)), marks.append(time.perf_counter())))
+        clear_grads(model, opt)
+        under_mode.append(marks[1] - marks[0])
+        first = bounds[0]  # the ops of the pass before it (accumulate > 1) are not the tracked ones
+        rounds.append(timer.seconds()[first:])
+        names, bounds = timer.names[first:], [k - first for k in bounds]
+    if not _same_length(rounds):
+        return StepTimes(statistics.median(walls), names, [], [], [])
+    per_op = [statistics.median(r[k] for r in rounds) for k in range(len(names))]
+    per_phase = [statistics.median(p[i] for p in phases) for i in range(3)]
+    mode_op_s = (statistics.median(under_mode) - per_phase[0]) / max(1, bounds[1])
+    return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds, max(0.0, mode_op_s))
+
+
+def _same(t):
+    return t
+
+
+def _same_length(rounds: list[list[float]]) -> bool:
+    return len({len(r) for r in rounds}) == 1
+
+
+def matched(times: StepTimes, tracked_names: list[str]) -> list[float] | None:
+    """Rule 2: the timed seconds of the tracked ops, or None when the runs differ."""
+    if not times.op_s or times.op_names != tracked_names:
+        return None
+    return times.with_overhead()
+
+
+@dataclass(frozen=True)
+class Bookkeeping:
+    """NOTE [The seconds of a step], Rule 5: what checkpointing itself costs per op, beyond the ops."""
+
+    checkpoint_op_s: float
+    """Per op a non-reentrant checkpoint re-runs: its unpack hooks, detaches and frames."""
+    selective_op_s: float
+    """Per op of a selectively checkpointed module, in its forward and again in the recomputation: the
+    policy's dispatch mode."""
+    dispatch_op_s: float
+    """Per op, what a Python dispatch mode that does nothing costs (the part of `selective_op_s` that
+    depends on the ops' arguments, measured on the model itself in real mode)."""
+
+    def selective_on(self, mode_op_s: float) -> float:
+        """`selective_op_s` on a model whose ops a dispatch mode slows by `mode_op_s` each."""
+        return _micro(mode_op_s + max(0.0, self.selective_op_s - self.dispatch_op_s))
+
+
+@functools.cache
+def bookkeeping(chain: int = 50, repeats: int = 15) -> Bookkeeping:
+    """Rule 5: measured once per process on a chain of `chain` small ops (linear, silu, mul, add) whose
+    kernels take next to nothing: plain, checkpointed, and selectively checkpointed (nothing saved)."""
+    w = torch.randn(64, 64, requires_grad=True)
+    x = torch.randn(4, 64, requires_grad=True)
+
+    def f(h):
+        for _ in range(chain // 5):
+            a = nn.functional.linear(h, w)
+            h = nn.functional.silu(a) * a + h
+        return h
+
+    recompute_all = functools.partial(create_selective_checkpoint_contexts, lambda *a, **k: CheckpointPolicy.PREFER_RECOMPUTE)
+    runs = {
+        "forward": lambda: f(x),
+        "forward in a mode": lambda: _in_mode(lambda: f(x)),
+        "plain": lambda: f(x).sum().backward(),
+        "checkpoint": lambda: checkpoint(f, x, use_reentrant=False).sum().backward(),
+        "selective": lambda: checkpoint(f, x, use_reentrant=False, context_fn=recompute_all).sum().backward(),
+    }
+    best = {name: _best_of(run, repeats) for name, run in runs.items()}
+    checkpoint_op_s = (best["checkpoint"] - best["plain"] - best["forward"]) / chain
+    selective_op_s = (best["selective"] - best["checkpoint"]) / (2 * chain)
+    dispatch_op_s = (best["forward in a mode"] - best["forward"]) / chain
+    return Bookkeeping(_micro(checkpoint_op_s), _micro(selective_op_s), _micro(dispatch_op_s))
+
+
+def _in_mode(run: Callable[[], object]) -> object:
+    with OpTimer():
+        return run()
+
+
+def overheads(timing: str, mode_op_s: float | None) -> dict[str, float]:
+    """Rule 5: a real profile's `checkpoint_op_s` and `selective_op_s` (0.0 when not timed); `mode_op_s` is
+    what a dispatch mode costs per op of the model's forward, measured by `time_loop` (None if not)."""
+    if not timing:
+        return {"checkpoint_op_s": 0.0, "selective_op_s": 0.0}
+    measured = bookkeeping()
+    selective = measured.selective_op_s if mode_op_s is None else measured.selective_on(mode_op_s)
+    return {"checkpoint_op_s": measured.checkpoint_op_s, "selective_op_s": selective}
+
+
+def _best_of(run: Callable[[], object], repeats: int) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _micro(seconds: float) -> float:
+    """Whole microseconds, at least 0: the noise of the measurement is about 1 us."""
+    return max(0, round(seconds * 1e6)) / 1e6

@@ -1,0 +1,202 @@
+"""Seconds as the cost: measured op times, the roofline, solvers that minimise seconds, and verify's timing.
+
+No test asserts a wall-clock time: what is checked is where seconds come from, the roofline's arithmetic,
+which plan the solvers pick from given seconds, and that verify reports what it measured beside the plan.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat import zoo
+from remat.measure import roofline
+from remat.measure.timing import RANK_NOTE, UNMATCHED_NOTE, Bookkeeping
+from remat.planner.problem import Problem
+from remat.types import StepProfile
+
+aten = torch.ops.aten
+
+
+def _chain(width: int = 64, blocks: int = 4, batch: int = 32):
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU()) for _ in range(blocks)])
+    return model, torch.randn(batch, width)
+
+
+# -- where a profile's seconds come from ---------------------------------------------------------------------
+
+
+def test_a_real_profile_is_timed_after_the_tracked_step_and_each_op_matched():
+    model, x = _chain()
+    prof = remat.profile(model, x, optimizer=torch.optim.Adam(model.parameters()))
+    assert prof.timing == "measured" and prof.timed
+    assert prof.step_time_s > 0 and prof.checkpoint_op_s > 0 and prof.selective_op_s > 0
+    layers = [b for b in prof.blocks if b.depth == 0]
+    assert len(layers) == 4 and all(b.forward_s > 0 and 0 < b.checkpoint_recompute_s <= b.forward_s for b in layers)
+    assert UNMATCHED_NOTE not in prof.notes
+
+
+class _EveryOtherCall(nn.Module):
+    """A forward that runs one more op on every third call: the timed steps cannot be matched to the tracked one."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 16)
+        self.calls = itertools.count()
+
+    def forward(self, x):
+        y = self.lin(x)
+        return y * 2 if next(self.calls) % 3 == 0 else y
+
+
+def test_a_forward_that_changes_between_steps_keeps_the_tracked_times_and_says_so():
+    prof = remat.profile(_EveryOtherCall(), torch.randn(4, 16))
+    assert prof.timing == "tracked" and UNMATCHED_NOTE in prof.notes
+    assert prof.step_time_s > 0 and all(b.forward_s > 0 for b in prof.blocks)
+
+
+def test_a_fake_profile_is_timed_by_the_roofline_of_the_hardware_named():
+    model, x = _chain(width=1024, batch=8192)  # ops long enough to be more than a kernel launch
+    h100 = remat.profile(model, x, mode="fake", device="cuda", hardware="H100")
+    l4 = remat.profile(model, x, mode="fake", device="cuda", hardware="l4")  # any case
+    assert (h100.timing, l4.timing) == ("roofline H100", "roofline L4")
+    assert any("roofline of H100" in n for n in h100.notes)
+    assert h100.step_time_s == pytest.approx(sum(b.forward_s + b.backward_s for b in h100.blocks), rel=0.5)
+    assert l4.step_time_s > h100.step_time_s  # a tenth of the bandwidth, an eighth of the FLOP rate
+    default = remat.profile(model, x, mode="fake", device="cuda")
+    if not torch.cuda.is_available():
+        assert default.timing == "roofline H100" and any("No GPU named here" in n for n in default.notes)
+    cpu = remat.profile(model, x, mode="fake")
+    assert cpu.timing == "roofline cpu" and any("nominal CPU" in n for n in cpu.notes)
+
+
+def test_a_fake_profile_and_its_plans_are_the_same_on_every_run():
+    model, x = _chain(blocks=6, batch=4096)
+    runs = [remat.profile(model, x, mode="fake", device="cuda", hardware="A100") for _ in range(2)]
+    assert runs[0].to_json() == runs[1].to_json()
+    plans = [remat.plan(p, 0.8) for p in runs]
+    assert plans[0].to_json() == plans[1].to_json() and plans[0].recompute_s > 0
+
+
+def test_hardware_is_checked():
+    model, x = _chain()
+    with pytest.raises(remat.RematError, match=r"^remat: hardware must name a device .*A100, H100, H200, L4, cpu; "
+                                               r"saw 'B200'\. Fix: pick the nearest one"):
+        remat.profile(model, x, mode="fake", device="cuda", hardware="B200")
+    with pytest.raises(remat.RematError, match=r"^remat: hardware='H100' is a GPU, but the step is predicted for "
+                                               r"device='cpu'\..*Fix: pass device='cuda'"):
+        remat.profile(model, x, mode="fake", hardware="H100")
+    with pytest.raises(remat.RematError, match=r"^remat: hardware='A100' names the device a fake-mode prediction is "
+                                               r"timed for; a real step is timed as it runs\. Fix:"):
+        remat.profile(model, x, hardware="A100")
+
+
+def test_a_version_3_profile_reads_as_timed_by_its_tracked_step_or_not_at_all():
+    model, x = _chain()
+    for prof, expected in ((remat.profile(model, x), "tracked"), (remat.profile(model, x, mode="fake"), "")):
+        text = prof.to_json().replace('"version": 4', '"version": 3')
+        assert StepProfile.from_json(text).timing == expected
+
+
+# -- the roofline's arithmetic ------------------------------------------------------------------------------
+
+
+def test_the_roofline_takes_the_slower_of_compute_and_memory_and_a_floor_per_op():
+    h100 = roofline.HARDWARE["H100"]
+    a = torch.empty(4096, 4096, device="meta")
+    mm = roofline.op_seconds(h100, aten.mm.default, (a, a), {}, a)
+    precision = torch.get_float32_matmul_precision()
+    fp32_rate = (h100.tf32_flops if precision != "highest" else h100.fp32_flops) * roofline.ACHIEVED_COMPUTE
+    assert mm == pytest.approx(2 * 4096**3 / fp32_rate)
+    half = a.to(torch.bfloat16)
+    assert roofline.op_seconds(h100, aten.mm.default, (half, half), {}, half) == pytest.approx(
+        2 * 4096**3 / (h100.half_flops * roofline.ACHIEVED_COMPUTE))
+    v = torch.empty(2**20, device="meta")  # 4 MiB: an add reads two and writes one
+    add = roofline.op_seconds(h100, aten.add.Tensor, (v, v), {}, v)
+    assert add == pytest.approx(3 * 4 * 2**20 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH))
+    tiny = torch.empty(4, device="meta")
+    assert roofline.op_seconds(h100, aten.add.Tensor, (tiny, tiny), {}, tiny) == h100.op_s
+    assert roofline.op_seconds(h100, aten.view.default, (v, [1024, 1024]), {}, v.view(1024, 1024)) == 0.0
+    cpu = roofline.HARDWARE["cpu"]
+    assert roofline.op_seconds(cpu, aten.view.default, (v, [1024, 1024]), {}, v.view(1024, 1024)) == cpu.op_s
+
+
+# -- solvers minimise seconds, FLOPs break ties --------------------------------------------------------------
+
+
+def _two_ways(prof: StepProfile) -> StepProfile:
+    """Block 0 re-runs more FLOPs but takes less time than block 1; the others are too costly to pick."""
+    blocks = []
+    for b in prof.blocks:
+        if b.name in ("0", "1"):
+            flops, seconds = (10**9, 1e-3) if b.name == "0" else (10**6, 5e-3)
+        else:
+            flops, seconds = 10**12, 1.0
+        blocks.append(dataclasses.replace(b, checkpoint_recompute_flops=flops, checkpoint_recompute_s=seconds,
+                                          selective_free_bytes=0))
+    return dataclasses.replace(prof, blocks=blocks, checkpoint_op_s=0.0, selective_op_s=0.0)
+
+
+@pytest.mark.parametrize("solver", ["dp", "ilp"])
+def test_the_solvers_minimise_seconds_when_timed_and_flops_when_not(solver):
+    model, x = _chain(blocks=4, batch=1024)  # activations outweigh the parameters: one block's memory matters
+    prof = _two_ways(remat.profile(model, x, mode="fake", device="cuda", hardware="H100"))
+    one_block = prof.peak_bytes - min(Problem.from_profile(prof).unit(n).reduction_bytes for n in ("0", "1")) // 2
+    timed = remat.plan(prof, one_block, solver)
+    untimed = remat.plan(dataclasses.replace(prof, timing=""), one_block, solver)
+    assert timed.segments == [["0"]] and timed.recompute_s == pytest.approx(1e-3)
+    assert untimed.segments == [["1"]] and untimed.recompute_flops == 10**6
+
+
+def test_a_plans_seconds_include_checkpointings_own_cost_per_op():
+    model, x = _chain()
+    prof = remat.profile(model, x, mode="fake", device="cuda", hardware="H100")
+    problem = Problem.from_profile(prof)
+    b = prof.blocks[0]
+    unit = problem.unit(b.name)
+    assert unit.cost_s == pytest.approx(b.checkpoint_recompute_s + b.checkpoint_recompute_ops * prof.checkpoint_op_s)
+    assert prof.checkpoint_op_s == roofline.HOST_CHECKPOINT_OP_S
+
+
+def test_bookkeeping_on_a_model_adds_its_dispatch_cost_to_the_policys_own():
+    measured = Bookkeeping(checkpoint_op_s=16e-6, selective_op_s=25e-6, dispatch_op_s=10e-6)
+    assert measured.selective_on(30e-6) == pytest.approx(45e-6)
+    assert Bookkeeping(1e-6, 5e-6, 9e-6).selective_on(3e-6) == pytest.approx(3e-6)  # never below the model's
+
+
+def test_a_rank_of_a_job_is_not_timed_and_plans_by_flops():
+    from remat.measure.timing import settle
+    from remat.measure.build import Setup
+    from remat.measure.tracker import Tracker
+    from remat.types import Mode
+
+    setup = Setup(Mode.REAL, torch.device("cpu"), 1, False, [])
+    fields = settle(Tracker("M"), setup, True, lambda: pytest.fail("a rank must not run timed steps"))
+    assert fields == {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
+    assert setup.notes == [RANK_NOTE]
+
+
+# -- verify measures the overhead beside the prediction -----------------------------------------------------
+
+
+def test_verify_times_the_step_without_and_with_the_plan_beside_the_prediction():
+    model, inputs = zoo.gpt2(n_layer=3, n_embd=64, n_head=4, seq=64, batch=2, vocab=512)
+    prof = remat.profile(model, inputs)
+    plan = remat.plan(prof, 0.8)
+    assert plan.timing == "measured" and plan.step_time_s == prof.step_time_s
+    assert plan.extra_fraction == pytest.approx(plan.extra_s / prof.step_time_s) and plan.extra_fraction > 0
+    report = remat.verify(model, inputs, plan, time_rounds=3)
+    assert report.ok, str(report)
+    assert report.timed and report.unplanned_step_s > 0 and report.planned_step_s > 0
+    assert report.predicted_overhead == plan.extra_fraction
+    text = str(report)
+    assert "step time with the plan" in text and f"{plan.extra_fraction:+.1%}" in text
+    assert "ms, +" in str(plan) and "measured)" in str(plan)
+    untimed = remat.verify(model, inputs, plan, time_rounds=0)
+    assert not untimed.timed and "step time" not in str(untimed)
