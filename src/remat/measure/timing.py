@@ -7,8 +7,10 @@ NOTE [The seconds of a step]
           rounds of two steps.  The first is timed whole, untracked: the step's seconds.  In the
           second, each op of the last pass and of the optimizer step is timed (on CPU by the
           clock around it; on CUDA by a pair of events, read after the step).  Step and ops take
-          the median over the rounds.  The tracked step's own clock is not used: tracking costs
-          more than the ops of a small step, and the first calls of a kernel are slower.
+          the median over the rounds.  Each op then gets an even share of the time its phase
+          (forward with the loss, backward, optimizer step) spends between ops in the untracked
+          step: the modules' Python, which a recomputation runs again.  The tracked step's own
+          clock is not used: tracking costs more than the ops of a small step.
   Rule 2. The timed ops are matched to the tracked ones by position, when both runs ran the same
           ops (by name) in the same order; otherwise (a forward that depends on its data) the
           tracked step's own times stay, and the profile says so.
@@ -41,8 +43,8 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from remat._torch_compat import TorchDispatchMode, op_name
 from remat.measure.build import Setup
-from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
 from remat.measure.loop import Loop, clear_grads, micro_batch
+from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
 from remat.measure.step import StepInputs, run_user_code
 from remat.measure.tracker import Tracker
 
