@@ -200,3 +200,13 @@ def test_verify_times_the_step_without_and_with_the_plan_beside_the_prediction()
     assert "ms, +" in str(plan) and "measured)" in str(plan)
     untimed = remat.verify(model, inputs, plan, time_rounds=0)
     assert not untimed.timed and "step time" not in str(untimed)
+
+
+def test_the_timing_calibration_is_not_taken_for_the_models_checkpoints_by_explain():
+    from remat.measure import timing
+
+    timing.bookkeeping.cache_clear()  # calibrated while explain records checkpoint calls, as in a fresh process
+    model, x = _chain()
+    explanation = remat.explain(model, x)
+    assert explanation.checkpoints == [] and "bookkeeping" not in str(explanation)
+    assert explanation.profile.checkpoint_op_s > 0  # and the calibration did run

@@ -13,6 +13,9 @@ from remat.errors import RematError
 
 WRAPPED_MARK = "_remat_forward"
 """The attribute `remat.apply` sets on each module it wraps (its undo record, `applier.wrapping.WrapInfo`)."""
+OWN_CHECKPOINT_MARK = "_remat_checkpointed"
+"""Attribute marking a function that one of remat's own checkpoints runs (a plan's, or a measurement's): never
+the model's (`remat.explainer.record`, Rule 6)."""
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 """Modules that hold blocks: their children are the natural units of checkpointing."""

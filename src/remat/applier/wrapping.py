@@ -49,11 +49,11 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward, op_name
 from remat.hf import checkpointed_by_hf
-from remat.module_tree import WRAPPED_MARK
+from remat.module_tree import OWN_CHECKPOINT_MARK, WRAPPED_MARK
 from remat.ops import SAVE_OPS
 
 MARK = WRAPPED_MARK  # attribute holding the WrapInfo of a wrapped module
-OWN = "_remat_checkpointed"  # attribute marking the function a remat checkpoint runs
+OWN = OWN_CHECKPOINT_MARK  # attribute marking the function a remat checkpoint runs
 
 
 @dataclass

@@ -46,6 +46,7 @@ from remat.measure.build import Setup
 from remat.measure.loop import Loop, clear_grads, micro_batch
 from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
 from remat.measure.step import StepInputs, run_user_code
+from remat.module_tree import OWN_CHECKPOINT_MARK
 from remat.measure.tracker import Tracker
 
 REPEATS = 3
@@ -225,6 +226,8 @@ def bookkeeping(chain: int = 50, repeats: int = 15) -> Bookkeeping:
             a = nn.functional.linear(h, w)
             h = nn.functional.silu(a) * a + h
         return h
+
+    setattr(f, OWN_CHECKPOINT_MARK, True)  # remat's own: `remat explain` running now must not take it for the model's
 
     recompute_all = functools.partial(create_selective_checkpoint_contexts, lambda *a, **k: CheckpointPolicy.PREFER_RECOMPUTE)
     runs = {
