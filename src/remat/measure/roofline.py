@@ -87,6 +87,7 @@ CPU_FLOPS, CPU_BANDWIDTH, CPU_OP_S = 0.3 * TFLOPS, 0.03 * TBS, 2 * US
 HARDWARE["cpu"] = Hardware("cpu", CPU_FLOPS / ACHIEVED_COMPUTE, CPU_FLOPS / ACHIEVED_COMPUTE,
                            CPU_FLOPS / ACHIEVED_COMPUTE, CPU_BANDWIDTH / ACHIEVED_BANDWIDTH, CPU_OP_S, gpu=False)
 NAMES = tuple(HARDWARE)
+GPUS = tuple(n for n, hw in HARDWARE.items() if hw.gpu)
 HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S = 16 * US, 20 * US
 """Rule 5: what a checkpoint adds per op it re-runs, and selective checkpointing's policy per op and pass, on
 the reference machine (`remat.measure.timing.bookkeeping`, and a dispatch mode on a Llama's forward)."""
@@ -110,12 +111,12 @@ def hardware(name: str | None, target: torch.device) -> tuple[Hardware, str]:
         where = "a GPU" if hw.gpu else "a CPU"
         raise RematError(
             f"remat: hardware={name!r} is {where}, but the step is predicted for device={target.type!r}. "
-            f"Expected a GPU name ({', '.join(HARDWARE)}) with device='cuda', or 'cpu' with device='cpu'. "
+            f"Expected a GPU name ({', '.join(GPUS)}) with device='cuda', or 'cpu' with device='cpu'. "
             f"Fix: pass device='{'cuda' if hw.gpu else 'cpu'}', or another hardware."
         )
     note = f"Seconds predicted by the roofline of {hw.describe()} (NOTE [An op's seconds, predicted])"
     if guessed:
-        note += f". No GPU named here: pass hardware= ({', '.join(HARDWARE)}) for yours"
+        note += f". No GPU named here: pass hardware= ({', '.join(GPUS)}) for yours"
     return hw, note + "."
 
 
@@ -134,7 +135,7 @@ def _local_gpu() -> str | None:
     if not torch.cuda.is_available():
         return None
     found = torch.cuda.get_device_name().upper()
-    return next((n for n in sorted(HARDWARE, key=len, reverse=True) if n in found), None)
+    return next((n for n in sorted(GPUS, key=len, reverse=True) if n in found), None)
 
 
 def op_seconds(hw: Hardware, func, args, kwargs, out, flops: int | None = None) -> float:
