@@ -58,6 +58,7 @@ class _EveryOtherCall(nn.Module):
 def test_a_forward_that_changes_between_steps_keeps_the_tracked_times_and_says_so():
     prof = remat.profile(_EveryOtherCall(), torch.randn(4, 16))
     assert prof.timing == "tracked" and UNMATCHED_NOTE in prof.notes
+    assert "ms (timed while tracked)" in str(prof)  # the words a plan of it prints too (report.text.fmt_timing)
     assert prof.step_time_s > 0 and all(b.forward_s > 0 for b in prof.blocks)
 
 

@@ -33,7 +33,7 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
-from remat.measure.timing import StepTimes, settle, time_loop
+from remat.measure.timing import StepTimes, best_of, identity, settle, time_loop
 from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
 from remat.types import Mode, StepProfile
@@ -296,7 +296,7 @@ class _Run:
             phase = _phase_setter(tracker, self.progress)
             try:
                 phase("forward")
-                with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, _identity):
+                with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, identity):
                     out = run_user_code("the model's forward", lambda: runner(*step.args, **step.kwargs))
                     held.clear()
                     phase("loss")
@@ -325,19 +325,14 @@ def host_bandwidth(device: torch.device, nbytes: int = 64 * 2**20, repeats: int 
     """Bytes per second of a pinned host<->device round trip (best of a few): what offloading costs."""
     on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
     pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-    best = float("inf")
-    for _ in range(repeats + 1):  # the first round warms up
+
+    def round_trip() -> None:
         torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
         pinned.copy_(on_device, non_blocking=True)
         on_device.copy_(pinned, non_blocking=True)
         torch.cuda.synchronize(device)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * nbytes / best
 
-
-def _identity(t):
-    return t
+    return 2 * nbytes / best_of(round_trip, repeats)
 
 
 def _phase_setter(tracker: Tracker, progress: Progress | None):

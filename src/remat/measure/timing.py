@@ -126,15 +126,15 @@ def settle(tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[]
                 "checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
     if ranked:  # Rule 4
         setup.notes.append(RANK_NOTE)
-        return {"timing": "", "step_time_s": 0.0, **overheads("", None)}
+        return {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
     times = time_again()
     seconds = matched(times, [op.name for op in tracker.ops])
     if seconds is None:  # Rule 2
         setup.notes.append(UNMATCHED_NOTE)
-        return {"timing": "tracked", "step_time_s": times.step_s, **overheads("tracked", None)}
+        return {"timing": "tracked", "step_time_s": times.step_s, **overheads(None)}
     for op, s in zip(tracker.ops, seconds):
         op.seconds = s
-    return {"timing": "measured", "step_time_s": times.step_s, **overheads("measured", times.mode_op_s)}
+    return {"timing": "measured", "step_time_s": times.step_s, **overheads(times.mode_op_s)}
 
 
 def time_loop(
@@ -165,7 +165,7 @@ def time_loop(
         clear_grads(model, opt)
         walls.append(stamps[-1] - stamps[0])
         phases.append([b - a for a, b in zip(stamps[1:], stamps[2:])])
-        with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(_same, _same):
+        with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(identity, identity):
             bounds, marks = [], []  # the hooks as the tracked step has them: the same ops run
             last_pass(lambda: (sync(), bounds.append(len(timer.names)), marks.append(time.perf_counter())))
         clear_grads(model, opt)
@@ -181,7 +181,8 @@ def time_loop(
     return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds, max(0.0, mode_op_s))
 
 
-def _same(t):
+def identity(t):
+    """A saved-tensors hook that keeps the tensor as it is (the unpack hook of the tracked step too)."""
     return t
 
 
@@ -237,7 +238,7 @@ def bookkeeping(chain: int = 50, repeats: int = 15) -> Bookkeeping:
         "checkpoint": lambda: checkpoint(f, x, use_reentrant=False).sum().backward(),
         "selective": lambda: checkpoint(f, x, use_reentrant=False, context_fn=recompute_all).sum().backward(),
     }
-    best = {name: _best_of(run, repeats) for name, run in runs.items()}
+    best = {name: best_of(run, repeats) for name, run in runs.items()}
     checkpoint_op_s = (best["checkpoint"] - best["plain"] - best["forward"]) / chain
     selective_op_s = (best["selective"] - best["checkpoint"]) / (2 * chain)
     dispatch_op_s = (best["forward in a mode"] - best["forward"]) / chain
@@ -249,17 +250,16 @@ def _in_mode(run: Callable[[], object]) -> object:
         return run()
 
 
-def overheads(timing: str, mode_op_s: float | None) -> dict[str, float]:
-    """Rule 5: a real profile's `checkpoint_op_s` and `selective_op_s` (0.0 when not timed); `mode_op_s` is
-    what a dispatch mode costs per op of the model's forward, measured by `time_loop` (None if not)."""
-    if not timing:
-        return {"checkpoint_op_s": 0.0, "selective_op_s": 0.0}
+def overheads(mode_op_s: float | None) -> dict[str, float]:
+    """Rule 5: a timed real profile's `checkpoint_op_s` and `selective_op_s`; `mode_op_s` is what a dispatch
+    mode costs per op of the model's forward, measured by `time_loop` (None if not)."""
     measured = bookkeeping()
     selective = measured.selective_op_s if mode_op_s is None else measured.selective_on(mode_op_s)
     return {"checkpoint_op_s": measured.checkpoint_op_s, "selective_op_s": selective}
 
 
-def _best_of(run: Callable[[], object], repeats: int) -> float:
+def best_of(run: Callable[[], object], repeats: int) -> float:
+    """The least seconds of `repeats` calls of `run()`, after one more that warms up."""
     run()
     best = float("inf")
     for _ in range(repeats):

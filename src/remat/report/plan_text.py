@@ -10,7 +10,7 @@ from rich.table import Table
 
 from remat.types import BY_HAND, Plan
 from remat.types.verification import PREDICTION_AGREES
-from remat.report.text import REPORT_WIDTH, fmt_bytes
+from remat.report.text import REPORT_WIDTH, fmt_bytes, fmt_timing
 
 
 def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
@@ -25,7 +25,7 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
         f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
         f"(+{plan.recompute_fraction:.1%} of the step's FLOPs"
         + (f"; ~{plan.recompute_s * 1e3:,.1f} ms, +{plan.recompute_s / plan.step_time_s:.1%} of the step's "
-           f"{plan.step_time_s * 1e3:,.1f} ms, {_timing_word(plan.timing)})" if plan.step_time_s else ")")
+           f"{plan.step_time_s * 1e3:,.1f} ms, {fmt_timing(plan.timing)})" if plan.step_time_s else ")")
         + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
            f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
     )
@@ -45,13 +45,6 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     for note in plan.notes:
         console.print(f"note: {note}")
     return out.getvalue().rstrip() + "\n"
-
-
-def _timing_word(timing: str) -> str:
-    """How the plan's seconds were had, in words (`StepProfile.timing`)."""
-    if timing.startswith("roofline"):
-        return f"predicted for {timing.split(' ', 1)[1]}"
-    return {"measured": "measured", "tracked": "timed while tracked"}.get(timing, timing)
 
 
 def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:

@@ -84,6 +84,13 @@ def fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.1f}" if seconds > 0 else "-"
 
 
+def fmt_timing(timing: str) -> str:
+    """Where a profile's or plan's seconds come from, in words (`StepProfile.timing`)."""
+    if timing.startswith("roofline "):
+        return f"predicted for {timing.split(' ', 1)[1]}"
+    return {"measured": "measured", "tracked": "timed while tracked"}.get(timing, timing)
+
+
 def fmt_share(part: int, total: int) -> str:
     """`part` as a percentage of `total` with one decimal ("-" when total is 0)."""
     return f"{100.0 * part / total:.1f}%" if total else "-"
@@ -165,8 +172,7 @@ def _header_lines(p: StepProfile) -> list[str]:
     if p.recompute_flops:
         work += f", recomputed {fmt_flops(p.recompute_flops)} GFLOP"
     if p.step_time_s > 0:
-        how = "measured" if p.timing == "measured" else p.timing.replace("roofline ", "predicted for ")
-        work += f", step {fmt_ms(p.step_time_s)} ms ({how})"
+        work += f", step {fmt_ms(p.step_time_s)} ms ({fmt_timing(p.timing)})"
     elif p.step_s > 0:
         work += f", step {p.step_s:.2f} s (with tracking overhead)"
     return [f"remat profile of {p.model}: {where}", peak, at, state, work]
