@@ -12,7 +12,6 @@ import architectures
 import remat
 from remat import zoo
 from remat.applier.apply import applied
-from remat.applier.wrapping import is_wrapped
 
 
 def _hf():
@@ -222,40 +221,6 @@ def test_remat_checkpoint_marks_one_module():
     assert "forward" not in block.__dict__
 
 
-def test_torch_compile_of_a_planned_model_gives_the_same_gradients():
-    torch._dynamo.reset()
-    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
-    model(x).sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    remat.apply(model, "every-block")
-    compiled = torch.compile(model, backend="aot_eager")
-    compiled(x).sum().backward()
-    for p, g in zip(model.parameters(), expected):
-        torch.testing.assert_close(p.grad, g)
-
-
-def test_a_plan_made_on_the_bare_model_applies_to_the_compiled_model_and_removes():
-    """Issue 14: `torch.compile(model)` names every module `_orig_mod.…`; apply and remove reach the model
-    inside, so a plan made on the bare model applies after compiling too."""
-    torch._dynamo.reset()
-    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
-    model(x).sum().backward()
-    expected = [p.grad.clone() for p in model.parameters()]
-    model.zero_grad(set_to_none=True)
-    plan = remat.plan(remat.profile(model, x), remat.frontier(remat.profile(model, x))[-1].peak_bytes)
-    compiled = torch.compile(model, backend="aot_eager")
-    assert remat.apply(compiled, plan) is compiled and applied(compiled) is plan is applied(model)
-    assert all(is_wrapped(dict(model.named_modules())[seg[0]]) for seg in plan.segments)
-    compiled(x).sum().backward()
-    for p, g in zip(model.parameters(), expected):
-        torch.testing.assert_close(p.grad, g)
-    with pytest.raises(remat.RematError, match=r"^remat: Sequential already follows a plan"):
-        remat.apply(model, plan)  # the same model, unwrapped: applied once is enough
-    remat.remove(compiled)
-    assert applied(model) is None and not any(is_wrapped(m) for m in model.modules())
-
-
 # -- bad input: a remat error naming the modules, and the model as it was ------------------------
 
 
@@ -380,8 +345,6 @@ def test_a_keep_everything_plan_installs_nothing_so_the_step_is_the_unplanned_on
     remat.apply(model, plan)
     # no module has an instance forward, so each call runs the class's own code: no per-step overhead
     assert not any("forward" in m.__dict__ for m in model.modules())
-    from remat.applier.apply import applied
-
     assert applied(model) is plan
     remat.remove(model)
 

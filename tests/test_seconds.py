@@ -16,7 +16,8 @@ import torch.nn as nn
 import remat
 from remat import zoo
 from remat.measure import roofline
-from remat.measure.timing import RANK_NOTE, UNMATCHED_NOTE, Bookkeeping
+from remat.measure.timing import RANK_NOTE, UNMATCHED_NOTE, Bookkeeping, same_seconds_for_copies
+from remat.measure.tracker import OpRecord
 from remat.planner.problem import Problem
 from remat.types import StepProfile
 
@@ -40,6 +41,33 @@ def test_a_real_profile_is_timed_after_the_tracked_step_and_each_op_matched():
     layers = [b for b in prof.blocks if b.depth == 0]
     assert len(layers) == 4 and all(b.forward_s > 0 and 0 < b.checkpoint_recompute_s <= b.forward_s for b in layers)
     assert UNMATCHED_NOTE not in prof.notes
+
+
+def test_copies_of_one_block_take_the_same_seconds_so_the_clock_does_not_pick_the_plan():
+    """Rule 6 of NOTE [The seconds of a step]: blocks 1-3 run the same ops (block 0's input needs no gradient,
+    so its backward differs), and each of their ops takes the median over the copies."""
+    model, x = _chain(blocks=4)
+    prof = remat.profile(model, x)
+    fields = [(b.forward_s, b.backward_s, b.checkpoint_recompute_s, b.selective_recompute_s)
+              for b in prof.blocks if b.depth == 0]
+    assert fields[1] == fields[2] == fields[3] and fields[0] != fields[1]
+    assert min(fields[1][:3]) > 0
+
+
+def _ops(module: str, seconds: list[float], flops: int = 10) -> list[OpRecord]:
+    names = ["aten.mm.default", "aten.gelu.default"]
+    return [OpRecord(n, "forward", module, flops, s, False) for n, s in zip(names, seconds)]
+
+
+def test_only_blocks_of_one_class_running_the_same_ops_share_their_seconds():
+    ops = [OpRecord("aten.ones.default", "setup", "0", 0, 9.0, False), *_ops("0", [1.0, 4.0]), *_ops("1", [2.0, 5.0]),
+           *_ops("2", [6.0, 9.0]), *_ops("3", [1.0, 1.0], flops=20), *_ops("4", [7.0, 7.0])]
+    candidates = {"0": nn.Linear(2, 2), "1": nn.Linear(2, 2), "2": nn.Linear(2, 2), "3": nn.Linear(2, 2), "4": nn.ReLU()}
+    same_seconds_for_copies(ops, candidates)
+    by_module = {m: [op.seconds for op in ops if op.module == m and op.phase != "setup"] for m in candidates}
+    assert by_module["0"] == by_module["1"] == by_module["2"] == [2.0, 5.0]  # medians, position by position
+    assert by_module["3"] == [1.0, 1.0] and by_module["4"] == [7.0, 7.0]  # other FLOPs, another class
+    assert ops[0].seconds == 9.0  # setup ops are not the block's
 
 
 class _EveryOtherCall(nn.Module):

@@ -15,13 +15,14 @@ NOTE [The key/value cache in training]
           as the plan is applied.  Eval mode and `generate` keep the cache.
   Rule 3. `remat.explain` judges the step as written, cache included (its
           `kv-cache-in-training` finding measures what the cache costs): it runs under
-          `cache_as_configured()`, where the hook does nothing.
+          `cache_as_configured()`, where the hook does nothing.  That switch is a plain
+          module-level flag, not a ContextVar: torch.compile traces the hook, and Dynamo
+          breaks the graph on `ContextVar.get`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import inspect
 import sys
 from collections.abc import Iterator
@@ -35,7 +36,7 @@ CACHE_NOTE = (
     "use_cache=True turned off for the training step, as Hugging Face does under gradient checkpointing "
     "(training never reads the key/value cache); remat.apply does the same while a plan is applied"
 )
-_AS_CONFIGURED = contextvars.ContextVar("remat_cache_as_configured", default=False)
+_AS_CONFIGURED = [0]  # Rule 3: how many cache_as_configured() blocks are open
 
 
 class NoCacheInTraining:
@@ -50,7 +51,7 @@ class NoCacheInTraining:
             self._handle = model.register_forward_pre_hook(self._pre, with_kwargs=True)
 
     def _pre(self, module: nn.Module, args: tuple, kwargs: dict):
-        if _AS_CONFIGURED.get() or not (module.training and torch.is_grad_enabled()):
+        if _AS_CONFIGURED[0] or not (module.training and torch.is_grad_enabled()):
             return None
         positional = len(args) > self._position
         if not builds_cache(module, args[self._position] if positional else kwargs.get("use_cache")):
@@ -84,11 +85,11 @@ def no_cache_in_training(model: nn.Module) -> Iterator[NoCacheInTraining]:
 @contextlib.contextmanager
 def cache_as_configured() -> Iterator[None]:
     """Rule 3: inside, the model's cache is as its config and arguments say."""
-    token = _AS_CONFIGURED.set(True)
+    _AS_CONFIGURED[0] += 1
     try:
         yield
     finally:
-        _AS_CONFIGURED.reset(token)
+        _AS_CONFIGURED[0] -= 1
 
 
 def checkpointed_by_hf(module: nn.Module) -> bool:

@@ -52,7 +52,12 @@ FAKE_OP_ERRORS = (UnsupportedOperatorException, DynamicOutputShapeException, Dat
 
 
 def in_backward() -> bool:
-    """True while the autograd engine is running a backward pass on this thread."""
+    """True while the autograd engine is running a backward pass on this thread.
+
+    False while torch.compile traces: Dynamo traces forwards only (AOTAutograd derives the backward, and
+    its recomputation, from the traced graph), and asking the engine would break the graph."""
+    if torch.compiler.is_compiling():
+        return False
     return torch._C._current_graph_task_id() != -1
 
 

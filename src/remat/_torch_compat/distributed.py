@@ -57,6 +57,22 @@ def wrapped_module(model):
     `torch.compile(module)` (`OptimizedModule._orig_mod`, a private attribute of a private class)."""
     if is_a(model, DDP):
         return model.module
+    return compiled_module(model)
+
+
+def uncompiled(model):
+    """The model inside `torch.compile` wrappers (nested too), or `model` itself.  remat runs what it tracks
+    under dispatch modes on this one: Dynamo never compiles a frame again once it ran under a dispatch mode
+    (until `torch._dynamo.reset()`), so tracking the compiled model would leave the user's step eager."""
+    inner = compiled_module(model)
+    while inner is not None:
+        model, inner = inner, compiled_module(inner)
+    return model
+
+
+def compiled_module(model):
+    """The original of `torch.compile(module)` (`OptimizedModule._orig_mod`, a private attribute of a private
+    class), or None when `model` is not one."""
     eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # never imported: nothing was compiled
     if eval_frame is not None and isinstance(model, eval_frame.OptimizedModule):
         return model._orig_mod

@@ -22,6 +22,12 @@ NOTE [A run of nn.ModuleList entries as one checkpoint]
   Rule 4. RNG and BatchNorm as for every remat checkpoint (the RNG state at the first entry
           is restored for the recomputation; running statistics are put back after it); in
           eval mode, without grad or inside a recomputation the entries run as they are.
+  Rule 5. Under torch.compile each entry of a run is its own checkpoint (torch's, which Dynamo
+          traces as one region): opening a checkpoint in one call and closing it in another
+          cannot be traced without breaking the graph.  The compiler then keeps the output of
+          every entry of the run (a boundary between two checkpointed regions), not only the
+          first entry's input, and recomputes one entry at a time in backward.  For a plan
+          made for a compiled step, profile the compiled model: that plan has no runs.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn as nn
+from torch.utils.checkpoint import checkpoint
 
 from remat._torch_compat import in_backward, open_checkpoint, tensor_leaves, tree_flatten, tree_unflatten
 from remat.applier.wrapping import OWN, _batchnorm_stats_kept, _current_forward, _install, hf_checkpoints
@@ -64,6 +71,10 @@ class _Run:
     def forward_of(self, k: int) -> Callable:
         def forward(*args, **kwargs):
             module = self.entries[k]
+            if torch.compiler.is_compiling():  # Rule 5
+                if module.training and torch.is_grad_enabled() and not hf_checkpoints(module):
+                    return checkpoint(self.originals[k], *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+                return self.originals[k](*args, **kwargs)
             if k == 0 and (not (module.training and torch.is_grad_enabled()) or in_backward() or hf_checkpoints(module)):
                 return self.originals[0](*args, **kwargs)  # Rule 4
             if k > 0 and self.close is None:

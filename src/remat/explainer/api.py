@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from remat import applier, planner
 from remat._torch_compat import tree_flatten
+from remat._torch_compat.distributed import uncompiled
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.explainer.evidence import _b, _few
 from remat.explainer.record import Policy, RecordedCall, Recorder
@@ -81,7 +82,7 @@ def explain(
     (`checkpoint`, `checkpoint_sequential`, `checkpoint_wrapper`, Hugging Face's
     gradient checkpointing); in fake mode dropout is seen only through dropout modules.
     """
-    check_model(model)  # the errors remat.profile gives, before anything is recorded
+    model = uncompiled(check_model(model))  # remat.profile's errors first; torch.compile's model inside, eager
     normalize_inputs(inputs)
     step = _Step(model, inputs, loss_fn, optimizer, mode, device)
     observed_bytes = _observed(observed)

@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode, ModuleTracker
-from remat._torch_compat.distributed import fsdp_gathered
+from remat._torch_compat.distributed import fsdp_gathered, uncompiled
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
@@ -42,6 +42,11 @@ CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator's block granularity
 SIMULATED_NOTE = (
     "CUDA target simulated on CPU: storages rounded to 512 bytes like the CUDA caching allocator; "
     "optimizer, autocast and attention run as on CUDA (NOTE [A CUDA step simulated on CPU])."
+)
+COMPILED_NOTE = (
+    "torch.compile: the model inside it was profiled, eagerly (block names are its own, so a plan applies to "
+    "the compiled model and to the bare one); the compiled step's own peak is what "
+    "remat.verify(compiled_model, inputs, plan) measures by the process counter (docs/compile.md)."
 )
 Progress = Callable[[str, int], None]
 
@@ -90,12 +95,12 @@ def profile(
     is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; a simulated
     CUDA target runs CPU kernels but for the optimizer, autocast and attention (NOTE [A CUDA
     step simulated on CPU])."""
-    check_model(model)
+    compiled, model = model, uncompiled(check_model(model))  # see uncompiled: never tracked compiled
     check_request(model, mode, world_size, wrap)
     options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate), hardware)
-    if world_size == 1:
-        return _profile(model, inputs, loss_fn, optimizer, options)
-    return _predict_ranks(model, inputs, loss_fn, optimizer, options, (world_size, wrap))
+    args = (model, inputs, loss_fn, optimizer, options)
+    prof = _profile(*args) if world_size == 1 else _predict_ranks(*args, (world_size, wrap))
+    return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if compiled is not model else prof
 
 
 @dataclasses.dataclass(frozen=True)
@@ -234,7 +239,8 @@ class _Run:
             self.setup.notes.append(
                 f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes"
             )
-        timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt))
+        timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt),
+                        io.modules)
         prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
         if restore is not None and self._measures_scratch(prof):
             tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)

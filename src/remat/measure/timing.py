@@ -27,6 +27,11 @@ NOTE [The seconds of a step]
           this machine's CPU (`bookkeeping`: a chain of small ops, best of 15), the second on the
           model's own ops too (what the op timer, a dispatch mode, adds to its forward); a
           prediction takes the reference machine's (NOTE [An op's seconds, predicted], Rule 5).
+  Rule 6. Copies take the same seconds: candidates of one class whose forward and backward ran
+          the same ops (names and FLOPs, in order), as the layers of a transformer do, give each
+          of those ops the median of its seconds over the copies.  Otherwise the clock's noise
+          alone would pick which layer a plan recomputes, and profiling twice would give two
+          plans for one budget.
 """
 
 from __future__ import annotations
@@ -46,8 +51,8 @@ from remat.measure.build import Setup
 from remat.measure.loop import Loop, clear_grads, micro_batch
 from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
 from remat.measure.step import StepInputs, run_user_code
-from remat.module_tree import OWN_CHECKPOINT_MARK
-from remat.measure.tracker import Tracker
+from remat.module_tree import OWN_CHECKPOINT_MARK, class_name, within
+from remat.measure.tracker import OpRecord, Tracker
 
 REPEATS = 3
 """Rounds of timed steps (Rule 1)."""
@@ -118,9 +123,13 @@ class StepTimes:
         return out
 
 
-def settle(tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes]) -> dict:
+def settle(
+    tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes],
+    candidates: dict[str, nn.Module] | None = None,
+) -> dict:
     """The profile's timing fields (`timing`, `step_time_s`, Rule 5's overheads), with the tracker's op
-    seconds set as Rules 1-4 say; `time_again()` runs `time_loop` after the tracked step."""
+    seconds set as Rules 1-4 and 6 say (`candidates`: the modules plans may choose, by name);
+    `time_again()` runs `time_loop` after the tracked step."""
     if setup.hardware is not None:  # Rule 3
         return {"timing": f"roofline {setup.hardware.name}", "step_time_s": sum(op.seconds for op in tracker.ops),
                 "checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
@@ -131,10 +140,28 @@ def settle(tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[]
     seconds = matched(times, [op.name for op in tracker.ops])
     if seconds is None:  # Rule 2
         setup.notes.append(UNMATCHED_NOTE)
+        same_seconds_for_copies(tracker.ops, candidates or {})
         return {"timing": "tracked", "step_time_s": times.step_s, **overheads(None)}
     for op, s in zip(tracker.ops, seconds):
         op.seconds = s
+    same_seconds_for_copies(tracker.ops, candidates or {})
     return {"timing": "measured", "step_time_s": times.step_s, **overheads(times.mode_op_s)}
+
+
+def same_seconds_for_copies(ops: list[OpRecord], candidates: dict[str, nn.Module]) -> None:
+    """Rule 6, on the tracker's ops in place."""
+    copies: dict[tuple, list[list[OpRecord]]] = {}
+    for name, module in candidates.items():
+        mine = [op for op in ops if within(op.module, name) and op.phase != "setup"]
+        if mine:
+            signature = (class_name(module), tuple((op.name, op.phase, op.recompute, op.flops) for op in mine))
+            copies.setdefault(signature, []).append(mine)
+    for group in copies.values():
+        if len(group) > 1:
+            for same in zip(*group):
+                median = statistics.median(op.seconds for op in same)
+                for op in same:
+                    op.seconds = median
 
 
 def time_loop(

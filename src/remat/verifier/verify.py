@@ -7,13 +7,14 @@ import os
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from remat._torch_compat.distributed import uncompiled
 from remat.applier.apply import applied, apply, remove
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
@@ -54,23 +55,21 @@ def verify(
         >>> report = remat.verify(model, batch, plan)
         >>> report.ok, report.grad_max_abs_diff, report.independent_peak_bytes
 
-    The model is left as it was (planned or not).  `tolerance` is the largest gradient
-    difference accepted: 0.0 (bit-exact) for deterministic CPU kernels.  The planned
-    step's peak is measured twice: by remat's tracker, and by a counter that is not
-    remat's (NOTE [Measuring a step by the process]): on CPU the high-water mark of a
-    forked copy of this process running the training loop (`step`, `accumulate` as in
-    `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.
+    The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted:
+    0.0 (bit-exact) for deterministic CPU kernels.  The planned step's peak is measured twice: by remat's
+    tracker, and by a counter that is not remat's (NOTE [Measuring a step by the process]): on CPU the
+    high-water mark of a forked copy of this process running the training loop (`step`, `accumulate` as in
+    `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the tracker
+    sees the eager model inside; that counter and the times see the compiled step (it may keep less, not more).
 
-    The step's time is measured too: `time_rounds` rounds of one step of the loop without
-    the plan and one with it, after a warm-up of each; the overhead is the median of the
-    rounds' ratios, beside the plan's prediction `plan.extra_fraction` (None: TIME_ROUNDS, 5;
-    0: not timed).
+    The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
+    with it, after a warm-up of each; the overhead is the median of the rounds' ratios, beside the plan's
+    prediction `plan.extra_fraction` (None: TIME_ROUNDS, 5; 0: not timed).
 
-    Known limitations: the process's counter is read on Linux only (elsewhere the report
-    has the tracker's figure alone); the optimizer step is part of the peak but not of
-    the gradients.
+    Known limitations: the process's counter is read on Linux only (elsewhere the report has the tracker's
+    figure alone); the optimizer step is part of the peak but not of the gradients.
     """
-    check_model(model)
+    compiled, model = model, uncompiled(check_model(model))  # the tracker runs the model inside (see uncompiled)
     if not isinstance(plan, Plan):
         raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
     loop = Loop.of(step, accumulate)
@@ -80,12 +79,13 @@ def verify(
         apply(model, plan)
         try:
             planned = _Measured.of(model, inputs, loss_fn, optimizer, loop)
-            independent, counter = independent_peak(model, inputs, loss_fn, optimizer, loop)
+            independent, counter = independent_peak(compiled, inputs, loss_fn, optimizer, loop)
         finally:
             remove(model)
         rounds = TIME_ROUNDS if time_rounds is None else time_rounds
-        times = interleaved_times(model, (inputs, loss_fn, optimizer), plan, loop, rounds)
-    return _report(plan, tolerance, base, planned, (independent, counter), loop, times=times)
+        times = interleaved_times(compiled, (inputs, loss_fn, optimizer), plan, loop, rounds)
+    report = _report(plan, tolerance, base, planned, (independent, counter), loop, times=times)
+    return replace(report, compiled=compiled is not model)
 
 
 def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop, *, times) -> VerifyReport:
@@ -154,20 +154,22 @@ def interleaved_times(model: nn.Module, step_args: tuple, plan: Plan, loop: Loop
 
 PROCESS_COUNTER = "process's high-water mark"
 CUDA_COUNTER = "CUDA allocator's max_memory_allocated"
+COMPILED_STEP = " (compiled)"
 
 
 def independent_peak(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> tuple[int | None, str]:
     """The step's peak in the training loop by a counter that is not remat's tracker, and its name."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    compiled = COMPILED_STEP if uncompiled(model) is not model else ""
     if device.type == "cuda":
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, normalize_inputs(inputs).tensors())
         try:
-            return cuda_peak_bytes(model, inputs, loss_fn, opt, loop).peak_bytes, CUDA_COUNTER
+            return cuda_peak_bytes(model, inputs, loss_fn, opt, loop).peak_bytes, CUDA_COUNTER + compiled
         finally:
             snapshot.restore()
     if device.type == "cpu" and os.path.exists("/proc/self/clear_refs") and hasattr(os, "fork"):
-        return forked_peak_bytes(model, inputs, loss_fn, optimizer, loop).peak_bytes, PROCESS_COUNTER
+        return forked_peak_bytes(model, inputs, loss_fn, optimizer, loop).peak_bytes, PROCESS_COUNTER + compiled
     return None, ""
 
 

@@ -1,0 +1,143 @@
+"""remat and torch.compile: a planned model compiles with no more graph breaks than the bare one, gives the
+same gradients, and a compiled model is profiled, planned and verified by the names of the model inside."""
+
+import warnings
+
+import pytest
+import torch
+
+import remat
+from remat import zoo
+from remat.applier.apply import applied
+from remat.applier.runs import wrap_run
+from remat.applier.wrapping import is_wrapped, wrap_segment
+from remat.measure.profiling import COMPILED_NOTE
+
+
+def _llama():
+    """A Hugging Face Llama with its key/value cache on (so remat.apply hooks it off for training)."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=256, max_position_embeddings=64,
+    )
+    ids = torch.randint(0, 256, (2, 16))
+    return transformers.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
+
+
+def _breaks(model, inputs) -> int:
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch's own advice about context_fn under compile
+        explained = torch._dynamo.explain(lambda: model(**inputs).loss)()
+    return explained.graph_break_count
+
+
+def _grads(model, step) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    step().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_planned_llama_compiles_with_no_graph_break_and_the_same_gradients():
+    """One checkpoint per layer, a run of nn.ModuleList entries (NOTE [A run of nn.ModuleList entries as one
+    checkpoint], Rule 5), a selective checkpoint and the key/value cache hook: Dynamo traces them all."""
+    model, inputs = _llama()
+    assert _breaks(model, inputs) == 0
+    expected = _grads(model, lambda: model(**inputs).loss)
+    remat.apply(model, "every-block")  # and the key/value cache off in training (remat.hf, NOTE Rule 2)
+    assert _breaks(model, inputs) == 0
+    remat.remove(model)
+    inputs = {**inputs, "use_cache": False}  # as remat.apply sets it: planners never choose these by hand
+    layers = model.model.layers
+    wrap_run(list(layers[:3]), [f"model.layers.{i}" for i in range(3)])
+    wrap_segment([layers[3]], selective=True)
+    try:
+        assert _breaks(model, inputs) == 0
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="aot_eager")
+        got = _grads(model, lambda: compiled(**inputs).loss)
+    finally:
+        remat.remove(model)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_a_planned_model_compiles_with_the_same_gradients():
+    torch._dynamo.reset()
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    expected = _grads(model, lambda: model(x).sum())
+    remat.apply(model, "every-block")
+    compiled = torch.compile(model, backend="aot_eager")
+    for g, e in zip(_grads(model, lambda: compiled(x).sum()), expected):
+        torch.testing.assert_close(g, e)
+    remat.remove(model)
+
+
+def test_a_compiled_model_is_profiled_by_the_names_of_the_model_inside():
+    """Issue 15: `remat.profile(torch.compile(model), ...)` names blocks as the bare model does (not
+    `_orig_mod.0`), says that the figures are the eager step's, and its plans apply to either."""
+    torch._dynamo.reset()
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    bare = remat.profile(model, x)
+    compiled = torch.compile(model, backend="aot_eager")
+    prof = remat.profile(compiled, x)
+    assert [b.name for b in prof.blocks] == [b.name for b in bare.blocks] and prof.blocks[0].name == "0"
+    assert prof.peak_bytes == bare.peak_bytes and prof.forward_flops == bare.forward_flops
+    assert COMPILED_NOTE in prof.notes and COMPILED_NOTE not in bare.notes
+    plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
+    assert remat.apply(compiled, plan) is compiled and applied(model) is plan
+    remat.remove(compiled)
+    assert not any(is_wrapped(m) for m in model.modules())
+
+
+def test_a_plan_made_on_the_bare_model_applies_to_the_compiled_model_and_removes():
+    """Issue 14: `torch.compile(model)` names every module `_orig_mod.…`; apply and remove reach the model
+    inside, so a plan made on the bare model applies after compiling too."""
+    torch._dynamo.reset()
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    expected = _grads(model, lambda: model(x).sum())
+    plan = remat.plan(remat.profile(model, x), remat.frontier(remat.profile(model, x))[-1].peak_bytes)
+    compiled = torch.compile(model, backend="aot_eager")
+    assert remat.apply(compiled, plan) is compiled and applied(compiled) is plan is applied(model)
+    assert all(is_wrapped(dict(model.named_modules())[seg[0]]) for seg in plan.segments)
+    for g, e in zip(_grads(model, lambda: compiled(x).sum()), expected):
+        torch.testing.assert_close(g, e)
+    with pytest.raises(remat.RematError, match=r"^remat: Sequential already follows a plan"):
+        remat.apply(model, plan)  # the same model, unwrapped: applied once is enough
+    remat.remove(compiled)
+    assert applied(model) is None and not any(is_wrapped(m) for m in model.modules())
+
+
+def test_profiling_and_verifying_a_compiled_model_leave_it_compiling():
+    """Dynamo never compiles a frame again once it ran under a dispatch mode (remat's tracker, FlopCounterMode),
+    until torch._dynamo.reset(): remat tracks the model inside, so the user's compiled step still compiles."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    compiled = torch.compile(model, backend="aot_eager")
+    prof = remat.profile(compiled, x)
+    plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
+    report = remat.verify(compiled, x, plan, time_rounds=0)  # its process counter runs in a forked copy
+    assert report.compiled and report.independent_counter == "process's high-water mark (compiled)"
+    assert report.grads_equal and report.measured_recompute_flops == plan.recompute_flops
+    assert not counters["frames"]  # nothing compiled in this process yet
+    compiled(x).sum().backward()
+    assert counters["frames"]["ok"] >= 1
+
+
+def test_the_compiled_planned_step_fits_the_budget_by_the_process_counter():
+    """Inductor, as torch.compile runs by default: the planned step's peak by the process's high-water mark
+    (a forked copy running the loop, third step) within the plan's budget."""
+    torch._dynamo.reset()
+    model, x = zoo.chain_report001(width=256, blocks=16, batch=8192)
+    compiled = torch.compile(model)
+    plan = remat.plan(remat.profile(compiled, x), 0.5)
+    report = remat.verify(compiled, x, plan, time_rounds=0)
+    assert report.independent_judged and report.ok, str(report)
+    assert report.independent_peak_bytes <= plan.budget_bytes * 1.01
