@@ -114,12 +114,13 @@ def test_a_plan_made_on_the_bare_model_applies_to_the_compiled_model_and_removes
 
 def test_profiling_and_verifying_a_compiled_model_leave_it_compiling():
     """Dynamo never compiles a frame again once it ran under a dispatch mode (remat's tracker, FlopCounterMode),
-    until torch._dynamo.reset(): remat tracks the model inside, so the user's compiled step still compiles."""
+    until torch._dynamo.reset(): remat tracks with the compiler set aside, so the user's step still compiles."""
     from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
     counters.clear()
     model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    model[2].compile(backend="aot_eager")  # a module compiled in place, inside the compiled model
     compiled = torch.compile(model, backend="aot_eager")
     prof = remat.profile(compiled, x)
     plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)

@@ -61,9 +61,11 @@ def wrapped_module(model):
 
 
 def uncompiled(model):
-    """The model inside `torch.compile` wrappers (nested too), or `model` itself.  remat runs what it tracks
-    under dispatch modes on this one: Dynamo never compiles a frame again once it ran under a dispatch mode
-    (until `torch._dynamo.reset()`), so tracking the compiled model would leave the user's step eager."""
+    """The model inside `torch.compile` wrappers (nested too), or `model` itself: remat tracks this one, by its
+    own module names.  Dynamo never compiles a frame again once it ran under a dispatch mode (until
+    `torch._dynamo.reset()`), so what remat runs under its tracker or FlopCounterMode runs with the compiler
+    told to stand aside (`torch.compiler.set_stance("force_eager")`), for code compiled anywhere
+    (`module.compile()`, a compiled block or loss): else the user's step would stay eager afterwards."""
     inner = compiled_module(model)
     while inner is not None:
         model, inner = inner, compiled_module(inner)

@@ -55,6 +55,7 @@ MAX_MEASURED = 12
 """Most checkpoints measured one at a time (each costs one more profiled step)."""
 
 
+@torch.compiler.set_stance("force_eager")  # see _torch_compat.distributed.uncompiled
 def explain(
     model: nn.Module,
     inputs: Any,

@@ -127,6 +127,7 @@ def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options, ranks: 
     return dataclasses.replace(prof, model=type(model).__name__, notes=prof.notes + [note])
 
 
+@torch.compiler.set_stance("force_eager")  # see _torch_compat.distributed.uncompiled: code compiled elsewhere too
 def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Parallel | None = None) -> StepProfile:
     """`profile` of one process's step; `parallel` says how a prediction spreads it (else found on the model)."""
     model, found = parallel_of(model)  # NOTE [A rank's step]

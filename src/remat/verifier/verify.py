@@ -213,6 +213,7 @@ class _Measured:
     """Bytes offloaded modules copied to CPU memory in the gradient run."""
 
     @classmethod
+    @torch.compiler.set_stance("force_eager")  # see _torch_compat.distributed.uncompiled
     def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> "_Measured":
         step = _run(model, inputs, loss_fn)
         moved = offloaded_bytes(model)
@@ -220,6 +221,7 @@ class _Measured:
         return cls(step, prof.peak_bytes, moved)
 
 
+@torch.compiler.set_stance("force_eager")  # under FlopCounterMode: see _torch_compat.distributed.uncompiled
 def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:
     """Forward, loss, backward from a fixed RNG state; the model's state is restored after."""
     step = normalize_inputs(inputs)
