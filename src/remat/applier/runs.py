@@ -26,8 +26,8 @@ NOTE [A run of nn.ModuleList entries as one checkpoint]
           traces as one region): opening a checkpoint in one call and closing it in another
           cannot be traced without breaking the graph.  The compiler then keeps the output of
           every entry of the run (a boundary between two checkpointed regions), not only the
-          first entry's input, and recomputes one entry at a time in backward.  For a plan
-          made for a compiled step, profile the compiled model: that plan has no runs.
+          first entry's input, and recomputes one entry at a time in backward: another peak
+          than the plan's, which `remat.verify(compiled_model, ...)` measures (docs/compile.md).
 """
 
 from __future__ import annotations

@@ -95,7 +95,7 @@ def profile(
     is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; a simulated
     CUDA target runs CPU kernels but for the optimizer, autocast and attention (NOTE [A CUDA
     step simulated on CPU])."""
-    compiled, model = model, uncompiled(check_model(model))  # see uncompiled: never tracked compiled
+    compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
     options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate), hardware)
     args = (model, inputs, loss_fn, optimizer, options)
