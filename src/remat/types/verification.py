@@ -91,7 +91,7 @@ class VerifyReport:
     def counters_agree(self) -> bool:
         """The tracker and the independent counter within COUNTERS_AGREE of each other (True where it is not
         judged: `independent_judged`); for a compiled model, the compiled step at most COUNTERS_AGREE above the
-        eager one the tracker measured (the compiler may keep less, never more)."""
+        eager one the tracker measured (the compiler usually keeps less; more is flagged)."""
         if not self.independent_judged:
             return True
         if self.compiled:

@@ -60,7 +60,7 @@ def verify(
     tracker, and by a counter that is not remat's (NOTE [Measuring a step by the process]): on CPU the
     high-water mark of a forked copy of this process running the training loop (`step`, `accumulate` as in
     `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the tracker
-    sees the eager model inside; that counter and the times see the compiled step (it may keep less, not more).
+    sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
 
     The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
     with it, after a warm-up of each; the overhead is the median of the rounds' ratios, beside the plan's
