@@ -55,7 +55,6 @@ MAX_MEASURED = 12
 """Most checkpoints measured one at a time (each costs one more profiled step)."""
 
 
-@torch.compiler.set_stance("force_eager")  # see _torch_compat.distributed.uncompiled
 def explain(
     model: nn.Module,
     inputs: Any,
@@ -83,7 +82,7 @@ def explain(
     (`checkpoint`, `checkpoint_sequential`, `checkpoint_wrapper`, Hugging Face's
     gradient checkpointing); in fake mode dropout is seen only through dropout modules.
     """
-    model = uncompiled(check_model(model))  # remat.profile's errors first; torch.compile's model inside, eager
+    model = uncompiled(check_model(model))  # remat.profile's errors first; the model inside torch.compile
     normalize_inputs(inputs)
     step = _Step(model, inputs, loss_fn, optimizer, mode, device)
     observed_bytes = _observed(observed)

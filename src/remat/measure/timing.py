@@ -124,8 +124,7 @@ class StepTimes:
 
 
 def settle(
-    tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes],
-    candidates: dict[str, nn.Module] | None = None,
+    tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes], candidates: dict[str, nn.Module]
 ) -> dict:
     """The profile's timing fields (`timing`, `step_time_s`, Rule 5's overheads), with the tracker's op
     seconds set as Rules 1-4 and 6 say (`candidates`: the modules plans may choose, by name);
@@ -138,13 +137,13 @@ def settle(
         return {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
     times = time_again()
     seconds = matched(times, [op.name for op in tracker.ops])
-    if seconds is None:  # Rule 2
+    if seconds is None:  # Rule 2: the tracked step's own seconds stay
         setup.notes.append(UNMATCHED_NOTE)
-        same_seconds_for_copies(tracker.ops, candidates or {})
-        return {"timing": "tracked", "step_time_s": times.step_s, **overheads(None)}
-    for op, s in zip(tracker.ops, seconds):
+    for op, s in zip(tracker.ops, seconds or []):
         op.seconds = s
-    same_seconds_for_copies(tracker.ops, candidates or {})
+    same_seconds_for_copies(tracker.ops, candidates)
+    if seconds is None:
+        return {"timing": "tracked", "step_time_s": times.step_s, **overheads(None)}
     return {"timing": "measured", "step_time_s": times.step_s, **overheads(times.mode_op_s)}
 
 

@@ -213,7 +213,6 @@ class _Measured:
     """Bytes offloaded modules copied to CPU memory in the gradient run."""
 
     @classmethod
-    @torch.compiler.set_stance("force_eager")  # see _torch_compat.distributed.uncompiled
     def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> "_Measured":
         step = _run(model, inputs, loss_fn)
         moved = offloaded_bytes(model)
