@@ -125,6 +125,49 @@ def _vit(kw: dict) -> tuple:
     return model, inputs
 
 
+class _DoubleConv(nn.Sequential):
+    """Two 3x3 convolutions, each followed by GroupNorm and SiLU: one U-Net stage."""
+
+    def __init__(self, cin: int, cout: int):
+        super().__init__(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU(),
+                         nn.Conv2d(cout, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU())
+
+
+class UNet(nn.Module):
+    """A convolutional U-Net (denoiser shape): `depth` down stages (max-pool, double conv), as many up
+    stages (transposed conv, concatenation with the mirrored down stage's output, double conv)."""
+
+    def __init__(self, ch: int, depth: int):
+        super().__init__()
+        widths = [ch * 2**i for i in range(depth + 1)]
+        self.stem = _DoubleConv(3, ch)
+        self.down = nn.ModuleList(_DoubleConv(widths[i], widths[i + 1]) for i in range(depth))
+        self.upsample = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(depth))
+        self.up = nn.ModuleList(_DoubleConv(2 * widths[i], widths[i]) for i in range(depth))
+        self.head = nn.Conv2d(ch, 3, 1)
+
+    def forward(self, x):
+        x = self.stem(x)
+        skips = []
+        for blk in self.down:
+            skips.append(x)
+            x = blk(nn.functional.max_pool2d(x, 2))
+        for i in reversed(range(len(self.up))):
+            x = self.up[i](torch.cat([self.upsample[i](x), skips.pop()], dim=1))
+        return self.head(x)
+
+
+def _unet(kw: dict) -> Bench:
+    torch.manual_seed(0)
+    model = UNet(kw["ch"], kw["depth"])
+    x = torch.randn(kw["batch"], 3, kw["image"], kw["image"])
+    target = torch.randn_like(x)
+    blocks = ["stem"] + [f"down.{i}" for i in range(kw["depth"])] + [f"up.{i}" for i in range(kw["depth"])]
+    return Bench("unet", model, x, lambda out: nn.functional.mse_loss(out, target), False, blocks,
+                 no_sequence_why="long skip connections: each down stage's output is concatenated into an up stage",
+                 size=kw)
+
+
 def _skipnet(kw: dict) -> Bench:
     model, x = zoo.skipnet(**kw)
     blocks = [f"down.{i}" for i in range(kw["depth"])] + [f"up.{i}" for i in range(kw["depth"])]
@@ -141,6 +184,7 @@ BUILDERS = {
     "llama": lambda kw: _hf_bench("llama", _llama(kw), "HF layers take position embeddings and masks", kw),
     "vit": lambda kw: _hf_bench("vit", _vit(kw), "HF layers are called with extra arguments", kw),
     "skipnet": _skipnet,
+    "unet": _unet,
 }
 
 

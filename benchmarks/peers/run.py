@@ -4,6 +4,10 @@
                                               # benchmarks/results/peers.{md,json}, docs/peers.md,
                                               # docs/peers_<model>.png and the span between
                                               # <!-- peers:begin/end --> in docs/benchmarks.md
+    python benchmarks/peers/run.py --large    # issue 15's zoo, every unplanned step >= 1 GiB, with
+                                              # remat + torch.compile as a peer (~20 min a model);
+                                              # writes benchmarks/results/peers_large.{md,json},
+                                              # docs/peers_large.md and docs/peers_large_<model>.png
     python benchmarks/peers/run.py --quick    # CI smoke test (< 3 min); writes
                                               # benchmarks/results/peers_quick.{md,json}, plots to a temp dir
     python benchmarks/peers/run.py --models gpt2,bert --rounds 9    # a subset, more timing rounds
@@ -40,7 +44,7 @@ import torch  # noqa: E402
 
 import report  # noqa: E402
 from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
-from catalog import ORDER, SIZES  # noqa: E402
+from catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
 
 # On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
 # shared 2-core machine, OpenMP threads that spin-wait for a descheduled sibling made 2-thread steps
@@ -52,6 +56,12 @@ PROFILES = {
     "default": dict(
         size="default", rounds=3, budgets=[0.3, 0.5, 0.7, 0.9], solvers=["dp", "ilp", "chen"],
         compile_budgets=[1.0, 0.9, 0.5, 0.1], frontier_points=2, sweep_max=None,
+    ),
+    # issue 15: steps of 3-7 s, so fewer budgets; remat + torch.compile at every torch.compile point and at
+    # 65% of the eager peak (report 004's -35%)
+    "large": dict(
+        size="large", rounds=3, budgets=[0.5, 0.65], solvers=["auto"], compile_budgets=[1.0, 0.5],
+        frontier_points=0, sweep_max=None, remat_compiled=[0.65],
     ),
     "quick": dict(
         size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],
@@ -65,9 +75,9 @@ QUICK_COMPILE_MODELS = ["chain001"]
 def sweep_for(model: str, size: str, sweep_max: int | None) -> list[int]:
     """checkpoint_sequential segment counts: 2..N for short sequences; for report 001's chain the
     user's sweep (2, 4, 8, 10, 16) plus the ends."""
-    n = {"mlp000": SIZES[size]["mlp000"]["layers"], "chain001": SIZES[size]["chain001"]["blocks"] + 1}.get(model)
-    if n is None:
+    if model not in ("mlp000", "chain001"):
         return [2]  # not applicable; the worker records why
+    n = SIZES[size]["mlp000"]["layers"] if model == "mlp000" else SIZES[size]["chain001"]["blocks"] + 1
     ks = list(range(2, n + 1)) if n <= 9 else sorted({2, 3, 4, 6, 8, 10, 16, n})
     if sweep_max:
         ks = [k for k in ks if k <= sweep_max]
@@ -139,6 +149,7 @@ def rockmate_status() -> dict:
 def parse_args(argv=None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="CI smoke test: two tiny models, few rounds (< 3 min)")
+    ap.add_argument("--large", action="store_true", help="issue 15's zoo at >= 1 GiB, remat + compile as a peer")
     ap.add_argument("--models", help=f"comma-separated subset of {','.join(ORDER)}")
     ap.add_argument("--threads", type=int, default=2, help="torch threads in every worker (default 2)")
     ap.add_argument("--rounds", type=int, help="interleaved timing rounds after one warm-up round")
@@ -165,7 +176,7 @@ def from_json(args: argparse.Namespace) -> int:
 
 def run_profile(args: argparse.Namespace) -> dict:
     """The sizes, rounds and budgets of this run: the default or quick profile, with the options applied."""
-    prof = dict(PROFILES["quick" if args.quick else "default"])
+    prof = dict(PROFILES["quick" if args.quick else "large" if args.large else "default"])
     if args.rounds:
         prof["rounds"] = args.rounds
     if args.compile_budgets is not None:
@@ -192,7 +203,9 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     comp = None
     if prof["compile_budgets"] and with_compile:
         comp = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
-                                                "rounds": prof["rounds"], "budgets": prof["compile_budgets"]},
+                                                "rounds": prof["rounds"], "budgets": prof["compile_budgets"],
+                                                "remat_points": "remat_compiled" in prof,
+                                                "remat_fractions": prof.get("remat_compiled", [])},
                           args.timeout)
     points = []
     if comp and "budgets" in comp:
@@ -214,9 +227,9 @@ def main(argv=None) -> int:
     if args.from_json:
         return from_json(args)
     prof = run_profile(args)
-    models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else ORDER)
+    models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else LARGE_ORDER if args.large else ORDER)
     compile_models = QUICK_COMPILE_MODELS if (args.quick and not args.models) else models
-    name = args.out or ("peers_quick" if args.quick else "peers")
+    name = args.out or ("peers_quick" if args.quick else "peers_large" if args.large else "peers")
     docs = (not args.quick) if args.docs is None else args.docs
     cmd = "python benchmarks/peers/run.py" + (" " + " ".join(sys.argv[1:]) if argv is None and sys.argv[1:] else "")
 

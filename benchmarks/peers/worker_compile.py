@@ -14,6 +14,7 @@ on-disk kernel cache is left as found).  Figures per budget:
   rss_peak       process peak of one step (VmHWM reset before it), as the eager worker measures
   grads          against eager without checkpointing and against the compiled budget 1.0, seed 0
   time_ratio     median per-round ratio to eager without checkpointing, interleaved
+With "remat_points" in the spec, remat + torch.compile is measured the same way (remat_compiled.py).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import timed  # noqa: E402
 from measure import adam, compare_grads, flops_and_grads, grads_of, rss_step_peak, step, zero_grads  # noqa: E402
 from models import build  # noqa: E402
+import remat_compiled  # noqa: E402
 
 warnings.filterwarnings("ignore")
 inductor_config.fx_graph_cache = False
@@ -106,6 +108,9 @@ def main(spec: dict) -> dict:
 
     step(bench, eager, adam(bench.model))  # warm-up
     zero_grads(bench.model)
+    prof = None
+    if spec.get("remat_points"):  # remat's profile before anything is compiled in this process
+        prof, profile_s = remat_compiled.profile_first(bench)
     # Inductor's one-time start-up (imports, compile workers), so that it is not billed to the first budget
     t0 = time.perf_counter()
     w = torch.randn(8, 8, requires_grad=True)
@@ -118,11 +123,14 @@ def main(spec: dict) -> dict:
     for b in spec["budgets"]:
         record, call = compile_at(bench, eager, b, ref_grads)
         if call is not None:
-            variants[b] = call
+            variants[b] = (bench, call)
         out.setdefault("budgets", []).append(record)
-    against_compiled(bench, out.get("budgets", []), variants)
-    for r in out.get("budgets", []):
-        if "error" not in r:
+    against_compiled(bench, out.get("budgets", []), {b: c for b, (_, c) in variants.items()})
+    if prof is not None:
+        out.update(remat_profile_s=profile_s, remat_tracker_peak=prof.peak_bytes)
+        variants.update(remat_compiled.measure_points(bench, prof, out, spec, ref_grads, counting_backend, fresh_function))
+    for r in out.get("budgets", []) + out.get("remat_compiled", []):
+        if "flops" in r:
             r["extra_flops"] = r["flops"] - ref_flops
     time_interleaved(bench, eager, variants, out, spec["rounds"])
     out["threads"] = torch.get_num_threads()
@@ -176,24 +184,31 @@ def against_compiled(bench, records: list[dict], variants: dict) -> None:
 
 
 def time_interleaved(bench, eager, variants: dict, out: dict, rounds: int) -> None:
-    """Step times against eager without checkpointing, interleaved; round 0 is the warm-up."""
-    opt = adam(bench.model)
-    fns = {"eager": eager, **variants}
+    """Step times against eager without checkpointing, interleaved; round 0 is the warm-up.  `variants`:
+    key -> (the Bench whose model it steps, the call); one Adam per model."""
+    fns = {"eager": (bench, eager), **variants}
+    opts = {}
+    for b, _ in fns.values():
+        opts.setdefault(id(b.model), adam(b.model))
     times = {k: [] for k in fns}
     for r in range(rounds + 1):
-        for k, fn in fns.items():
+        for k, (b, fn) in fns.items():
+            opt = opts[id(b.model)]
             t0 = time.perf_counter()
-            step(bench, fn, opt)
+            step(b, fn, opt)
             dt = time.perf_counter() - t0
             opt.zero_grad(set_to_none=True)
             if r:
                 times[k].append(dt)
     out["eager_step_s"] = statistics.median(times["eager"])
-    for rec in out.get("budgets", []):
-        if rec["budget"] in variants:
-            ts = times[rec["budget"]]
+    keyed = [(rec["budget"], rec) for rec in out.get("budgets", [])]
+    keyed += [(rec.get("key"), rec) for rec in out.get("remat_compiled", [])]
+    for key, rec in keyed:
+        if key in variants:
+            ts = times[key]
             rec["step_s"] = statistics.median(ts)
-            rec["time_ratio"] = statistics.median(t / e for t, e in zip(ts, times["eager"]))
+            rec["time_ratios"] = [t / e for t, e in zip(ts, times["eager"])]
+            rec["time_ratio"] = statistics.median(rec["time_ratios"])
             if 1.0 in variants:
                 rec["time_ratio_vs_compiled"] = statistics.median(t / e for t, e in zip(ts, times[1.0]))
 

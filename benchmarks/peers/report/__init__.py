@@ -30,23 +30,26 @@ def slim(data: dict) -> dict:
 
 def write_all(data: dict, *, name: str, docs: bool, results_dir: Path = RESULTS, docs_dir: Path = DOCS) -> Path:
     """results/<name>.md and .json; with `docs`, docs/peers.md, docs/peers_<model>.png and the span in
-    docs/benchmarks.md (else the plots go to a temporary folder)."""
+    docs/benchmarks.md (a "large" run: docs/peers_large.md and docs/peers_large_<model>.png, no span);
+    else the plots go to a temporary folder."""
     results_dir.mkdir(parents=True, exist_ok=True)
     plot_dir = docs_dir if docs else Path(tempfile.mkdtemp(prefix="peers-plots-"))
+    stem = "peers_large" if data["profile"]["size"] == "large" else "peers"
     for m in model_names(data):
         R = data["models"][m]
         if not R["eager"].get("worker_error"):
             try:
-                plot_model(m, R["eager"], R.get("compile"), plot_dir / f"peers_{m}.png")
+                plot_model(m, R["eager"], R.get("compile"), plot_dir / f"{stem}_{m}.png")
             except Exception as e:  # a plot must not lose the tables
                 print(f"plot {m} failed: {e}")
+    (results_dir / f"{name}.json").write_text(json.dumps(slim(data), indent=1))  # first: a render error keeps it
     path = results_dir / f"{name}.md"
     path.write_text(render(data, "../../docs/" if docs else None))
-    (results_dir / f"{name}.json").write_text(json.dumps(slim(data), indent=1))
     if docs:
         docs_dir.mkdir(exist_ok=True)
-        (docs_dir / "peers.md").write_text(render(data, ""))
-        write_benchmarks_span(benchmarks_span(data), docs_dir / "benchmarks.md")
+        (docs_dir / f"{stem}.md").write_text(render(data, ""))
+        if stem == "peers":
+            write_benchmarks_span(benchmarks_span(data), docs_dir / "benchmarks.md")
     else:
         print(f"plots in {plot_dir}")
     return path

@@ -10,6 +10,7 @@ from . import texts
 from .bugs import bugs_section
 from .fmt import grads_differ, grads_text, gflop, mib, secs, table
 from .model_section import model_section
+from .time_verdicts import TIME_TOL, at_oneflow_memory, time_verdicts
 from .verdicts import oneflow_headline, verdicts
 
 BENCH_BEGIN, BENCH_END = "<!-- peers:begin -->", "<!-- peers:end -->"
@@ -34,6 +35,7 @@ def render(data: dict, img_prefix: str | None) -> str:
     all_v = [dict(v, model=m) for m in models for v in per_model[m]]
     L = texts.INTRO + _run_line(data) + texts.PEERS + ["## Headline", ""]
     L += _headline(all_v, per_model)
+    L += _in_time(data, models)
     if _oneflow(data):
         L += texts.ONEFLOW + _oneflow(data)
     L += ["## Planning time", ""] + _planning(data, models)
@@ -44,7 +46,8 @@ def render(data: dict, img_prefix: str | None) -> str:
     L += texts.PER_MODEL
     for m in models:
         R = data["models"][m]
-        img = f"{img_prefix}peers_{m}.png" if img_prefix is not None else None
+        stem = "peers_large" if data["profile"]["size"] == "large" else "peers"
+        img = f"{img_prefix}{stem}_{m}.png" if img_prefix is not None else None
         L += model_section(m, R["eager"], R.get("compile"), img, per_model[m])
     return "\n".join(L) + "\n"
 
@@ -60,6 +63,7 @@ def benchmarks_span(data: dict) -> str:
          f"average {' '.join(info.get('loadavg_at_start', []))} at start; whole run {info['elapsed_s'] / 60:.1f} min. "
          "Full write-up, per-model tables and frontier plots: [docs/peers.md](peers.md).", ""]
     L += _headline(all_v, per_model)
+    L += _in_time(data, models)
     if _oneflow(data):
         L += ["Report 004 (OneFlow on BERT: −35% memory, +33% time) restated on our BERT:", ""]
         L += _oneflow(data)
@@ -92,6 +96,34 @@ def _run_line(data: dict) -> list[str]:
         f"{', '.join(prof['solvers'])}; torch.compile budgets {', '.join(f'{b:g}' for b in prof['compile_budgets']) or 'none'}.",
         "",
     ]
+
+
+def _in_time(data: dict, models: list[str]) -> list[str]:
+    """Issue 15's criterion: the same or a lower process peak for no more measured time, remat + compile included."""
+    rows, counts, oneflow = [], {"wins": 0, "ties": 0, "loses": 0}, []
+    for m in models:
+        R = data["models"][m]
+        if R["eager"].get("worker_error"):
+            continue
+        for v in time_verdicts(R["eager"], R.get("compile")):
+            counts[v["verdict"]] += 1
+            rows.append([m, v["peer"], mib(v["rss"]), f"{v['time']:.2f}×", v.get("remat") or "—",
+                         mib(v.get("remat_rss")), f"{v['remat_time']:.2f}×" if v.get("remat") else "—",
+                         f"**{v['verdict']}**" + (f": {v['why']}" if v["why"] else "")])
+        best = at_oneflow_memory(R["eager"], R.get("compile"))
+        oneflow.append([m, f"{best['label']}: −{best['reduction']:.0%} at {best['time']:.2f}×" if best else "none measured"])
+    if not rows:
+        return []
+    return ["## In measured time (issue 15's criterion)", "",
+            f"At each peer point, remat's fastest measured point (an eager plan, or remat + torch.compile) whose "
+            f"process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
+            f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(rows)}. Times are the median per-round "
+            f"ratio to the eager step without checkpointing, interleaved; within ±{TIME_TOL:.0%} of the peer's is "
+            "a tie on time. Every peak here is the process counter, eager or compiled.", "",
+            table(["model", "peer point", "peer process MiB", "peer time", "remat's fastest at that peak",
+                   "remat process MiB", "remat time", "verdict"], rows), "",
+            "Report 004's −35%: remat's fastest measured point at ≤ 65% of the unplanned process peak:", "",
+            table(["model", "point: process peak saved, time against eager without checkpointing"], oneflow), ""]
 
 
 def _counts(vs: list[dict]) -> dict:

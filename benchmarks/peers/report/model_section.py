@@ -80,6 +80,20 @@ def _compile_rows(E: dict, C: dict | None) -> list[list]:
                      gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})", ratio(r.get("time_ratio")),
                      f"{secs(r['compile_s'])} (partitioner {secs(r['partition_s'])})",
                      f"vs eager {grads_text(r['grads_vs_eager'])}; vs budget 1.0 {grads_text(g)}"])
+    seen = set()
+    for r in (C or {}).get("remat_compiled", []):
+        if r["status"] != "ok" or r["key"] in seen:
+            continue
+        seen.add(r["key"])
+        where = ", ".join(x["at"] for x in C["remat_compiled"] if x.get("key") == r["key"])
+        if "error" in r:
+            rows.append([f"**remat + compile ({r['plan']})** ← {where}", "—", "—", "—", "—", "—", "—", r["error"]])
+            continue
+        rows.append([f"**remat + compile ({r['plan']})** ← {where}", "remat.apply(model, plan); torch.compile(step)",
+                     f"n/a ² (predicted eager {mib(r['predicted_peak'])})",
+                     mib(r["rss_peak"]) + f" ({pct(r['rss_peak'], none['rss_peak'])})",
+                     gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})", ratio(r.get("time_ratio")),
+                     secs(r["compile_s"]), f"vs eager {grads_text(r['grads_vs_eager'])}"])
     return rows
 
 

@@ -1,0 +1,109 @@
+"""remat + torch.compile as a peer point (issue 15), measured in worker_compile.py's process.
+
+remat's plan is applied to a copy of the model (so the compiled budgets keep their own model and
+no guard fails between interleaved timing rounds), then the whole step is compiled with Inductor at
+activation_memory_budget 1.0 (the compiler's default: remat decides what is recomputed), and
+measured exactly as a torch.compile budget: first-call seconds, FLOPs of the compiled graphs,
+gradients against eager without checkpointing, the process peak of one step, and step time.
+
+Where: at each torch.compile budget's measured peak (the budget remat is given is that process peak
+minus the unplanned process-tracker offset, plus the process method's tolerance, as
+worker_eager.match_peers does), and at fractions of the eager tracker peak (report 004's -35%).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import statistics
+import time
+
+import torch
+import torch._functorch.config as functorch_config
+
+import remat
+
+from _common import timed
+from measure import adam_params, compare_grads, grads_of, rss_step_peak, zero_grads
+
+
+def tol_process(peak: float) -> float:
+    return max(2**20, 0.01 * peak)  # as worker_eager.tol_process
+
+
+def profile_first(bench):
+    """remat.profile of the eager model, before anything is compiled in this process."""
+    t0 = time.perf_counter()
+    prof = remat.profile(bench.model, bench.inputs, loss_fn=bench.loss_fn, optimizer=adam_params)
+    return prof, time.perf_counter() - t0
+
+
+def targets(out: dict, prof, fractions: list[float]) -> list[tuple[str, int]]:
+    """(where, budget bytes) of each remat + compile point."""
+    offset = out["eager_rss_peak"] - prof.peak_bytes
+    pts = [(f"torch.compile budget {r['budget']:g}", int(r["rss_peak"] - offset + tol_process(r["rss_peak"])))
+           for r in out.get("budgets", []) if "rss_peak" in r]
+    return pts + [(f"{f:.0%} of the eager peak", int(f * prof.peak_bytes)) for f in fractions]
+
+
+def describe(plan) -> str:
+    sel = len(getattr(plan, "selective", []))
+    return f"{len(plan.segments)} ckpt" + (f" + {sel} selective" if sel else "")
+
+
+def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_for, fresh_function) -> dict:
+    """Plan, apply, compile and measure every point; returns key -> (bench copy, compiled call) to time."""
+    records, calls, by_plan = [], {}, {}
+    for where, budget in targets(out, prof, spec.get("remat_fractions", [])):
+        row = {"at": where, "budget_bytes": budget}
+        try:
+            plan = remat.plan(prof, budget)
+        except remat.InfeasibleBudget as e:
+            row.update(status="infeasible", min_bytes=e.min_bytes)
+            records.append(row)
+            continue
+        key = json.dumps([plan.segments, sorted(getattr(plan, "selective", []))])
+        row.update(status="ok", key=key, plan=describe(plan), predicted_peak=plan.peak_bytes,
+                   predicted_flops=plan.recompute_flops)
+        if key not in by_plan:
+            by_plan[key] = _one(bench, plan, ref_grads, backend_for, fresh_function, f"remat_compiled_{len(by_plan)}")
+            if by_plan[key][1] is not None:
+                calls[key] = by_plan[key][1]
+        row.update(by_plan[key][0])
+        records.append(row)
+    out["remat_compiled"] = records
+    return calls
+
+
+def _one(bench, plan, ref_grads: dict, backend_for, fresh_function, name: str):
+    """One plan on a copy of the model, compiled: its figures, and (bench copy, call) or None."""
+    fig = {"fw_flops": 0, "bw_flops": 0, "graphs": 0}
+    b2 = dataclasses.replace(bench, model=copy.deepcopy(bench.model))  # parameter names taken before apply
+    remat.apply(b2.model, plan)
+
+    def eager():
+        return b2.loss(b2.call())
+
+    compiled = torch.compile(fresh_function(eager, name), backend=backend_for(fig))
+
+    def call():
+        with functorch_config.patch(activation_memory_budget=1.0):
+            return compiled()
+
+    try:
+        zero_grads(b2.model)
+        t0 = time.perf_counter()
+        call().backward()
+        first = time.perf_counter() - t0
+        zero_grads(b2.model)
+        steady = statistics.median(timed(lambda: call().backward()) for _ in range(2))
+        fig.update(compile_s=max(0.0, first - steady), flops=fig["fw_flops"] + fig["bw_flops"])
+        fig["grads_vs_eager"] = compare_grads(ref_grads, grads_of(b2, call))
+        fig["rss_peak"] = rss_step_peak(b2, call)
+        ok = (b2, call)
+    except Exception as e:  # a failure is a result
+        fig["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+        ok = None
+    zero_grads(b2.model)
+    return fig, ok

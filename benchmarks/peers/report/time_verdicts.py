@@ -1,0 +1,75 @@
+"""Issue 15's criterion, a pure function of the workers' data: at each peer point, does remat (eager,
+or remat + torch.compile) reach the same or a lower measured peak with no more measured time?
+
+Measured peak = the process counter (`rss_peak`) for every strategy, eager or compiled, so remat +
+compile and torch.compile's budgets are judged like the eager peers.  Time = the median per-round
+ratio to the eager step without checkpointing, interleaved within one worker (eager strategies in
+worker_eager.py, compiled ones in worker_compile.py).  A time within TIME_TOL of the peer's is a tie
+on time (the rounds' noise on a shared 2-core machine); a peak within tol_process of the peer's is a
+tie on memory."""
+
+from __future__ import annotations
+
+from .fmt import mib
+from .verdicts import PEERS_FAMILIES, tol_process
+
+TIME_TOL = 0.05
+ONEFLOW_MEM = 0.65  # user report 004: -35% memory
+
+
+def remat_candidates(E: dict, C: dict | None) -> list[dict]:
+    """Every measured remat point: eager plans, and remat + torch.compile."""
+    out = [{"label": c["label"], "rss": c["rss_peak"], "time": c["time_ratio"], "compiled": False}
+           for c in E.get("configs", []) if c["family"] == "remat" and c.get("rss_peak") and c.get("time_ratio")]
+    seen = set()
+    for r in (C or {}).get("remat_compiled", []):
+        if r.get("rss_peak") and r.get("time_ratio") and r["key"] not in seen:
+            seen.add(r["key"])
+            out.append({"label": f"remat + compile ({r['plan']})", "rss": r["rss_peak"], "time": r["time_ratio"],
+                        "compiled": True})
+    return out
+
+
+def peer_points(E: dict, C: dict | None) -> list[dict]:
+    pts = [{"peer": c["label"], "family": c["family"], "rss": c["rss_peak"], "time": c["time_ratio"]}
+           for c in E.get("configs", []) if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and c.get("time_ratio")]
+    return pts + [{"peer": f"torch.compile budget {r['budget']:g}", "family": "compile", "rss": r["rss_peak"],
+                   "time": r["time_ratio"]} for r in (C or {}).get("budgets", []) if r.get("rss_peak") and r.get("time_ratio")]
+
+
+def time_verdicts(E: dict, C: dict | None) -> list[dict]:
+    """Per peer point: remat's fastest measured point at no more than the peer's process peak (+ tolerance)."""
+    cands = remat_candidates(E, C)
+    rows = []
+    for p in peer_points(E, C):
+        tol = tol_process(p["rss"])
+        v = dict(p, tol=tol)
+        fits = [c for c in cands if c["rss"] <= p["rss"] + tol]
+        if not fits:
+            least = min(cands, key=lambda c: c["rss"], default=None)
+            v.update(verdict="loses", remat=None,
+                     why=f"no remat point measured at this peak (least {mib(least['rss']) if least else '—'} MiB)")
+            rows.append(v)
+            continue
+        best = min(fits, key=lambda c: (c["time"], c["rss"]))
+        v.update(remat=best["label"], remat_rss=best["rss"], remat_time=best["time"], remat_compiled=best["compiled"])
+        if best["time"] > p["time"] * (1 + TIME_TOL):
+            v.update(verdict="loses", why=f"slower: {best['time']:.2f}× against {p['time']:.2f}×")
+        elif best["time"] >= p["time"] * (1 - TIME_TOL) and abs(best["rss"] - p["rss"]) <= tol:
+            v.update(verdict="ties", why="")
+        else:
+            v.update(verdict="wins", why="")
+        rows.append(v)
+    return rows
+
+
+def at_oneflow_memory(E: dict, C: dict | None) -> dict | None:
+    """remat's fastest measured point at <= 65% of the unplanned process peak (report 004's -35%)."""
+    none = next((c for c in E.get("configs", []) if c["key"] == "none"), None)
+    if none is None or not none.get("rss_peak"):
+        return None
+    fits = [c for c in remat_candidates(E, C) if c["rss"] <= ONEFLOW_MEM * none["rss_peak"]]
+    if not fits:
+        return None
+    best = min(fits, key=lambda c: c["time"])
+    return dict(best, reduction=1 - best["rss"] / none["rss_peak"])
