@@ -142,3 +142,18 @@ def test_the_compiled_planned_step_fits_the_budget_by_the_process_counter():
     report = remat.verify(compiled, x, plan, time_rounds=0)
     assert report.independent_judged and report.ok, str(report)
     assert report.independent_peak_bytes <= plan.budget_bytes * 1.01
+
+
+def test_a_model_compiled_in_place_is_verified_and_profiled_as_compiled():
+    """`model.compile()` compiles the module's call in place (no `_orig_mod` wrapper): verify still runs its
+    counter on the compiled step and says so, and the profile carries the compiled note."""
+    torch._dynamo.reset()
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    bare = remat.profile(model, x)
+    model.compile(backend="aot_eager")
+    prof = remat.profile(model, x)
+    assert COMPILED_NOTE in prof.notes and COMPILED_NOTE not in bare.notes
+    plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
+    report = remat.verify(model, x, plan, time_rounds=0)
+    assert report.compiled and report.independent_counter == "process's high-water mark (compiled)"
+    assert report.grads_equal and report.measured_recompute_flops == plan.recompute_flops

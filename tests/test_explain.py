@@ -396,3 +396,30 @@ def test_cli_explain_prints_the_report(capsys):
     assert out.startswith("remat explain of FrozenStem") and "reentrant-no-grad-input in layers.0" in out
     assert cli.main(["explain", "remat.explainer.examples:no_such_factory"]) == 2
     assert capsys.readouterr().err.startswith("remat: ")
+
+
+# -- compiler-fuses-it ---------------------------------------------------------------------------------
+
+
+def test_pointwise_outputs_that_eager_recomputation_pays_for_point_to_torch_compile():
+    """A GPT-2 with no checkpoint: much of its peak is GELU, softmax, LayerNorm and dropout outputs, cheap in FLOPs
+    and dear in eager seconds; the advice names the bytes and the seconds, and the peak without them is one
+    remat can plan: its plan measures within it with the gradients unchanged."""
+    model, x = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=4, vocab=256)
+    expl = explain(model, x)
+    f = next(f for f in expl if f.code == "compiler-fuses-it")
+    fig = f.figures
+    assert fig["freed_bytes"] == f.bytes_at_stake >= 0.2 * fig["peak_bytes"]
+    assert fig["peak_bytes"] == expl.profile.peak_bytes and fig["recompute_us"] >= 0.1 * fig["step_us"] > 0
+    assert f"{fig['freed_bytes'] / fig['peak_bytes']:.0%}" in f.message and "torch.compile" in f.fix
+    plan = remat.plan(expl.profile, expl.profile.peak_bytes - fig["freed_bytes"])
+    report = remat.verify(model, x, plan, time_rounds=0)
+    assert report.ok and report.grads_equal, str(report)
+
+
+def test_a_compiled_model_gets_no_advice_to_compile():
+    torch._dynamo.reset()
+    model, x = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=4, vocab=256)
+    assert "compiler-fuses-it" in explain(model, x).codes()
+    model.compile(backend="aot_eager")
+    assert "compiler-fuses-it" not in explain(model, x).codes()

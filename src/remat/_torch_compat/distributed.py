@@ -72,6 +72,12 @@ def uncompiled(model):
     return model
 
 
+def is_compiled(model) -> bool:
+    """`torch.compile(model)`, or a model compiled in place by `model.compile()` (which keeps the compiled call in
+    the private `nn.Module._compiled_call_impl`): its step runs compiled code."""
+    return uncompiled(model) is not model or getattr(model, "_compiled_call_impl", None) is not None
+
+
 def compiled_module(model):
     """The original of `torch.compile(module)` (`OptimizedModule._orig_mod`, a private attribute of a private
     class), or None when `model` is not one."""

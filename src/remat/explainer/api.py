@@ -34,7 +34,7 @@ import torch.nn as nn
 
 from remat import applier, planner
 from remat._torch_compat import tree_flatten
-from remat._torch_compat.distributed import uncompiled
+from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.explainer.evidence import _b, _few
 from remat.explainer.record import Policy, RecordedCall, Recorder
@@ -82,7 +82,8 @@ def explain(
     (`checkpoint`, `checkpoint_sequential`, `checkpoint_wrapper`, Hugging Face's
     gradient checkpointing); in fake mode dropout is seen only through dropout modules.
     """
-    model = uncompiled(check_model(model))  # remat.profile's errors first; the model inside torch.compile
+    compiled = is_compiled(check_model(model))  # remat.profile's errors first
+    model = uncompiled(model)  # the model inside torch.compile
     normalize_inputs(inputs)
     step = _Step(model, inputs, loss_fn, optimizer, mode, device)
     observed_bytes = _observed(observed)
@@ -98,7 +99,7 @@ def explain(
         written_error=str(error) if error else "", regions=regions, recomputed=recorder.recomputed,
         problem=problem, plan=recommended, least_peak_bytes=least,
         kv_cache=_kv_cache(step, model, written, plain), observed_bytes=observed_bytes,
-        reserved_bytes=step.reserved_bytes,
+        reserved_bytes=step.reserved_bytes, compiled=compiled,
     )
     findings = sorted((f for rule in RULES for f in rule(ev)), key=_order)
     return Explanation(

@@ -36,6 +36,8 @@ class Evidence:
     """(peak with the KV cache, peak with use_cache=False), measured; None if no cache is built."""
     observed_bytes: int | None
     reserved_bytes: int | None
+    compiled: bool = False
+    """The model explained runs compiled (`torch.compile(model)` or `model.compile()`)."""
 
 
 def _b(n: int) -> str:

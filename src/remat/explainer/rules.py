@@ -10,7 +10,7 @@ The rules live by severity: `memory_rules`, `correctness_rules`, `advice_rules`.
 
 from __future__ import annotations
 
-from remat.explainer.advice_rules import measured_with_reserved_memory, no_checkpointing
+from remat.explainer.advice_rules import compiler_fuses_it, measured_with_reserved_memory, no_checkpointing
 from remat.explainer.correctness_rules import batchnorm_recomputed, reentrant_no_grad_input, rng_not_preserved
 from remat.explainer.evidence import Evidence
 from remat.explainer.memory_rules import (
@@ -34,4 +34,5 @@ RULES = (
     measured_with_reserved_memory,
     kv_cache_in_training,
     no_checkpointing,
+    compiler_fuses_it,
 )

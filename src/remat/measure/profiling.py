@@ -12,7 +12,7 @@ import torch
 import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode, ModuleTracker
-from remat._torch_compat.distributed import fsdp_gathered, uncompiled
+from remat._torch_compat.distributed import fsdp_gathered, is_compiled, uncompiled
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
@@ -100,7 +100,7 @@ def profile(
     options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate), hardware)
     args = (model, inputs, loss_fn, optimizer, options)
     prof = _profile(*args) if world_size == 1 else _predict_ranks(*args, (world_size, wrap))
-    return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if compiled is not model else prof
+    return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if is_compiled(compiled) else prof
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
-from remat._torch_compat.distributed import uncompiled
+from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.applier.apply import applied, apply, remove
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
@@ -85,7 +85,7 @@ def verify(
         rounds = TIME_ROUNDS if time_rounds is None else time_rounds
         times = interleaved_times(compiled, (inputs, loss_fn, optimizer), plan, loop, rounds)
     report = _report(plan, tolerance, base, planned, (independent, counter), loop, times=times)
-    return replace(report, compiled=compiled is not model)
+    return replace(report, compiled=is_compiled(compiled))
 
 
 def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop, *, times) -> VerifyReport:
@@ -160,7 +160,7 @@ COMPILED_STEP = " (compiled)"
 def independent_peak(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> tuple[int | None, str]:
     """The step's peak in the training loop by a counter that is not remat's tracker, and its name."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    compiled = COMPILED_STEP if uncompiled(model) is not model else ""
+    compiled = COMPILED_STEP if is_compiled(model) else ""
     if device.type == "cuda":
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, normalize_inputs(inputs).tensors())
