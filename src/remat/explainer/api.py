@@ -82,8 +82,7 @@ def explain(
     (`checkpoint`, `checkpoint_sequential`, `checkpoint_wrapper`, Hugging Face's
     gradient checkpointing); in fake mode dropout is seen only through dropout modules.
     """
-    compiled = is_compiled(check_model(model))  # remat.profile's errors first
-    model = uncompiled(model)  # the model inside torch.compile
+    compiled, model = is_compiled(check_model(model)), uncompiled(model)  # the model inside torch.compile
     normalize_inputs(inputs)
     step = _Step(model, inputs, loss_fn, optimizer, mode, device)
     observed_bytes = _observed(observed)
