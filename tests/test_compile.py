@@ -1,6 +1,7 @@
 """remat and torch.compile: a planned model compiles with no more graph breaks than the bare one, gives the
 same gradients, and a compiled model is profiled, planned and verified by the names of the model inside."""
 
+import math
 import warnings
 
 import pytest
@@ -12,6 +13,7 @@ from remat.applier.apply import applied
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, wrap_segment
 from remat.measure.profiling import COMPILED_NOTE
+from remat.types.profile import COMPILED_PEAK_MARGIN
 
 
 def _llama():
@@ -157,3 +159,21 @@ def test_a_model_compiled_in_place_is_verified_and_profiled_as_compiled():
     report = remat.verify(model, x, plan, time_rounds=0)
     assert report.compiled and report.independent_counter == "process's high-water mark (compiled)"
     assert report.grads_equal and report.measured_recompute_flops == plan.recompute_flops
+
+
+def test_a_budget_the_compiled_step_meets_needs_no_checkpoint():
+    """NOTE [A compiled step's peak]: `remat.profile` of a compiled model measures the compiled step by the process
+    counter (a forked copy running the loop); a budget at or above that peak gets the keep-everything plan, a
+    budget below it a real plan, and verify judges the compiled step the loop runs against the budget."""
+    torch._dynamo.reset()
+    model, x = zoo.gpt2(n_layer=2, n_embd=128, n_head=2, seq=128, batch=16, vocab=512)  # > COUNTER_RESOLVES_BYTES
+    compiled = torch.compile(model)
+    prof = remat.profile(compiled, x)
+    assert 0 < prof.compiled_peak_bytes < prof.peak_bytes, (prof.compiled_peak_bytes, prof.peak_bytes)
+    assert prof.compiled_counter == "process's high-water mark (compiled)"
+    plan = remat.plan(prof, math.ceil(prof.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN)))
+    assert not plan.segments and not plan.selective and "the compiled step measured" in plan.notes[0]
+    assert remat.plan(prof, prof.compiled_peak_bytes).segments  # within the counter's noise: planned
+    report = remat.verify(compiled, x, plan, time_rounds=0)
+    assert report.compiled and report.independent_judged and report.ok, str(report)
+    assert remat.plan(remat.profile(model, x), plan.budget_bytes).segments  # the eager step needs a plan

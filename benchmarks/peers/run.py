@@ -160,15 +160,34 @@ def parse_args(argv=None) -> argparse.Namespace:
                     help="write docs/peers.md and docs/peers_<model>.png (default: on unless --quick)")
     ap.add_argument("--no-bugs", action="store_true", help="skip repro_bugs.py (the remat bugs this benchmark found)")
     ap.add_argument("--from-json", metavar="PATH",
-                    help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring)")
+                    help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring); "
+                         "several, comma-separated, are merged (runs made model by model)")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     return ap.parse_args(argv)
 
 
+def merged(paths: list[str]) -> dict:
+    """Runs of one profile made model by model (`--models m --out peers_large_m`), as one run: the first run's
+    machine and profile, every run's models, the runs' minutes summed and their commands listed."""
+    runs = [json.loads(Path(p).read_text()) for p in paths]
+    data = runs[0]
+    if any(r["profile"] != data["profile"] for r in runs):
+        raise SystemExit("--from-json: the runs to merge were made with different profiles")
+    for r in runs[1:]:
+        data["models"].update(r["models"])
+    data["machine"]["elapsed_s"] = sum(r["machine"]["elapsed_s"] for r in runs)
+    data["machine"]["loadavg_at_end"] = runs[-1]["machine"]["loadavg_at_end"]
+    data["machine"]["git_per_run"] = [r["machine"]["git"] for r in runs]
+    data["command"] = "; ".join(r["command"] for r in runs)
+    return data
+
+
 def from_json(args: argparse.Namespace) -> int:
-    """Re-render an earlier run's results (no measuring): the docs unless it was a --quick run."""
-    data = json.loads(Path(args.from_json).read_text())
-    name = args.out or Path(args.from_json).stem
+    """Re-render an earlier run's results (no measuring), several runs merged when comma-separated: the docs
+    unless it was a --quick run."""
+    paths = args.from_json.split(",")
+    data = merged(paths)
+    name = args.out or Path(paths[0]).stem
     docs = (not data["profile"]["size"] == "quick") if args.docs is None else args.docs
     print(f"re-rendered {report.write_all(data, name=name, docs=docs)}")
     return 0

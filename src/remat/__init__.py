@@ -7,7 +7,7 @@ from remat import report as _report  # noqa: F401  (registers the text reports t
 from remat.applier import apply, auto, checkpoint, remove
 from remat.errors import InfeasibleBudget, RematError, UnsupportedOp
 from remat.explainer import explain
-from remat.measure import profile
+from remat.compiled import profile
 from remat.planner import frontier, plan
 from remat.types import (
     BlockProfile,

@@ -33,13 +33,23 @@ def render(data: dict, img_prefix: str | None) -> str:
     """docs/peers.md (img_prefix "") or benchmarks/results/<name>.md; no plots named when img_prefix is None."""
     models, per_model = model_names(data), judged(data)
     all_v = [dict(v, model=m) for m in models for v in per_model[m]]
-    L = texts.INTRO + _run_line(data) + texts.PEERS + ["## Headline", ""]
+    large = data["profile"]["size"] == "large"
+    peers = [ln.format(solvers=", ".join(data["profile"]["solvers"])) for ln in texts.PEERS]
+    L = (texts.INTRO_LARGE if large else texts.INTRO) + _run_line(data) + peers
+    if any("remat_compiled" in (R.get("compile") or {}) for R in data["models"].values()):
+        L += texts.REMAT_COMPILED
+    if large:  # issue 15's criterion first; the FLOPs verdict (eager remat only) after it
+        L += _in_time(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
+    else:
+        L += ["## Headline", ""]
     L += _headline(all_v, per_model)
-    L += _in_time(data, models)
+    if not large:
+        L += _in_time(data, models)
     if _oneflow(data):
         L += texts.ONEFLOW + _oneflow(data)
     L += ["## Planning time", ""] + _planning(data, models)
-    L += ["## Where remat loses, and why", ""] + _losses(all_v)
+    L += ["## Where remat loses in FLOPs, and why" if large else "## Where remat loses, and why", ""]
+    L += _losses(all_v, large)
     L += _checks(data, models)
     L += bugs_section(data)
     L += ["## How each figure is measured", ""] + texts.method(_fresh_peak_reader(data))
@@ -154,7 +164,7 @@ def _headline(all_v: list[dict], per_model: dict) -> list[str]:
     return L
 
 
-def _losses(all_v: list[dict]) -> list[str]:
+def _losses(all_v: list[dict], large: bool = False) -> list[str]:
     losses = [v for v in all_v if v["verdict"] == "loses"]
     if not losses:
         return ["remat lost no point in this run.", ""]
@@ -167,7 +177,7 @@ def _losses(all_v: list[dict]) -> list[str]:
     L = [f"remat loses {len(losses)} of {len(all_v)} points, all to: {'; '.join(fams)}. "
          + ("Against the eager peers (every block, checkpoint_sequential, Chen, SAC) it loses none: at each of their "
             "measured peaks it has a plan with no more extra FLOPs. " if not eager_losses else "")
-         + texts.LOSSES_INTRO, "", texts.LOSSES_DEV, "",
+         + (texts.LOSSES_INTRO_LARGE if large else texts.LOSSES_INTRO), "", *([] if large else [texts.LOSSES_DEV, ""]),
          table(["model", "peer point", "peer peak MiB / extra GFLOP", "remat peak MiB / extra GFLOP", "why"], rows), ""]
     order = list(texts.CAUSE_TEXT)
     L += ["The causes, in plain words:", ""]
@@ -273,4 +283,4 @@ def _oneflow(data: dict) -> list[str]:
         L.append(line("sac", max_spread=h.get("max_spread", 0)))
     if "every_block" in h:
         L.append(line("every_block"))
-    return L + texts.ONEFLOW_CAVEAT
+    return L + texts.oneflow_caveat(data["models"]["bert"]["eager"].get("describe", ""))

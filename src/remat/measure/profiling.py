@@ -89,12 +89,12 @@ def profile(
     `mode="fake"` predicts one rank of N from this process, with no process group: the
     inputs are the global batch, and `wrap` says how the job shares the model: "fsdp"
     (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model`
-    (NOTE [N ranks from one process]).
+    (NOTE [N ranks from one process]).  Of a compiled model: the model inside, eagerly, and the compiled
+    step's peak by the process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
 
-    Known limitations: memory a kernel allocates and frees inside one op (cuBLAS workspaces)
-    is not seen; in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; a simulated
-    CUDA target runs CPU kernels but for the optimizer, autocast and attention (NOTE [A CUDA
-    step simulated on CPU])."""
+    Known limitations: memory a kernel allocates and frees inside one op (cuBLAS workspaces) is not
+    seen; in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; a simulated CUDA target
+    runs CPU kernels but for the optimizer, autocast and attention (NOTE [A CUDA step simulated on CPU])."""
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
     options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate), hardware)

@@ -14,6 +14,7 @@ from remat.planner.problem import MAX_SEGMENT, NotAChain, Problem, Unit, chain_g
 from remat.planner.recipes import chen_units
 from remat.planner.result import already_checkpointed_note, keep_all, make_plan
 from remat.types import Plan, Solver, StepProfile
+from remat.types.profile import COMPILED_PEAK_MARGIN
 
 SOLVERS = tuple(Solver)
 MIB = 2**20
@@ -88,6 +89,9 @@ def plan(
     name = _pick(problem, solver)  # before the budget test: an unknown solver is an error either way
     if budget_bytes >= profile.peak_bytes:
         return keep_all(profile, budget_bytes, "the budget is at or above the unplanned peak: nothing to recompute")
+    if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:  # NOTE [A compiled step's peak]
+        return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by the "
+                        f"{profile.compiled_counter}, within the budget: nothing to recompute")
     chosen = _solve(problem, name, budget_bytes, time_limit_s)
     if chosen is None or problem.peak(chosen) > budget_bytes:
         raise _infeasible(profile, problem, name, budget_bytes, time_limit_s)

@@ -21,6 +21,9 @@ PROFILE_VERSION = 4
 4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
    `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`)."""
 
+COMPILED_PEAK_MARGIN = 0.02
+"""Two measurements of one compiled step by the process counter differed by up to 1.5% (tests/test_compile.py):
+a budget needs this margin over `compiled_peak_bytes` to count as met (NOTE [A compiled step's peak])."""
 PHASES = ("forward", "loss", "backward", "optimizer")
 CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "gathered", "activations", "temporaries", "scratch")
 
@@ -267,6 +270,12 @@ class StepProfile:
     selective_op_s: float = 0.0
     """What selective checkpointing's policy costs per op of the module, in forward and again in the
     recomputation (Rule 5); 0.0 when not timed."""
+    compiled_peak_bytes: int = 0
+    """Of a compiled model (`torch.compile(model)`, `model.compile()`), the compiled step's own peak by a counter
+    that is not remat's tracker (`compiled_counter`), measured by `remat.profile`; 0 otherwise.  Every other
+    figure is the eager step's (NOTE [A compiled step's peak] in `remat.compiled`)."""
+    compiled_counter: str = ""
+    """The counter that measured `compiled_peak_bytes` (as `VerifyReport.independent_counter` names it)."""
 
     @property
     def timed(self) -> bool:
