@@ -63,8 +63,8 @@ def plan(
         >>> p.peak_bytes, p.recompute_flops, p.decisions
 
     The budget is the whole step's peak (parameters, gradients, optimizer state,
-    activations, temporaries).  Raises `remat.InfeasibleBudget` when no plan fits;
-    its `.min_bytes` is the smallest budget that does.
+    activations, temporaries).  Raises `remat.InfeasibleBudget` when no plan fits; its `.min_bytes`
+    is the smallest that does.  A compiled step that fits: no plan (NOTE [A compiled step's peak]).
 
     Decisions are keep, recompute (a checkpoint around one module or a run of
     nn.Sequential children), selective (matmul-like outputs kept, the rest recomputed)
