@@ -110,13 +110,14 @@ def _run_line(data: dict) -> list[str]:
 
 def _in_time(data: dict, models: list[str]) -> list[str]:
     """Issue 15's criterion: the same or a lower process peak for no more measured time, remat + compile included."""
-    rows, counts, oneflow = [], {"wins": 0, "ties": 0, "loses": 0}, []
+    rows, counts, oneflow, noisy = [], {"wins": 0, "ties": 0, "loses": 0}, [], 0
     for m in models:
         R = data["models"][m]
         if R["eager"].get("worker_error"):
             continue
         for v in time_verdicts(R["eager"], R.get("compile")):
             counts[v["verdict"]] += 1
+            noisy += v["verdict"] == "loses" and bool(v.get("noise"))
             rows.append([m, v["peer"], mib(v["rss"]), f"{v['time']:.2f}×", v.get("remat") or "—",
                          mib(v.get("remat_rss")), f"{v['remat_time']:.2f}×" if v.get("remat") else "—",
                          f"**{v['verdict']}**" + (f": {v['why']}" if v["why"] else "")])
@@ -127,7 +128,9 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
     return ["## In measured time (issue 15's criterion)", "",
             f"At each peer point, remat's fastest measured point (an eager plan, or remat + torch.compile) whose "
             f"process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
-            f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(rows)}. Times are the median per-round "
+            f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(rows)}"
+            + (f" ({noisy} of the losses within the rounds' noise: the per-round ratios overlap)" if noisy else "")
+            + ". Times are the median per-round "
             f"ratio to the eager step without checkpointing, interleaved; within ±{TIME_TOL:.0%} of the peer's is "
             "a tie on time. Every peak here is the process counter, eager or compiled.", "",
             table(["model", "peer point", "peer process MiB", "peer time", "remat's fastest at that peak",

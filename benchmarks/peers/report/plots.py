@@ -22,6 +22,7 @@ STYLE = {
     "sac": ("tab:green", "P", "selective (SAC)"),
     "compile": ("tab:orange", "X", "torch.compile budget"),
     "remat": ("tab:red", "*", "remat (measured)"),
+    "remat_compiled": ("darkred", "h", "remat + torch.compile (measured)"),
     "diagnostic": ("lightgray", "*", "diagnostic: hand-built selective"),
 }
 
@@ -55,6 +56,10 @@ def _points(E: dict, C: dict | None) -> dict[str, list]:
         if "rss_peak" in r:
             pts.setdefault("compile", []).append((r["extra_flops"] / 1e9, r.get("time_ratio"), r["rss_peak"] / MiB,
                                                   f"{r['budget']:g}"))
+    for r in (C or {}).get("remat_compiled", []):
+        if "rss_peak" in r:
+            pts.setdefault("remat_compiled", []).append((r["extra_flops"] / 1e9, r.get("time_ratio"),
+                                                         r["rss_peak"] / MiB, r["plan"]))
     return pts
 
 

@@ -5,8 +5,9 @@ Measured peak = the process counter (`rss_peak`) for every strategy, eager or co
 compile and torch.compile's budgets are judged like the eager peers.  Time = the median per-round
 ratio to the eager step without checkpointing, interleaved within one worker (eager strategies in
 worker_eager.py, compiled ones in worker_compile.py).  A time within TIME_TOL of the peer's is a tie
-on time (the rounds' noise on a shared 2-core machine); a peak within tol_process of the peer's is a
-tie on memory."""
+on time; a peak within tol_process of the peer's is a tie on memory.  A loss on time whose per-round
+ratios overlap the peer's (`noise`) is marked so: on a shared 2-core machine, three rounds cannot
+tell such times apart."""
 
 from __future__ import annotations
 
@@ -19,22 +20,25 @@ ONEFLOW_MEM = 0.65  # user report 004: -35% memory
 
 def remat_candidates(E: dict, C: dict | None) -> list[dict]:
     """Every measured remat point: eager plans, and remat + torch.compile."""
-    out = [{"label": c["label"], "rss": c["rss_peak"], "time": c["time_ratio"], "compiled": False}
+    out = [{"label": c["label"], "rss": c["rss_peak"], "time": c["time_ratio"], "compiled": False,
+            "rounds": c.get("time_ratios") or [c["time_ratio"]]}
            for c in E.get("configs", []) if c["family"] == "remat" and c.get("rss_peak") and c.get("time_ratio")]
     seen = set()
     for r in (C or {}).get("remat_compiled", []):
         if r.get("rss_peak") and r.get("time_ratio") and r["key"] not in seen:
             seen.add(r["key"])
             out.append({"label": f"remat + compile ({r['plan']})", "rss": r["rss_peak"], "time": r["time_ratio"],
-                        "compiled": True})
+                        "compiled": True, "rounds": r.get("time_ratios") or [r["time_ratio"]]})
     return out
 
 
 def peer_points(E: dict, C: dict | None) -> list[dict]:
-    pts = [{"peer": c["label"], "family": c["family"], "rss": c["rss_peak"], "time": c["time_ratio"]}
+    pts = [{"peer": c["label"], "family": c["family"], "rss": c["rss_peak"], "time": c["time_ratio"],
+            "rounds": c.get("time_ratios") or [c["time_ratio"]]}
            for c in E.get("configs", []) if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and c.get("time_ratio")]
     return pts + [{"peer": f"torch.compile budget {r['budget']:g}", "family": "compile", "rss": r["rss_peak"],
-                   "time": r["time_ratio"]} for r in (C or {}).get("budgets", []) if r.get("rss_peak") and r.get("time_ratio")]
+                   "time": r["time_ratio"], "rounds": r.get("time_ratios") or [r["time_ratio"]]}
+                  for r in (C or {}).get("budgets", []) if r.get("rss_peak") and r.get("time_ratio")]
 
 
 def time_verdicts(E: dict, C: dict | None) -> list[dict]:
@@ -53,8 +57,10 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
             continue
         best = min(fits, key=lambda c: (c["time"], c["rss"]))
         v.update(remat=best["label"], remat_rss=best["rss"], remat_time=best["time"], remat_compiled=best["compiled"])
+        v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
         if best["time"] > p["time"] * (1 + TIME_TOL):
-            v.update(verdict="loses", why=f"slower: {best['time']:.2f}× against {p['time']:.2f}×")
+            v.update(verdict="loses", why=f"slower: {best['time']:.2f}× against {p['time']:.2f}×"
+                     + (" (the per-round ratios overlap: within the rounds' noise)" if v["noise"] else ""))
         elif best["time"] >= p["time"] * (1 - TIME_TOL) and abs(best["rss"] - p["rss"]) <= tol:
             v.update(verdict="ties", why="")
         else:
