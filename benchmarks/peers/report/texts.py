@@ -71,7 +71,7 @@ ONEFLOW_LINES = {  # by the key of verdicts.oneflow_headline they format
            "though FlopCounterMode counts it 0 — selective op checkpointing (SAC) is +{flops_frac:.0%} FLOPs "
            "but {time:.2f}× step time for −{reduction:.0%}; remat's selective plans pay the same. Step "
            "times are medians of interleaved rounds on a shared machine: the per-round ratios of one strategy "
-           "on this model span up to {max_spread:.2f} (`time_ratios` in benchmarks/results/peers.json), "
+           "on this model span up to {max_spread:.2f} (`time_ratios` in benchmarks/results/{results}.json), "
            "so step-time differences of that order are noise; FLOPs are exact.",
     "every_block": "- OneFlow's recipe (every layer checkpointed) here: −{reduction:.0%} at {time:.2f}× "
                    "(+{flops_frac:.0%} FLOPs).",
