@@ -65,7 +65,7 @@ PROFILES = {
     ),
     "quick": dict(
         size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],
-        compile_budgets=[1.0, 0.5], frontier_points=0, sweep_max=4,
+        compile_budgets=[1.0, 0.5], frontier_points=0, sweep_max=4, remat_compiled=[0.65],
     ),
 }
 QUICK_MODELS = ["chain001", "gpt2"]

@@ -10,10 +10,11 @@ of a forked copy of this process running the training loop (third step; the copy
 or `torch.cuda.max_memory_allocated` on CUDA.  It is stored in `StepProfile.compiled_peak_bytes`.
 
 What the planner does with it (`remat.planner.api.plan`): a budget at or above the compiled step's measured
-peak, plus COMPILED_PEAK_MARGIN (2%: two measurements of one compiled step differed by up to 1.5%), needs no
-checkpoint, whatever the eager step keeps, and gets the keep-everything plan with a note that says so; `remat.verify` of a compiled model judges the budget on the compiled step's counter.  Below it,
-plans are still made and priced on the eager step, which keeps more: they fit the compiled step with room to
-spare (docs/compile.md), and may recompute more than it needs.
+peak plus COMPILED_PEAK_MARGIN (2%: two measurements of one compiled step differed by up to 1.5%) needs no
+checkpoint, whatever the eager step keeps, and gets the keep-everything plan with a note that says so.
+`remat.verify` of a compiled model judges the budget on the compiled step's counter.  Below that budget,
+plans are still made and priced on the eager step, which keeps more: they fit the compiled step with room
+to spare (docs/compile.md), and may recompute more than it needs.
 
 Known limitations: real mode and one process only (a fake-mode or N-rank prediction has no compiled figure);
 on CPU it needs Linux (`/proc/self/clear_refs`) and `fork`; the forked copy compiles the step again, which

@@ -111,7 +111,10 @@ def _run_line(data: dict) -> list[str]:
         f"{' '.join(info.get('loadavg_at_start', []))}, at end {' '.join(info.get('loadavg_at_end', []))}. "
         f"Whole run {info['elapsed_s'] / 60:.1f} min."
         + (f" remat at commit {info['git']['commit']}" + (" with uncommitted changes in src/" if info['git'].get('src_dirty') else "")
-           + "." if info.get("git", {}).get("commit") else ""),
+           + "." if info.get("git", {}).get("commit") else "")
+        + (" Runs merged, one per model, at commits " + ", ".join(
+            g["commit"] + (" (src/ changed)" if g.get("src_dirty") else "") for g in info["git_per_run"]) + "."
+           if len(info.get("git_per_run", [])) > 1 else ""),
         "",
         f"Command: `{data['command']}`. Sizes `{prof['size']}`; {prof['rounds']} interleaved timing rounds after one "
         f"warm-up round; remat budgets {', '.join(f'{b:.0%}' for b in prof['budgets'])} of the unplanned peak × solvers "

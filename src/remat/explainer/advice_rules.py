@@ -64,7 +64,6 @@ def no_checkpointing(ev: Evidence) -> list[Finding]:
                     dict(peak_bytes=ev.plain.peak_bytes, plan_peak_bytes=ev.plan.peak_bytes))]
 
 
-
 FUSED_SHARE = 0.20
 """compiler-fuses-it: the pointwise outputs kept at the peak are at least this share of it..."""
 FUSED_TIME = 0.10
@@ -87,11 +86,11 @@ def compiler_fuses_it(ev: Evidence) -> list[Finding]:
     seconds = sum(u.cost_s for u in chosen)
     if freed < FUSED_SHARE * peak or seconds < FUSED_TIME * ev.plain.step_time_s:
         return []
-    flops = sum(u.cost_flops for u in chosen)
+    flops, step_flops = sum(u.cost_flops for u in chosen), ev.plain.forward_flops + ev.plain.backward_flops
     message = (
         f"{_b(freed)} of this step's {_b(peak)} peak ({freed / peak:.0%}, predicted) are outputs of pointwise ops, "
         f"norms and softmax inside {len(chosen)} blocks, kept for backward. Recomputing them eagerly (a selective "
-        f"checkpoint per block) re-runs {_gflop(flops)} ({flops / max(1, ev.plain.forward_flops + ev.plain.backward_flops):.1%} of the step's "
+        f"checkpoint per block) re-runs {_gflop(flops)} ({flops / max(1, step_flops):.1%} of the step's "
         f"FLOPs) but costs {seconds:.3g} s a step ({seconds / ev.plain.step_time_s:.0%} of the measured "
         f"{ev.plain.step_time_s:.3g} s): eager kernels read and write each tensor again. torch.compile's Inductor "
         "fuses such ops into the kernels around them and stores few of their outputs, for little or no time; "

@@ -90,8 +90,8 @@ def plan(
     if budget_bytes >= profile.peak_bytes:
         return keep_all(profile, budget_bytes, "the budget is at or above the unplanned peak: nothing to recompute")
     if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:  # NOTE [A compiled step's peak]
-        return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by the "
-                        f"{profile.compiled_counter}, within the budget: nothing to recompute")
+        return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
+                        f"the {profile.compiled_counter}, within the budget: nothing to recompute")
     chosen = _solve(problem, name, budget_bytes, time_limit_s)
     if chosen is None or problem.peak(chosen) > budget_bytes:
         raise _infeasible(profile, problem, name, budget_bytes, time_limit_s)
