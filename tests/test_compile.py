@@ -2,6 +2,10 @@
 same gradients, and a compiled model is profiled, planned and verified by the names of the model inside."""
 
 import math
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import pytest
@@ -177,3 +181,64 @@ def test_a_budget_the_compiled_step_meets_needs_no_checkpoint():
     report = remat.verify(compiled, x, plan, time_rounds=0)
     assert report.compiled and report.independent_judged and report.ok, str(report)
     assert remat.plan(remat.profile(model, x), plan.budget_bytes).segments  # the eager step needs a plan
+
+
+def test_auto_plans_a_compiled_step_by_measuring_it_and_keeps_more_than_an_eager_plan_could():
+    """NOTE [Plans for a compiled step]: below the compiled step's peak, `remat.auto` compiles and measures candidate
+    plans; the plan it applies fits the budget by verify's process counter (not by remat's own figure) though its
+    eager prediction is over the budget: no plan made for that budget on the eager step keeps as much."""
+    torch._dynamo.reset()
+    model, x = zoo.gpt2(n_layer=4, n_embd=128, n_head=2, seq=128, batch=16, vocab=512)
+    compiled = torch.compile(model)
+    prof = remat.profile(compiled, x)
+    budget = int(prof.compiled_peak_bytes * 0.85)
+    assert remat.plan(prof, budget).peak_bytes <= budget
+    plan = remat.auto(compiled, x, budget)
+    assert 0 < plan.measured_peak_bytes <= budget < plan.peak_bytes, (plan.measured_peak_bytes, budget, plan.peak_bytes)
+    assert plan.measured_counter == "process's high-water mark (compiled)" and plan.budget_bytes == budget
+    assert "chosen for the compiled step" in plan.notes[0] and "compiled step with this plan" in str(plan)
+    assert applied(model) is plan
+    report = remat.verify(compiled, x, plan, time_rounds=0)
+    assert report.compiled and report.independent_judged and report.ok, str(report)
+    assert report.independent_peak_bytes <= budget and report.grads_equal
+
+
+def test_auto_says_which_compiled_peaks_it_measured_when_none_fits():
+    """A budget below what any plan's compiled step reaches: `remat.InfeasibleBudget` with the measured peaks, and
+    the model left without a plan."""
+    torch._dynamo.reset()
+    model, x = zoo.gpt2(n_layer=2, n_embd=128, n_head=2, seq=128, batch=16, vocab=512)
+    compiled = torch.compile(model)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    with pytest.raises(remat.InfeasibleBudget, match=r"^remat: no plan tried fits the compiled step in .*peaked at .*"
+                       r"Fix: a budget of .* or more") as e:
+        remat.auto(compiled, x, params)  # the weights alone
+    assert e.value.min_bytes > params and e.value.budget_bytes == params
+    assert applied(model) is None
+
+
+@pytest.mark.parametrize("trials", [0, 2.5, True])
+def test_auto_refuses_a_count_of_trials_that_is_not_one_or_more(trials):
+    model, x = zoo.chain_report001(width=16, blocks=2, batch=4)
+    with pytest.raises(remat.RematError, match=rf"^remat: trials must be a whole number .* saw {trials!r}\. Fix: pass "
+                       r"trials=4"):
+        remat.auto(model, x, 0.5, trials=trials)
+    assert applied(model) is None
+
+
+def test_a_compiled_step_is_measured_after_this_process_compiled_on_its_thread_pool(tmp_path):
+    """The forked copy that measures a compiled step compiles it again.  Inductor's compile thread pool, once this
+    process has used it, comes across the fork without its threads: the copy used to wait forever on its first kernel
+    (the peers' BERT hung so).  In a subprocess with an empty kernel cache (the kernels must be compiled), and a limit."""
+    script = textwrap.dedent("""
+        import time, torch, torch._inductor.config, remat
+        from remat import zoo
+        from torch._inductor.async_compile import AsyncCompile
+        torch._inductor.config.compile_threads = 2  # a pool, whatever this machine's cores
+        model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+        [f.result() for f in [AsyncCompile.pool().submit(time.sleep, 0.5) for _ in range(2)]]  # two idle threads
+        print("measured", remat.profile(torch.compile(model), x).compiled_peak_bytes > 0)
+    """)
+    env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip().endswith("measured True"), done.stderr[-3000:]

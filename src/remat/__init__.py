@@ -4,10 +4,10 @@ The public contract (../shared/ARCHITECTURE.md; docs/architecture.md says which 
 """
 
 from remat import report as _report  # noqa: F401  (registers the text reports that str() of the data shows)
-from remat.applier import apply, auto, checkpoint, remove
+from remat.applier import apply, checkpoint, remove
 from remat.errors import InfeasibleBudget, RematError, UnsupportedOp
 from remat.explainer import explain
-from remat.compiled import profile
+from remat.compiled import auto, profile
 from remat.planner import frontier, plan
 from remat.types import (
     BlockProfile,

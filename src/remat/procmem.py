@@ -10,6 +10,8 @@ from collections.abc import Callable
 
 import torch
 
+from remat._torch_compat import compile_on_this_thread
+
 MMAP_THRESHOLD_BYTES = 65536
 PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
 """Rule 1: the environment in which resident memory follows the live tensors."""
@@ -85,6 +87,7 @@ def in_forked_copy(fn: Callable[[], dict]) -> dict:
         try:
             os.close(read_end)
             torch.set_num_threads(1)
+            compile_on_this_thread()  # a compiled step compiles again here, with no thread pool of the parent's
             map_large_allocations()
             message = {"result": fn()}
         except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text

@@ -43,6 +43,7 @@ __all__ = [
     "checkpoint_wrapper_type",
     "cuda_autocast_runs_on_cpu",
     "backward_in_mode",
+    "compile_on_this_thread",
 ]
 
 BatchNormBase = _BatchNorm
@@ -377,3 +378,16 @@ def rng_fingerprint() -> bytes:
 
 
 from remat._torch_compat.distributed import checkpoint_wrapper_type, wrapped_module  # noqa: E402  (re-exported)
+
+
+def compile_on_this_thread() -> None:
+    """Inductor compiles kernels on this thread from now on, with no pool.  For a forked copy of a process that
+    compiled before: the parent's compile thread pool (`AsyncCompile.pool`, cached) comes across the fork without
+    its threads, and a kernel handed to it waits forever (seen: a copy measuring a compiled step hung in
+    `CppCodeCache.load_async`).  Nothing is imported when Inductor is not loaded yet: the copy will then build its
+    own pool."""
+    import sys
+
+    config = sys.modules.get("torch._inductor.config")
+    if config is not None:
+        config.compile_threads = 1  # private: read by AsyncCompile.submit and .cpp on every kernel

@@ -1,19 +1,17 @@
-"""`remat.apply`, `remat.remove`, `remat.auto`, `remat.checkpoint`: plans made real."""
+"""`remat.apply`, `remat.remove`, `remat.checkpoint`: plans made real (`remat.auto`, which profiles and plans
+first, is in remat/compiled.py)."""
 
 from __future__ import annotations
 
 import warnings
-from typing import Any
 
 import torch.nn as nn
 
-from remat import planner
 from remat._torch_compat import wrapped_module
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
 from remat.hf import NoCacheInTraining, checkpointed_by_hf
-from remat.measure import profile
 from remat.module_tree import (
     find_candidates,
     holds_runs,
@@ -128,17 +126,6 @@ def checkpoint(module: nn.Module) -> nn.Module:
         raise RematError(f"remat: {type(module).__name__} is already checkpointed by remat. Fix: mark it once.")
     wrap_segment([module])
     return module
-
-
-def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, **plan_options) -> Plan:
-    """Profile, plan and apply in one call; returns the Plan it applied.
-
-    Example: plan = remat.auto(model, batch, budget="6GiB", optimizer=opt)
-    """
-    prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
-    p = planner.plan(prof, budget, **plan_options)
-    apply(model, p)
-    return p
 
 
 # -- plans and recipes ------------------------------------------------------------------------

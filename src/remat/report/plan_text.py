@@ -29,6 +29,9 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
         + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
            f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
     )
+    if plan.measured_peak_bytes:
+        console.print(f"compiled step with this plan: {fmt_bytes(plan.measured_peak_bytes, 'auto')} by the "
+                      f"{plan.measured_counter} (the predicted peak is the eager step's)")
     table = Table(box=box.SIMPLE_HEAD, title="checkpoints (one per row)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("modules wrapped together")

@@ -65,6 +65,11 @@ class Plan:
     timing: str = ""
     """Where the seconds come from (`StepProfile.timing`): "measured", "tracked", "roofline <device>" or ""
     (not timed: the plan minimised FLOPs)."""
+    measured_peak_bytes: int = 0
+    """The compiled step's peak under this plan by `measured_counter`, when `remat.auto` chose the plan for a
+    compiled model by measuring it (NOTE [Plans for a compiled step]); 0 otherwise.  `peak_bytes` stays the eager
+    step's prediction, which the compiled step keeps less than."""
+    measured_counter: str = ""
 
     @property
     def extra_s(self) -> float:
