@@ -1,10 +1,12 @@
 """remat + torch.compile as a peer point (issue 15), measured in worker_compile.py's process.
 
-remat's plan is applied to a copy of the model (so the compiled budgets keep their own model and
-no guard fails between interleaved timing rounds), then the whole step is compiled with Inductor at
-activation_memory_budget 1.0 (the compiler's default: remat decides what is recomputed), and
-measured exactly as a torch.compile budget: first-call seconds, FLOPs of the compiled graphs,
-gradients against eager without checkpointing, the process peak of one step, and step time.
+remat's plan is made for the compiled step (remat.auto's search, NOTE [Plans for a compiled step]:
+candidates compiled and measured by remat's own independent counter on a compiled copy of the model) and
+applied to another copy (so the compiled budgets keep their own model and no guard fails between
+interleaved timing rounds), then the whole step is compiled with Inductor at activation_memory_budget 1.0
+(the compiler's default: remat decides what is recomputed), and measured exactly as a torch.compile
+budget: first-call seconds, FLOPs of the compiled graphs, gradients against eager without checkpointing,
+the process peak of one step, and step time.
 
 Where: at each torch.compile budget's measured peak (the budget remat is given is that process peak
 minus the unplanned process-tracker offset, plus the process method's tolerance, as
@@ -23,6 +25,7 @@ import torch
 import torch._functorch.config as functorch_config
 
 import remat
+from remat.compiled import plan_for
 
 from _common import timed
 from measure import adam_params, compare_grads, grads_of, rss_step_peak, zero_grads
@@ -53,19 +56,26 @@ def describe(plan) -> str:
 
 
 def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_for, fresh_function) -> dict:
-    """Plan, apply, compile and measure every point; returns key -> (bench copy, compiled call) to time."""
+    """Plan for the compiled step (remat.auto's search: NOTE [Plans for a compiled step]), apply, compile and
+    measure every point; returns key -> (bench copy, compiled call) to time."""
     records, calls, by_plan = [], {}, {}
+    cmodel = torch.compile(copy.deepcopy(bench.model))
+    t0 = time.perf_counter()
+    cprof = remat.profile(cmodel, bench.inputs, loss_fn=bench.loss_fn, optimizer=adam_params)
+    out.update(remat_compiled_profile_s=time.perf_counter() - t0, remat_compiled_peak=cprof.compiled_peak_bytes)
     for where, budget in targets(out, prof, spec.get("remat_fractions", [])):
         row = {"at": where, "budget_bytes": budget}
+        t0 = time.perf_counter()
         try:
-            plan = remat.plan(prof, budget)
+            plan = plan_for(cmodel, (bench.inputs, bench.loss_fn, adam_params), cprof, budget)
         except remat.InfeasibleBudget as e:
-            row.update(status="infeasible", min_bytes=e.min_bytes)
+            row.update(status="infeasible", min_bytes=e.min_bytes, why=str(e))
             records.append(row)
             continue
         key = json.dumps([plan.segments, sorted(getattr(plan, "selective", []))])
         row.update(status="ok", key=key, plan=describe(plan), predicted_peak=plan.peak_bytes,
-                   predicted_flops=plan.recompute_flops)
+                   predicted_flops=plan.recompute_flops, search_s=time.perf_counter() - t0,
+                   search_measured_peak=plan.measured_peak_bytes, search_note=plan.notes[0] if plan.notes else "")
         if key not in by_plan:
             by_plan[key] = _one(bench, plan, ref_grads, backend_for, fresh_function, f"remat_compiled_{len(by_plan)}")
             if by_plan[key][1] is not None:

@@ -29,6 +29,18 @@ def judged(data: dict) -> dict[str, list[dict]]:
     return out
 
 
+def _remat_compiled_planner(models: dict) -> list[str]:
+    """Which models' remat + compile points were planned by measuring the compiled step (their rows have
+    `search_s`), and which on the eager profile."""
+    searched, eager = [], []
+    for m, R in models.items():
+        rows = (R.get("compile") or {}).get("remat_compiled", [])
+        if rows:
+            (searched if any("search_s" in r for r in rows) else eager).append(m)
+    return [f"Planned for the compiled step: {', '.join(searched) or 'none'}; on the eager profile: "
+            f"{', '.join(eager) or 'none'}.", ""]
+
+
 def _oneflow_compiled(R: dict) -> list[str]:
     """Report 004's −35% with remat + torch.compile, beside torch.compile alone (process peaks, eager time = 1)."""
     C = R.get("compile") or {}
@@ -50,7 +62,7 @@ def render(data: dict, img_prefix: str | None) -> str:
     peers = [ln.format(solvers=", ".join(data["profile"]["solvers"])) for ln in texts.PEERS]
     L = (texts.INTRO_LARGE if large else texts.INTRO) + _run_line(data) + peers
     if any("remat_compiled" in (R.get("compile") or {}) for R in data["models"].values()):
-        L += texts.REMAT_COMPILED
+        L += texts.REMAT_COMPILED + _remat_compiled_planner(data["models"])
     if large:  # issue 15's criterion first; the FLOPs verdict (eager remat only) after it
         L += _in_time(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
     else:

@@ -38,12 +38,16 @@ PEERS = [
 ]
 
 REMAT_COMPILED = [
-    "remat + torch.compile: `remat.plan(profile of the eager model, budget)` at each torch.compile point's process "
-    "peak (minus the unplanned process−tracker offset, plus max(1 MiB, 1%)) and at 65% of the eager tracker peak, "
-    "applied to a copy of the model, then the whole step compiled with Inductor at activation_memory_budget 1.0 "
-    "(the default) and measured like a torch.compile budget (`benchmarks/peers/remat_compiled.py`).",
+    "remat + torch.compile: at each torch.compile point's process peak (minus the unplanned process−tracker "
+    "offset, plus max(1 MiB, 1%)) and at 65% of the eager tracker peak, remat's plan is applied to a copy of the "
+    "model, then the whole step compiled with Inductor at activation_memory_budget 1.0 (the default) and measured "
+    "like a torch.compile budget (`benchmarks/peers/remat_compiled.py`). The plan is `remat.auto`'s for the "
+    "compiled step (NOTE [Plans for a compiled step]: eager plans for larger eager budgets, each compiled and "
+    "measured by remat's counter, the cheapest that fits kept) or, in runs made before it existed, "
+    "`remat.plan(profile of the eager model, budget)`, priced on the eager step.",
     "",
 ]
+
 
 PER_MODEL = [
     "## Per model", "",

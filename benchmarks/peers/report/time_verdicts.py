@@ -16,6 +16,8 @@ from .verdicts import PEERS_FAMILIES, tol_process
 
 TIME_TOL = 0.05
 ONEFLOW_MEM = 0.65  # user report 004: -35% memory
+SAME_STEP_AS_KEEP_ALL = "torch.compile budget 1"
+"""The peer whose step is remat + compile's when remat's plan checkpoints nothing: a tie, whatever the rounds say."""
 
 
 def remat_candidates(E: dict, C: dict | None) -> list[dict]:
@@ -28,7 +30,8 @@ def remat_candidates(E: dict, C: dict | None) -> list[dict]:
         if r.get("rss_peak") and r.get("time_ratio") and r["key"] not in seen:
             seen.add(r["key"])
             out.append({"label": f"remat + compile ({r['plan']})", "rss": r["rss_peak"], "time": r["time_ratio"],
-                        "compiled": True, "rounds": r.get("time_ratios") or [r["time_ratio"]]})
+                        "compiled": True, "rounds": r.get("time_ratios") or [r["time_ratio"]],
+                        "keeps_all": r["plan"] == "0 ckpt"})
     return out
 
 
@@ -58,7 +61,9 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
         best = min(fits, key=lambda c: (c["time"], c["rss"]))
         v.update(remat=best["label"], remat_rss=best["rss"], remat_time=best["time"], remat_compiled=best["compiled"])
         v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
-        if best["time"] > p["time"] * (1 + TIME_TOL):
+        if best.get("keeps_all") and p["peer"] == SAME_STEP_AS_KEEP_ALL:
+            v.update(verdict="ties", why="the same step: remat's plan for the compiled step checkpoints nothing")
+        elif best["time"] > p["time"] * (1 + TIME_TOL):
             v.update(verdict="loses", why=f"slower: {best['time']:.2f}× against {p['time']:.2f}×"
                      + (" (the per-round ratios overlap: within the rounds' noise)" if v["noise"] else ""))
         elif best["time"] >= p["time"] * (1 - TIME_TOL) and abs(best["rss"] - p["rss"]) <= tol:
