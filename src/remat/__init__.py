@@ -11,6 +11,7 @@ from remat.compiled import auto, profile
 from remat.planner import frontier, plan
 from remat.types import (
     BlockProfile,
+    SelectiveVariant,
     Breakdown,
     Explanation,
     Finding,
@@ -26,6 +27,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "BlockProfile",
+    "SelectiveVariant",
     "Breakdown",
     "Explanation",
     "Finding",

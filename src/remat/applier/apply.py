@@ -88,12 +88,18 @@ def bare(model: nn.Module) -> nn.Module:
     return model
 
 
-def _what_to_wrap(model: nn.Module, plan: Plan | str) -> tuple[list[list[str]], list[str], list[str]]:
-    """(segments, selective modules, offloaded modules) of a plan or a recipe, checked against the model."""
+def _what_to_wrap(model: nn.Module, plan: Plan | str) -> tuple[list[list[str]], dict[str, list[str]], list[str]]:
+    """(segments, {selective module: signatures of the ops it keeps, [] for matmul-like ones}, offloaded modules)
+    of a plan or a recipe, checked against the model."""
     if isinstance(plan, str):
-        return _recipe(model, plan), [], []
+        return _recipe(model, plan), {}, []
     if isinstance(plan, Plan):
-        return _check_plan(model, plan), list(plan.selective), list(plan.offload)
+        stray = sorted(set(plan.selective_keeps) - set(plan.selective))
+        if stray:
+            raise RematError(f"remat: the plan says which outputs {listing(stray, 4)} keep(s), but does not checkpoint "
+                             "it selectively (`Plan.selective`). Fix: plan again, or add it to plan.selective.")
+        segments = _check_plan(model, plan)
+        return segments, {n: list(plan.selective_keeps.get(n, [])) for n in plan.selective}, list(plan.offload)
     raise RematError(
         f"remat: apply expects a remat.Plan or one of {RECIPE_NAMES}, saw {type(plan).__name__}. "
         "Fix: pass remat.plan(profile, budget) or 'every-block'."
@@ -204,7 +210,7 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     return [blocks[first : last + 1] for first, last in segments]
 
 
-def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str], offload: list[str]) -> list[str]:
+def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, list[str]], offload: list[str]) -> list[str]:
     modules = dict(model.named_modules())
     skipped = []
     jobs = [(s, Action.RECOMPUTE) for s in segments] + [([n], Action.SELECTIVE) for n in selective]
@@ -219,7 +225,7 @@ def _wrap_all(model: nn.Module, segments: list[list[str]], selective: list[str],
         elif len(mods) > 1 and not runs_children_in_order(modules.get(parent_name(seg[0]))):
             wrap_run(mods, seg)  # entries of an nn.ModuleList, called by the model's loop
         else:
-            wrap_segment(mods, selective=action == Action.SELECTIVE)
+            wrap_segment(mods, selective=action == Action.SELECTIVE, keeps=selective.get(seg[0], []))
     return skipped
 
 

@@ -17,7 +17,9 @@ NOTE [How a module is checkpointed in place]
           pass their input through for that one call of the parent.
   Rule 5. A selective checkpoint is the same checkpoint with torch's selective policy:
           outputs of SAVE_OPS (matmuls, convolutions, attention) are kept, every other
-          op is recomputed.
+          op is recomputed; or, when the plan names them (`Plan.selective_keeps`), the
+          outputs of the ops of those signatures (NOTE [Which outputs a selective
+          checkpoint keeps]).
   Rule 6. An offloaded module runs its forward under `saved_tensors_hooks`: every tensor
           its ops save goes to CPU memory (pinned when it comes from CUDA, copied
           without blocking on the current stream) and comes back to its device when
@@ -47,10 +49,10 @@ import torch.nn as nn
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
-from remat._torch_compat import in_backward, op_name
+from remat._torch_compat import in_backward, op_name, tree_flatten
 from remat.hf import checkpointed_by_hf
 from remat.module_tree import OWN_CHECKPOINT_MARK, WRAPPED_MARK
-from remat.ops import SAVE_OPS
+from remat.ops import SAVE_OPS, op_signature
 
 MARK = WRAPPED_MARK  # attribute holding the WrapInfo of a wrapped module
 OWN = OWN_CHECKPOINT_MARK  # attribute marking the function a remat checkpoint runs
@@ -112,13 +114,30 @@ def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op_name(op) in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def wrap_segment(segment: list[nn.Module], selective: bool = False) -> None:
-    """Checkpoint `segment` (one module, or consecutive children of an nn.Sequential) in place."""
+def _keeping(signatures: frozenset[str]) -> Callable:
+    """Rule 5's policy for a plan that names the ops to keep (NOTE [Which outputs a selective checkpoint keeps])."""
+    names = {s.split("(", 1)[0] for s in signatures}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        name = op_name(op)
+        if name in names:
+            tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+            if op_signature(name, tensors) in signatures:
+                return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return policy
+
+
+def wrap_segment(segment: list[nn.Module], selective: bool = False, keeps: list[str] | None = None) -> None:
+    """Checkpoint `segment` (one module, or consecutive children of an nn.Sequential) in place; `selective`:
+    with torch's selective policy, keeping matmul-like outputs or, if given, those of the ops in `keeps`."""
     originals = [_current_forward(m) for m in segment]
     run = _run_segment(originals, segment)
     head = segment[0]
     pending = [0]
-    options = {"context_fn": functools.partial(create_selective_checkpoint_contexts, _keep_matmuls)} if selective else {}
+    policy = _keeping(frozenset(keeps)) if keeps else _keep_matmuls
+    options = {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)} if selective else {}
 
     def head_forward(*args, **kwargs):
         if not (head.training and torch.is_grad_enabled()):  # Rule 2

@@ -15,10 +15,11 @@ import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
+from remat.measure.selective import selective_variants
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
 from remat.module_tree import class_name, enclosing, find_extras, parent_name, runs_children_in_order, within
 from remat.ops import RANDOM_OPS, SAVE_OPS
-from remat.types import BlockProfile
+from remat.types import BlockProfile, SelectiveVariant
 
 
 class BlockIO:
@@ -129,6 +130,7 @@ class _Block:
         self.internal = [r for r in self.acts if id(r) not in out_ids and _kept_only_in(r, self.name)]
         self.cached = [r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"]
         self.module = self.io.modules[self.name]
+        self.variants = self._selective_variants(mine_records)
 
     def profile(self, index: int, live: list[int], previous_end: int | None) -> BlockProfile:
         kind = self._checkpoint_kind()
@@ -140,8 +142,19 @@ class _Block:
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
             has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
             container=_container_kind(self.io.containers.get(self.name)), extra=self.name in self.io.extras,
-            grad_ops_before=self._grad_ops_before(previous_end),
+            grad_ops_before=self._grad_ops_before(previous_end), selective_variants=self.variants,
         )
+
+    def _last_rerun(self) -> int:
+        """Timeline index of the last op a checkpoint around the block re-runs (-1: none)."""
+        return self.fwd_k[len(self.checkpoint_ops) - 1] if self.checkpoint_ops else -1
+
+    def _selective_variants(self, mine_records: list[StorageRecord]) -> list[SelectiveVariant]:
+        """NOTE [Which outputs a selective checkpoint keeps]."""
+        ops, n = self.tracker.ops, len(self.checkpoint_ops)
+        rerun, after = [(k, ops[k]) for k in self.fwd_k[:n]], [(k, ops[k]) for k in self.fwd_k[n:]]
+        matmul_keeps = {op.signature for _, op in rerun if op.name in SAVE_OPS}
+        return selective_variants(rerun, after, mine_records, self.internal, matmul_keeps)
 
     def _grad_ops_before(self, previous_end: int | None) -> int:
         """Forward ops between the end of the previous module of the same container and this one's start
@@ -172,7 +185,7 @@ class _Block:
             saved_bytes=_sum(self.acts),
             output_bytes=_sum(self.outputs),
             output_saved_bytes=_sum(saved_outputs),
-            output_last_use_op=max((r.last_forward_use for r in saved_outputs), default=-1),
+            output_last_use_op=self._held_until(max((r.last_forward_use for r in saved_outputs), default=-1)),
             output_free_op=max((_freed_at(r, n_ops) for r in saved_outputs), default=-1),
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
@@ -181,12 +194,26 @@ class _Block:
             held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
+            selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
             offload_bytes=_sum(
                 r for r in self.tracker.records
                 if r.saved and r.category in ("inputs", "activations", "temporaries")
                 and any(within(m, self.name) for m in r.packers)
             ),
         )
+
+    def _held_until(self, read: int) -> int:
+        """The last forward read of the output, or, when the enclosing module's own code made it (a loop keeping
+        outputs in a list for skip connections, a local read after the loop), the end of that module's forward:
+        a variable there holds the output until the module returns, whether or not autograd saves it."""
+        if read < 0:
+            return read
+        reader = self.tracker.ops[read].module
+        if within(reader, self.name) or any(within(reader, s) for s in self.siblings):
+            return read
+        ops = self.tracker.ops
+        return max((k for k in range(read, len(ops)) if ops[k].phase == "forward" and within(ops[k].module, reader)),
+                   default=read)
 
     def _unsaved_inputs(self) -> list[StorageRecord]:
         """Inputs (positional and keyword) that autograd does not keep: a checkpoint holds them (Rule 2)."""

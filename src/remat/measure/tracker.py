@@ -52,7 +52,9 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
+from remat._torch_compat.schema import written_tensors
 from remat.measure.roofline import Hardware, op_seconds
+from remat.ops import op_signature
 
 
 def storage_of(t) -> torch.UntypedStorage | None:
@@ -113,6 +115,8 @@ class StorageRecord:
     """Index of the last op of forward or loss that read it (-1 if none did)."""
     resized_from: "StorageRecord | None" = None
     """The record of the same storage before it was resized in place (Rule 7)."""
+    written: bool = False
+    """An op after the one that made it wrote it in place (a selective checkpoint cannot keep it)."""
 
     def live_at(self, k: int) -> bool:
         return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
@@ -130,6 +134,8 @@ class OpRecord:
     """Modules running when autograd packed one of this op's outputs for backward."""
     reads_grad: bool = False
     """A forward op, under grad mode, with an input that requires grad: its output joins the graph."""
+    signature: str = ""
+    """`remat.ops.op_signature`: its name and its tensor arguments' shapes."""
 
 
 @dataclass
@@ -234,12 +240,16 @@ class Tracker(_SeesResizes):
         kwargs = kwargs or {}
         reads_forward = self.phase in ("forward", "loss") and not in_backward()
         reads_grad = False
-        for a in tree_flatten((args, kwargs))[0]:
-            if isinstance(a, torch.Tensor):
-                rec = self.record_of(a)  # Rule 3: an unseen input counts from this op on
-                if rec is not None and reads_forward:
-                    rec.last_forward_use = len(self.ops)
-                reads_grad = reads_grad or a.requires_grad
+        tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
+        for a in tensors:
+            rec = self.record_of(a)  # Rule 3: an unseen input counts from this op on
+            if rec is not None and reads_forward:
+                rec.last_forward_use = len(self.ops)
+            reads_grad = reads_grad or a.requires_grad
+        for a in written_tensors(func, args, kwargs):
+            rec = self.record_of(a)
+            if rec is not None and rec.alloc_step != len(self.ops):
+                rec.written = True
         if self.time_ops and self.sync is not None:
             self.sync()
         probe = self.scratch_probe
@@ -267,6 +277,7 @@ class Tracker(_SeesResizes):
                 dt,
                 in_backward() and torch.is_grad_enabled(),  # NOTE [Recomputation]
                 reads_grad=reads_forward and reads_grad and torch.is_grad_enabled(),
+                signature=op_signature(op_name(func), tensors),
             )
         )
         return out

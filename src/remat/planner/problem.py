@@ -21,12 +21,14 @@ NOTE [The memory model of a plan]
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
             recomputing after the last saved tensor).
     Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
-            not the output of a matmul, convolution or attention op), and holds
+            not the output of a matmul, convolution or attention op; a variant keeping
+            other outputs, its own: NOTE [Which outputs a selective checkpoint keeps]), and holds
             `selective_extra_bytes` (those outputs autograd would have dropped but the
             selective cache keeps) until the block's backward starts (the recompute
-            there takes them out of the cache, and from then on the step holds what
-            the unplanned one holds); its inputs are held as in Rule 2; it costs
-            `selective_recompute_flops`.
+            takes them out of the cache; `selective_stranded_bytes`, made after the last
+            op it re-runs, stay until the backward is over); its inputs are held as in
+            Rule 2; it costs `selective_recompute_flops`.  Of a block's selective units,
+            one costlier than another must free max(4 KiB, 0.1% of internal bytes) more.
     Rule 5. Solvers only use units that remat.apply can build (a run of several blocks
             only inside an nn.Sequential, or an nn.ModuleList whose loop calls them in
             turn: NOTE [A run of nn.ModuleList entries as one checkpoint]) and that free
@@ -59,7 +61,7 @@ from remat.module_tree import main_chain, parent_name, within
 from remat.planner import holds as held
 from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
 from remat.planner.holds import Hold, unit_holds
-from remat.types import Action, BlockProfile, StepProfile
+from remat.types import Action, BlockProfile, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
 RUN_CONTAINERS = ("Sequential", "ModuleList")
@@ -95,24 +97,25 @@ class Unit:
     appliable: bool = True
     """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential or nn.ModuleList."""
     action: Action = Action.RECOMPUTE
-    """RECOMPUTE (a checkpoint), SELECTIVE (keep matmul outputs, recompute the rest) or OFFLOAD."""
+    """RECOMPUTE (a checkpoint), SELECTIVE (keep some outputs, recompute the rest) or OFFLOAD."""
     cost_ops: int = 0
     """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
     transfer_bytes: int = 0
     """Offload: bytes copied to CPU memory and back (`cost_flops` is then a FLOP-equivalent, Rule 6)."""
     holds: tuple[Hold, ...] = ()
     """Inputs held that units starting at other blocks may hold too (Rule 2): not in `effects`."""
+    keeps: tuple[str, ...] = ()
+    """A selective unit's variant: the signatures of the ops whose outputs it keeps; () the matmul policy."""
 
     @property
     def key(self) -> tuple:
-        return (self.action, *self.blocks)
+        return (self.action, *self.blocks, *self.keeps)
 
     reduction_bytes: int = field(init=False, compare=False)
     """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "reduction_bytes", sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds))
-
 
 
 class Problem:
@@ -162,7 +165,7 @@ class Problem:
         # decoder runs twice, and Rules 1-2 model one forward per block
         groups: dict[Group, list[str]] = {}
         for b in blocks:
-            groups.setdefault(_group_of(b), []).append(b.name)
+            groups.setdefault(Group(b.parent or "", parent_name(b.name)), []).append(b.name)
         by_name = {b.name: b for b in blocks}
         nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
         units: list[Unit] = []
@@ -170,9 +173,7 @@ class Problem:
         for group, names in groups.items():
             for i in range(len(names)):
                 units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op)
-                selective = _make_selective_unit(by_name[names[i]], group, i, nested, per_op=per_op)
-                if selective is not None:
-                    units.append(selective)
+                units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op)
                 if offload is not None:
                     units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
@@ -307,10 +308,6 @@ class Problem:
         return True
 
 
-def _group_of(b: BlockProfile) -> Group:
-    return Group(b.parent or "", parent_name(b.name))
-
-
 def chain_group(problem: Problem) -> Group:
     """The group of the chain (`remat.module_tree.main_chain` of the problem's blocks): what `dp` and
     the hand recipes plan."""
@@ -321,16 +318,8 @@ def chain_group(problem: Problem) -> Group:
     return group
 
 
-def _runs_from(
-    names: list[str],
-    i: int,
-    max_segment: int,
-    by_name: dict[str, BlockProfile],
-    group: Group,
-    nested: dict[str, frozenset],
-    *,
-    per_op: tuple[float, float] = (0.0, 0.0),
-) -> list[Unit]:
+def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, BlockProfile], group: Group,
+               nested: dict[str, frozenset], *, per_op: tuple[float, float] = (0.0, 0.0)) -> list[Unit]:
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
     that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
     `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7)."""
@@ -363,23 +352,34 @@ def _runs_from(
     return units
 
 
-def _make_selective_unit(
-    b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *, per_op: tuple[float, float] = (0.0, 0.0)
-) -> Unit | None:
-    """Selective checkpointing of one block (Rule 4): frees what is not a matmul-like output,
-    caches the matmul-like outputs autograd would have dropped, keeps the inputs; its policy runs on
-    every op of the block twice (Rule 7)."""
-    if b.selective_free_bytes <= 0 or b.has_batchnorm:
-        return None  # nothing to free; or BatchNorm, whose statistics remat restores only around a full recompute
+def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *,
+                          per_op: tuple[float, float] = (0.0, 0.0)) -> list[Unit]:
+    """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
+    [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
+    autograd would have dropped, keeps the inputs, and runs its policy on every op of the block twice (Rule 7)."""
+    if b.has_batchnorm:
+        return []  # BatchNorm: remat restores its statistics only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
-    effects = [Effect(b.forward_end_op + 1, b.backward_start_op, b.selective_free_bytes)]
-    if b.selective_extra_bytes:  # the recompute at the block's backward start consumes the cache
-        effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, -b.selective_extra_bytes))
-    covers = nested[b.name]
-    effects = tuple(e for e in effects if e.start < e.end)
-    seconds = b.selective_recompute_s + b.selective_recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
-    return Unit((b.name,), group, position, covers, b.selective_recompute_flops, seconds, effects,
-                True, Action.SELECTIVE, b.selective_recompute_ops, holds=unit_holds(b, held_end))
+    matmuls = SelectiveVariant([], b.selective_free_bytes, b.selective_extra_bytes, b.selective_recompute_flops,
+                               b.selective_recompute_s, b.selective_recompute_ops, b.selective_stranded_bytes)
+    units = []
+    for v in (matmuls, *b.selective_variants):
+        if v.free_bytes <= 0:
+            continue
+        effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
+        if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
+            effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
+        if v.stranded_bytes:  # ... but for what it stops before
+            effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
+        seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
+        units.append(Unit((b.name,), group, position, nested[b.name], v.recompute_flops, seconds,
+                          tuple(e for e in effects if e.start < e.end), True, Action.SELECTIVE, v.recompute_ops,
+                          holds=unit_holds(b, held_end), keeps=tuple(v.keeps)))
+    near = max(4096, b.internal_bytes // 1000)  # Rule 4: within the ILP's tolerance (a variant 8 bytes over the
+    kept: list[Unit] = []  # budget made it drop a cheaper unit at it), so a costlier unit must free more than this
+    for u in sorted(units, key=lambda u: (u.cost_s, u.cost_flops, u.cost_ops)):
+        kept += [u] if all(u.reduction_bytes > k.reduction_bytes + near for k in kept) else []
+    return kept
 
 
 def _make_offload_unit(

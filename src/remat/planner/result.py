@@ -27,6 +27,7 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
         decisions={b.name: decided.get(b.name, Action.KEEP) for b in profile.blocks},
         segments=[list(u.blocks) for u in chosen if u.action == Action.RECOMPUTE],
         selective=[u.blocks[0] for u in chosen if u.action == Action.SELECTIVE],
+        selective_keeps={u.blocks[0]: list(u.keeps) for u in chosen if u.action == Action.SELECTIVE and u.keeps},
         peak_bytes=problem.peak(chosen),
         recompute_flops=sum(u.cost_flops for u in recomputed),
         recompute_s=sum(u.cost_s for u in recomputed),

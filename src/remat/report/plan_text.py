@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from collections import Counter
 
 from rich import box
 from rich.console import Console
@@ -36,7 +37,7 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     table.add_column("#", justify="right")
     table.add_column("modules wrapped together")
     rows = [seg[0] if len(seg) == 1 else f"{seg[0]} .. {seg[-1]} ({len(seg)} modules)" for seg in plan.segments]
-    rows += [f"{name} (selective: matmul outputs kept)" for name in plan.selective]
+    rows += [f"{name} (selective: {_kept(plan.selective_keeps.get(name))})" for name in plan.selective]
     rows += [f"{name} (offload: saved tensors in CPU memory until backward)" for name in plan.offload]
     for i, row in enumerate(rows, 1):
         table.add_row(str(i), row)
@@ -48,6 +49,14 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     for note in plan.notes:
         console.print(f"note: {note}")
     return out.getvalue().rstrip() + "\n"
+
+
+def _kept(signatures: list[str] | None) -> str:
+    """What a selective checkpoint keeps, op names counted: "outputs of addmm x4, bmm x2, mul kept"."""
+    if not signatures:
+        return "matmul outputs kept"
+    counts = Counter(s.split("(", 1)[0] for s in signatures)
+    return "outputs of " + ", ".join(n if c == 1 else f"{n} x{c}" for n, c in counts.items()) + " kept"
 
 
 def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:

@@ -47,7 +47,8 @@ class Plan:
     budget_bytes: int | None
     blocks: list[PlannedBlock]
     selective: list[str] = field(default_factory=list)
-    """Modules checkpointed selectively: matmul, convolution and attention outputs kept, the rest recomputed."""
+    """Modules checkpointed selectively: matmul, convolution and attention outputs kept, the rest recomputed
+    (unless `selective_keeps` names the ops to keep)."""
     offload: list[str] = field(default_factory=list)
     """Modules whose saved tensors go to (pinned) CPU memory in forward and come back in backward."""
     offload_bytes: int = 0
@@ -70,6 +71,10 @@ class Plan:
     compiled model by measuring it (NOTE [Plans for a compiled step]); 0 otherwise.  `peak_bytes` stays the eager
     step's prediction, which the compiled step keeps less than."""
     measured_counter: str = ""
+    selective_keeps: dict[str, list[str]] = field(default_factory=dict)
+    """For a module of `selective` that keeps other outputs than matmul-like ones: the `remat.ops.op_signature`
+    of each op it keeps (NOTE [Which outputs a selective checkpoint keeps]).  Signatures hold argument shapes:
+    the plan is for inputs of the shapes profiled."""
 
     @property
     def extra_s(self) -> float:

@@ -15,11 +15,12 @@ from remat.types import _json
 from remat.types._text import render
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 4
+PROFILE_VERSION = 5
 """2: BlockProfile gained the selective, op-count, offload and container fields.
 3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
 4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
-   `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`)."""
+   `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`).
+5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs)."""
 
 COMPILED_PEAK_MARGIN = 0.02
 """Two measurements of one compiled step by the process counter differed by up to 1.5% (tests/test_compile.py):
@@ -60,6 +61,22 @@ class Breakdown:
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, f"{name}_bytes") for name in CATEGORIES}
+
+
+@dataclass(frozen=True, slots=True)
+class SelectiveVariant:
+    """Selective checkpointing of one block that keeps the outputs of the ops in `keeps` and recomputes the
+    rest (NOTE [Which outputs a selective checkpoint keeps]); its figures are read as the `selective_*` ones
+    of `BlockProfile`, which describe the variant keeping matmul, convolution and attention outputs."""
+
+    keeps: list[str]
+    """`remat.ops.op_signature` of each op kept: its name and tensor arguments' shapes."""
+    free_bytes: int
+    extra_bytes: int
+    recompute_flops: int
+    recompute_s: float
+    recompute_ops: int
+    stranded_bytes: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +167,9 @@ class BlockProfile:
     several siblings as one segment only inside an nn.Sequential, whose forward chains them."""
     output_last_use_op: int = -1
     """Timeline index of the last op of forward or loss that reads its saved output (-1: none): a checkpoint
-    frees that output no earlier, whoever holds it until then (a skip connection, the model's loop)."""
+    frees that output no earlier, whoever holds it until then (a skip connection, the model's loop).  A read
+    by the enclosing module's own code (not inside a sibling) counts as lasting until that module's forward
+    ends: a variable or list there holds the output until it returns."""
     extra: bool = False
     """A module outside the model's blocks (an embedder, stem, final norm or head;
     `remat.module_tree.find_extras`): plans may checkpoint it, the recipes and the chain leave it out."""
@@ -167,6 +186,12 @@ class BlockProfile:
     """Forward ops that ran between the previous sibling's forward and this one's and read a tensor that
     requires grad (loop code between nn.ModuleList entries, another module): one checkpoint cannot run both
     siblings (NOTE [A run of nn.ModuleList entries as one checkpoint])."""
+    selective_stranded_bytes: int = 0
+    """Part of `selective_extra_bytes` made after the last op a checkpoint re-runs: the recomputation
+    stops before it takes them out of the cache, which holds them until the block's backward is over."""
+    selective_variants: list[SelectiveVariant] = field(default_factory=list)
+    """Selective checkpoints keeping other sets of outputs than matmul-like ones, from the outputs that are
+    dearest to recompute per byte (NOTE [Which outputs a selective checkpoint keeps])."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,16 +329,21 @@ class StepProfile:
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
-            upgrades={2: _from_version_2, 3: _from_version_3},
+            upgrades={2: _from_version_2, 3: _from_version_3, 4: _from_version_4},
         )
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
             data["end_of_forward"] = Breakdown(**data["end_of_forward"])
-            data["blocks"] = [BlockProfile(**b) for b in data["blocks"]]
+            data["blocks"] = [_block(b) for b in data["blocks"]]
             data["timeline"] = Timeline(**data["timeline"])
             return cls(**data)
 
         return _json.build(PROFILE_FORMAT, PROFILE_VERSION, make, "profile")
+
+
+def _block(fields: dict) -> BlockProfile:
+    variants = [SelectiveVariant(**v) for v in fields.get("selective_variants", [])]
+    return BlockProfile(**{**fields, "selective_variants": variants})
 
 
 def _from_version_2(data: dict) -> dict:
@@ -323,4 +353,9 @@ def _from_version_2(data: dict) -> dict:
 
 def _from_version_3(data: dict) -> dict:
     """Version 3 profiles timed ops on the tracked step only (real mode), and fake ones not at all."""
-    return {**data, "timing": "tracked" if data.get("step_s") else ""}
+    return _from_version_4({**data, "timing": "tracked" if data.get("step_s") else ""})
+
+
+def _from_version_4(data: dict) -> dict:
+    """Version 4 profiles had no selective variants: their plans keep matmul-like outputs only."""
+    return data

@@ -1,0 +1,128 @@
+"""Selective checkpoints of one block that keep other outputs than its matmuls': `BlockProfile.selective_variants`.
+
+NOTE [Which outputs a selective checkpoint keeps]
+  torch's selective checkpointing (`create_selective_checkpoint_contexts`) asks a policy, for each op a
+  checkpointed block runs, whether to keep its output or to run the op again in backward.  remat's first
+  policy keeps the outputs of matmuls, convolutions and attention (`remat.ops.SAVE_OPS`, as torchtitan does)
+  and recomputes the rest, whatever they cost.  The variants here let the planner choose per op instead:
+  Rule 1. A *class* is the ops of the block's forward with one `remat.ops.op_signature` (name and argument
+          shapes: a transformer's up and down projections are two classes, its layers' norms one), among
+          those a checkpoint re-runs (up to the last whose output autograd saves inside the block).
+          Keeping a class costs the bytes of its outputs: those autograd saves stay (the checkpoint no
+          longer frees them), those it does not save go into the selective cache until the block's
+          backward; it spares the re-run of its ops.  A class whose outputs take no bytes of their own
+          (views) is always re-run: keeping a view would keep its base; so is one whose output a later op
+          writes in place (`StorageRecord.written`: torch refuses a cached tensor that changed).
+  Rule 2. Classes are ranked by seconds spared per byte kept, dearest first (FLOPs per byte when the
+          profile is not timed, then the order they first ran in).  A variant keeps the first k: for j
+          = 1 .. VARIANTS, the fewest whose bytes reach j / (VARIANTS + 1) of what all classes take, and
+          j / (VARIANTS + 1) of the classes (one dear class can hold most of the bytes): from a variant
+          that frees almost everything and re-runs the dearest ops, to one that frees little and re-runs
+          only the cheapest.
+  Rule 3. A variant's figures are read as the matmul policy's (`BlockProfile.selective_*`, NOTE [The memory
+          model of a plan], Rule 4): `free_bytes`, the block's internal activations not output by a kept
+          class; `extra_bytes`, the kept classes' forward outputs autograd does not save; the ops re-run,
+          those of Rule 1 outside the kept classes.  An op after the last one re-run whose signature is
+          kept is cached too, and the recomputation stops before it takes that out of the cache: those
+          bytes (`stranded_bytes`, part of `extra_bytes`) stay until the block's backward is over.
+  Rule 4. A variant keeping no class (a plain checkpoint does that for less), every class, what the matmul
+          policy keeps, or so much that its cache takes what it frees, is dropped, and so is one that
+          repeats another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from remat.measure.tracker import OpRecord, StorageRecord
+from remat.types import SelectiveVariant
+
+VARIANTS = 3
+"""Cuts of each kind per block (Rule 2): at most twice as many variants, besides the matmul policy."""
+
+
+@dataclass
+class _Class:
+    signature: str
+    first: int
+    ops: list[OpRecord] = field(default_factory=list)
+    saved_bytes: int = 0
+    cached_bytes: int = 0
+    written: bool = False
+
+    @property
+    def bytes(self) -> int:
+        return self.saved_bytes + self.cached_bytes
+
+    def rank(self) -> tuple:
+        spared_s, spared_flops = sum(op.seconds for op in self.ops), sum(op.flops for op in self.ops)
+        return (-spared_s / self.bytes, -spared_flops / self.bytes, self.first)
+
+
+def selective_variants(rerun: list[tuple[int, OpRecord]], after: list[tuple[int, OpRecord]],
+                       records: list[StorageRecord], internal: list[StorageRecord],
+                       matmul_keeps: set[str]) -> list[SelectiveVariant]:
+    """The variants of one block.  `rerun`: (timeline index, op) of the ops a checkpoint re-runs, `after`: of its
+    later forward ops; `records`: the storages made inside it; `internal`: its activations kept only inside it;
+    `matmul_keeps`: the signatures the matmul policy keeps (Rule 4)."""
+    classes = _classes(rerun, records, internal)
+    written = {r.alloc_step for r in records if r.written and r.op}
+    written_after = {op.signature for k, op in after if k in written}  # a kept signature is cached there too
+    ranked = sorted((c for c in classes.values() if c.bytes > 0 and not c.written and c.signature not in written_after),
+                    key=_Class.rank)
+    variants: list[SelectiveVariant] = []
+    for k in _cuts([c.bytes for c in ranked]):
+        keeps = {c.signature for c in ranked[:k]}
+        if 0 < k < len(ranked) and keeps != matmul_keeps:
+            variants.append(_variant(keeps, rerun, internal, classes, _stranded(keeps, after, records)))
+    return [v for v in variants if v.free_bytes > v.extra_bytes]
+
+
+def _cuts(sizes: list[int]) -> list[int]:
+    """Rule 2: how many of the ranked classes each variant keeps, by their share of the bytes and of their count."""
+    total, cumulative, cuts = sum(sizes), 0, set()
+    for k, size in enumerate(sizes):
+        for j in range(1, VARIANTS + 1):
+            if cumulative < total * j / (VARIANTS + 1) <= cumulative + size:
+                cuts.add(k + 1)
+        cumulative += size
+    return sorted(cuts | {round(len(sizes) * j / (VARIANTS + 1)) for j in range(1, VARIANTS + 1)})
+
+
+def _classes(rerun, records: list[StorageRecord], internal: list[StorageRecord]) -> dict[str, _Class]:
+    classes: dict[str, _Class] = {}
+    made_by: dict[int, _Class] = {}
+    for k, op in rerun:
+        made_by[k] = classes.setdefault(op.signature, _Class(op.signature, k))
+        made_by[k].ops.append(op)
+    saved = {id(r) for r in internal}
+    for r in records:
+        c = made_by.get(r.alloc_step) if r.op else None  # made by an op of the class, not first seen there
+        if c is None:
+            continue
+        c.written = c.written or r.written
+        if id(r) in saved:
+            c.saved_bytes += r.nbytes
+        elif r.category == "temporaries" and r.phase == "forward":
+            c.cached_bytes += r.nbytes
+    return classes
+
+
+def _stranded(keeps: set[str], after, records: list[StorageRecord]) -> int:
+    """Rule 3: bytes the policy caches from ops after the last one re-run (one of a kept signature there)."""
+    made = {k for k, op in after if op.signature in keeps}
+    return sum(r.nbytes for r in records if r.op and r.alloc_step in made and r.category == "temporaries")
+
+
+def _variant(keeps: set[str], rerun, internal, classes: dict[str, _Class], stranded: int) -> SelectiveVariant:
+    ops = [op for _, op in rerun if op.signature not in keeps]
+    kept = sum(classes[s].saved_bytes for s in keeps)
+    return SelectiveVariant(
+        keeps=sorted(keeps, key=lambda s: classes[s].first),
+        free_bytes=sum(r.nbytes for r in internal) - kept,
+        extra_bytes=sum(classes[s].cached_bytes for s in keeps) + stranded,
+        recompute_flops=sum(op.flops for op in ops),
+        recompute_s=sum(op.seconds for op in ops),
+        recompute_ops=len(ops),
+        stranded_bytes=stranded,
+    )

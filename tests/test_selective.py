@@ -1,0 +1,98 @@
+"""Selective checkpoints that keep chosen ops' outputs (NOTE [Which outputs a selective checkpoint keeps])."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn as nn
+
+import remat
+from remat import zoo
+from remat._torch_compat import TorchDispatchMode
+from remat.applier.apply import applied
+from remat.ops import SAVE_OPS, op_signature
+
+
+def _gpt2():
+    # big enough that the CPU roofline makes a selective variant worth its policy's per-op cost
+    return zoo.gpt2(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=4096)
+
+
+def test_each_variant_keeps_more_ops_than_the_one_before_and_so_frees_less_and_reruns_fewer():
+    model, inputs = _gpt2()
+    prof = remat.profile(model, inputs, mode="fake")  # the roofline's seconds: the same variants on every run
+    layer = prof.block("transformer.h.1")
+    variants = layer.selective_variants
+    assert len(variants) >= 2
+    for a, b in zip(variants, variants[1:]):
+        assert set(a.keeps) < set(b.keeps)
+        assert a.free_bytes > b.free_bytes and a.recompute_ops > b.recompute_ops
+    matmuls = {s for s in variants[-1].keeps if s.split("(")[0] in SAVE_OPS}
+    assert all(set(v.keeps) != matmuls for v in variants)  # the matmul policy is not offered twice
+    # a variant frees what it does not keep, and its cache never takes all of that back
+    assert all(0 < v.free_bytes - v.extra_bytes for v in variants)
+    assert all(v.free_bytes <= layer.internal_bytes for v in variants)
+    again = remat.StepProfile.from_json(prof.to_json())
+    assert again.block("transformer.h.1").selective_variants == variants
+
+
+def test_a_plan_keeping_chosen_ops_changes_no_gradient_and_recomputes_the_flops_it_predicts():
+    model, inputs = _gpt2()
+    prof = remat.profile(model, inputs, mode="fake")
+    plans = [p for p in remat.frontier(prof) if p.selective_keeps and p.segments]
+    assert plans, "the frontier should mix checkpoints with selective variants here"
+    plan = plans[-1]
+    assert remat.Plan.from_json(plan.to_json()).selective_keeps == plan.selective_keeps
+    report = remat.verify(model, inputs, plan)
+    assert report.ok, str(report)  # the process counter agrees, and both are within 3% of the prediction
+    assert report.grads_equal and report.buffers_equal, str(report)
+    assert report.measured_recompute_flops == plan.recompute_flops > 0
+    assert report.measured_peak_bytes < prof.peak_bytes
+
+
+class _Counting(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func.__name__.split(".")[0])
+        return func(*args, **(kwargs or {}))
+
+
+def _tanh_reruns(keeps: list[str]) -> tuple[int, dict]:
+    """tanh ops run in backward (backward itself runs tanh_backward, so each is a recomputation) with the middle
+    block checkpointed selectively, keeping `keeps` ([]: the matmul policy), and the gradients."""
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 32)) for _ in range(3)])
+    x = torch.randn(16, 32)
+    prof = remat.profile(model, x, loss_fn=lambda out: out.square().mean(), mode="fake")
+    keep = remat.plan(prof, 1.0)
+    plan = dataclasses.replace(keep, decisions={**keep.decisions, "1": "selective"}, selective=["1"],
+                               selective_keeps={"1": keeps} if keeps else {})
+    remat.apply(model, plan)
+    loss = model(x).square().mean()
+    with _Counting() as ops:
+        loss.backward()
+    return ops.names.count("tanh"), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+def test_a_selective_checkpoint_reruns_the_ops_its_plan_does_not_name_and_only_those():
+    kept_matmuls, grads = _tanh_reruns([])
+    assert kept_matmuls == 1  # the matmul policy keeps both linears' outputs and runs tanh again
+    kept_tanh, grads_kept = _tanh_reruns([op_signature("tanh", [torch.empty(16, 128)])])
+    assert kept_tanh == 0
+    other_shape, _ = _tanh_reruns([op_signature("tanh", [torch.empty(8, 128)])])
+    assert other_shape == 1  # a signature is the op and its shapes: this one names no op of the step
+    assert grads.keys() == grads_kept.keys()
+    assert all(torch.equal(grads[n], grads_kept[n]) for n in grads)
+
+
+def test_a_plan_naming_outputs_of_a_module_it_does_not_checkpoint_selectively_is_refused():
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
+    plan = remat.plan(remat.profile(model, inputs, mode="fake"), 1.0)
+    bad = dataclasses.replace(plan, selective_keeps={"transformer.h.0": ["tanh(2x16x128)"]})
+    with pytest.raises(remat.RematError, match=r"^remat: the plan says which outputs transformer\.h\.0 keep\(s\), "
+                       r"but does not checkpoint it selectively .*Fix: plan again"):
+        remat.apply(model, bad)
+    assert applied(model) is None
