@@ -72,7 +72,7 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_
             row.update(status="infeasible", min_bytes=e.min_bytes, why=str(e))
             records.append(row)
             continue
-        key = json.dumps([plan.segments, sorted(getattr(plan, "selective", []))])
+        key = json.dumps([plan.segments, sorted(plan.selective), plan.selective_keeps], sort_keys=True)
         row.update(status="ok", key=key, plan=describe(plan), predicted_peak=plan.peak_bytes,
                    predicted_flops=plan.recompute_flops, search_s=time.perf_counter() - t0,
                    search_measured_peak=plan.measured_peak_bytes, search_note=plan.notes[0] if plan.notes else "")

@@ -119,7 +119,7 @@ def _fit_compiled(model, step: tuple, prof: StepProfile, budget: int, trials: in
     for _ in range(trials):
         target = target if fit < target < miss else (fit + miss) / 2
         candidate = _eager_plan(eager, int(target), plan_options)
-        key = repr((candidate.segments, candidate.selective, candidate.offload))
+        key = repr((candidate.segments, candidate.selective, candidate.selective_keeps, candidate.offload))
         if key in tried:
             break
         peak, counter = _measured(model, candidate, step)
