@@ -24,7 +24,7 @@ def render_frontier(frontier: list[Plan], budget_bytes: int | None = None, chose
     `extra %` is
     the recomputed forward FLOPs as a share of the unplanned step's forward + backward
     FLOPs; `extra s` appears when the plans carry profiled kernel times (a real-mode
-    profile), `selective` when a plan checkpoints modules selectively (matmul outputs kept).
+    profile), `selective` when a plan checkpoints modules selectively (some ops' outputs kept).
 
     Known limitations: long frontiers are printed in full (one row per plan).
     """
