@@ -67,8 +67,7 @@ def plan(
     is the smallest that does.  A compiled step that fits: no plan (NOTE [A compiled step's peak]).
 
     Decisions are keep, recompute (a checkpoint around one module or a run of
-    nn.Sequential children), selective (matmul-like outputs kept, or those `plan.selective_keeps`
-    names: NOTE [Which outputs a selective checkpoint keeps]; the rest recomputed)
+    nn.Sequential children), selective (matmul-like outputs, or `plan.selective_keeps`, kept)
     and, for a CUDA step, offload (saved tensors to pinned CPU memory and back).  Offload
     is weighed in seconds: 2 x bytes / `offload_bandwidth` (measured by a real CUDA
     profile, or given: "16GB/s") against the recomputation's seconds; `device_flops`
