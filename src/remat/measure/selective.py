@@ -48,7 +48,6 @@ class _Class:
     ops: list[OpRecord] = field(default_factory=list)
     saved_bytes: int = 0
     cached_bytes: int = 0
-    written: bool = False
 
     @property
     def bytes(self) -> int:
@@ -66,10 +65,9 @@ def selective_variants(rerun: list[tuple[int, OpRecord]], after: list[tuple[int,
     later forward ops; `records`: the storages made inside it; `internal`: its activations kept only inside it;
     `matmul_keeps`: the signatures the matmul policy keeps (Rule 4)."""
     classes = _classes(rerun, records, internal)
-    written = {r.alloc_step for r in records if r.written and r.op}
-    written_after = {op.signature for k, op in after if k in written}  # a kept signature is cached there too
-    ranked = sorted((c for c in classes.values() if c.bytes > 0 and not c.written and c.signature not in written_after),
-                    key=_Class.rank)
+    written_at = {r.alloc_step for r in records if r.written and r.op}
+    written = {op.signature for k, op in (*rerun, *after) if k in written_at}  # a kept signature is cached after too
+    ranked = sorted((c for c in classes.values() if c.bytes > 0 and c.signature not in written), key=_Class.rank)
     variants: list[SelectiveVariant] = []
     for k in _cuts([c.bytes for c in ranked]):
         keeps = {c.signature for c in ranked[:k]}
@@ -100,7 +98,6 @@ def _classes(rerun, records: list[StorageRecord], internal: list[StorageRecord])
         c = made_by.get(r.alloc_step) if r.op else None  # made by an op of the class, not first seen there
         if c is None:
             continue
-        c.written = c.written or r.written
         if id(r) in saved:
             c.saved_bytes += r.nbytes
         elif r.category == "temporaries" and r.phase == "forward":
