@@ -1,6 +1,7 @@
 """remat and torch.compile: a planned model compiles with no more graph breaks than the bare one, gives the
 same gradients, and a compiled model is profiled, planned and verified by the names of the model inside."""
 
+import dataclasses
 import math
 import os
 import subprocess
@@ -16,8 +17,12 @@ from remat import zoo
 from remat.applier.apply import applied
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, wrap_segment
+from remat.compiled import _fastest_fit
+from remat.measure.loop import Loop
 from remat.measure.profiling import COMPILED_NOTE
 from remat.types.profile import COMPILED_PEAK_MARGIN
+from remat.verifier.process import ProcessPeak
+from remat.verifier.verify import independent_peak
 
 
 def _llama():
@@ -242,3 +247,93 @@ def test_a_compiled_step_is_measured_after_this_process_compiled_on_its_thread_p
     env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path)}
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
     assert done.stdout.strip().endswith("measured True"), done.stderr[-3000:]
+
+
+class _Wide(torch.nn.Module):
+    """A residual block whose pointwise middle Inductor fuses and, under a budget, recomputes."""
+
+    def __init__(self):
+        super().__init__()
+        self.up, self.down = torch.nn.Linear(512, 2048), torch.nn.Linear(2048, 512)
+
+    def forward(self, x):
+        return x + self.down(torch.tanh(self.up(x)).sin())
+
+
+def _compiled_grads(compiled, model, x) -> list[torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    compiled(x).sum().backward()
+    return [p.grad.clone() for p in model.parameters()]
+
+
+def test_a_compiler_budget_plan_lowers_the_compiled_steps_peak_and_removes():
+    """NOTE [The compiler's budget as a plan]: a plan with `compiler_budget` recompiles the model with torch.compile's
+    own activation memory budget; the compiled step's peak by the process counter falls, its gradients are the
+    compiled step's without the plan, and `remat.remove` brings back the step compiled before."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model, x = torch.nn.Sequential(*[_Wide() for _ in range(4)]), torch.randn(1024, 512)
+    compiled = torch.compile(model)
+    prof = remat.profile(compiled, x)
+    before = _compiled_grads(compiled, model, x)
+    unplanned, counter = independent_peak(compiled, x, None, None, Loop())
+    knob = dataclasses.replace(remat.plan(prof, prof.peak_bytes), compiler_budget=0.3)
+    remat.apply(compiled, knob)
+    assert "torch.compile's activation memory budget 0.3" in str(knob)
+    lowered, _ = independent_peak(compiled, x, None, None, Loop())
+    for got, want in zip(_compiled_grads(compiled, model, x), before):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    remat.remove(compiled)
+    assert applied(model) is None
+    back, _ = independent_peak(compiled, x, None, None, Loop())
+    assert counter == "process's high-water mark (compiled)"
+    assert lowered < unplanned * 0.85, (lowered, unplanned)  # seen: 118 MiB against 160 MiB with 6 blocks
+    assert abs(back - unplanned) <= unplanned * 0.05, (back, unplanned)  # two copies: 4 MiB apart seen
+
+
+def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():
+    """An eager model, a plan that also checkpoints, a fraction outside 0..1: `remat:` errors, nothing applied."""
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    prof = remat.profile(model, x)
+    keep = remat.plan(prof, prof.peak_bytes)
+    with pytest.raises(remat.RematError, match=r"^remat: the plan sets torch.compile's activation memory budget "
+                       r"\(0\.5\), which acts only on a step compiled by torch.compile\(model\), and this "
+                       r"Sequential is not one\. Fix: "):
+        remat.apply(model, dataclasses.replace(keep, compiler_budget=0.5))
+    both = dataclasses.replace(keep, segments=[["1"]], compiler_budget=0.5)
+    with pytest.raises(remat.RematError, match=r"^remat: the plan both checkpoints modules and sets torch.compile's "
+                       r"activation memory budget \(0\.5\).*Fix: plan again"):
+        remat.apply(torch.compile(model), both)
+    with pytest.raises(remat.RematError, match=r"^remat: a plan's compiler_budget is a fraction .* saw 1\.5\. Fix: "):
+        remat.apply(torch.compile(model), dataclasses.replace(keep, compiler_budget=1.5))
+    assert applied(model) is None
+    with pytest.raises(remat.RematError, match=r"^remat: the plan sets torch.compile's .* Fix: apply the plan to "
+                       r"torch.compile\(model\) \(not model.compile\(\)\)"):
+        model.compile()
+        remat.apply(model, dataclasses.replace(keep, compiler_budget=0.5))
+
+
+def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_lower_peak_among_equals():
+    """NOTE [Plans for a compiled step], Rule 5, on measured figures: a candidate over the budget never, however
+    fast; the fastest that fits; within TIME_NOISE of it, the lower measured peak; and the notes say what each
+    candidate measured, and the chosen one against the unplanned compiled step."""
+    model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
+    prof = dataclasses.replace(remat.profile(model, x), compiled_step_s=1.0)
+    keep = remat.plan(prof, prof.peak_bytes)
+    ckpt = dataclasses.replace(keep, segments=[["1"]])
+    knob = dataclasses.replace(keep, solver="compiler", compiler_budget=0.4)
+    lower = dataclasses.replace(keep, solver="compiler", compiler_budget=0.2)
+    counter = "process's high-water mark (compiled)"
+
+    def measured(plan, peak, seconds):
+        return plan, ProcessPeak(peak, 0, seconds), counter
+
+    chosen = _fastest_fit([measured(ckpt, 90 << 20, 1.30), measured(knob, 99 << 20, 1.10),
+                           measured(lower, 101 << 20, 1.00)], 100 << 20, prof)
+    assert (chosen.compiler_budget, chosen.measured_peak_bytes, chosen.measured_step_s) == (0.4, 99 << 20, 1.10)
+    assert chosen.budget_bytes == 100 << 20 and chosen.measured_counter == counter
+    assert "3 plans compiled" in chosen.notes[0] and "+10.0% against the unplanned compiled step's" in chosen.notes[0]
+    assert "compiler budget 0.4: 99.0 MiB, 1,100 ms" in chosen.notes[1], chosen.notes[1]
+    assert "remat 1 checkpoints + 0 selective: 90.0 MiB, 1,300 ms" in chosen.notes[1]
+    near = _fastest_fit([measured(ckpt, 90 << 20, 1.12), measured(knob, 99 << 20, 1.10)], 100 << 20, prof)
+    assert near.segments == [["1"]] and near.compiler_budget == 1.0 and near.measured_peak_bytes == 90 << 20

@@ -60,12 +60,12 @@ class _Counting(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def _tanh_reruns(keeps: list[str]) -> tuple[int, dict]:
+def _tanh_reruns(keeps: list[str], batch: int = 16) -> tuple[int, dict]:
     """tanh ops run in backward (backward itself runs tanh_backward, so each is a recomputation) with the middle
     block checkpointed selectively, keeping `keeps` ([]: the matmul policy), and the gradients."""
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 32)) for _ in range(3)])
-    x = torch.randn(16, 32)
+    x = torch.randn(batch, 32)
     prof = remat.profile(model, x, loss_fn=lambda out: out.square().mean(), mode="fake")
     keep = remat.plan(prof, 1.0)
     plan = dataclasses.replace(keep, decisions={**keep.decisions, "1": "selective"}, selective=["1"],
@@ -82,10 +82,35 @@ def test_a_selective_checkpoint_reruns_the_ops_its_plan_does_not_name_and_only_t
     assert kept_matmuls == 1  # the matmul policy keeps both linears' outputs and runs tanh again
     kept_tanh, grads_kept = _tanh_reruns([op_signature("tanh", [torch.empty(16, 128)])])
     assert kept_tanh == 0
-    other_shape, _ = _tanh_reruns([op_signature("tanh", [torch.empty(8, 128)])])
+    with pytest.warns(UserWarning, match=r"^remat: the plan keeps the outputs of 1 op\(s\) of this Sequential by their "
+                      r"argument shapes \(e\.g\. tanh\(8x128\)\), and none ran with those shapes .*Fix: profile and "
+                      r"plan with inputs of these shapes\."):
+        other_shape, _ = _tanh_reruns([op_signature("tanh", [torch.empty(8, 128)])])
     assert other_shape == 1  # a signature is the op and its shapes: this one names no op of the step
     assert grads.keys() == grads_kept.keys()
     assert all(torch.equal(grads[n], grads_kept[n]) for n in grads)
+
+
+def test_a_plan_keeping_ops_by_shape_says_so_once_when_the_inputs_have_other_shapes():
+    """The signatures a plan keeps hold the shapes profiled: with the profiled batch, no warning; with another
+    batch, the checkpoint keeps nothing and a warning says why, once however many steps run."""
+    import warnings
+
+    signature = [op_signature("tanh", [torch.empty(16, 128)])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _tanh_reruns(signature)[0] == 0
+    torch.manual_seed(0)
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 32)) for _ in range(3)])
+    keep = remat.plan(remat.profile(model, torch.randn(16, 32), mode="fake"), 1.0)
+    remat.apply(model, dataclasses.replace(keep, decisions={**keep.decisions, "1": "selective"}, selective=["1"],
+                                           selective_keeps={"1": signature}))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(3):
+            model(torch.randn(4, 32)).sum().backward()
+    said = [w for w in seen if str(w.message).startswith("remat: the plan keeps the outputs")]
+    assert len(said) == 1 and "tanh(16x128)" in str(said[0].message)
 
 
 def test_a_plan_naming_outputs_of_a_module_it_does_not_checkpoint_selectively_is_refused():

@@ -4,8 +4,10 @@ remat's plan is made for the compiled step (remat.auto's search, NOTE [Plans for
 candidates compiled and measured by remat's own independent counter on a compiled copy of the model) and
 applied to another copy (so the compiled budgets keep their own model and no guard fails between
 interleaved timing rounds), then the whole step is compiled with Inductor at activation_memory_budget 1.0
-(the compiler's default: remat decides what is recomputed), and measured exactly as a torch.compile
-budget: first-call seconds, FLOPs of the compiled graphs, gradients against eager without checkpointing,
+(the compiler's default: remat decides what is recomputed), or at the plan's `compiler_budget` where remat's
+search measured torch.compile's own budget the fastest to fit (NOTE [The compiler's budget as a plan]; the
+step here compiles model and loss as one graph, so the budget is set for it as the torch.compile points set
+theirs), and measured exactly as a torch.compile budget: first-call seconds, FLOPs of the compiled graphs, gradients against eager without checkpointing,
 the process peak of one step, and step time.
 
 Where: at each torch.compile budget's measured peak (the budget remat is given is that process peak
@@ -42,15 +44,23 @@ def profile_first(bench):
     return prof, time.perf_counter() - t0
 
 
-def targets(out: dict, prof, fractions: list[float]) -> list[tuple[str, int]]:
-    """(where, budget bytes) of each remat + compile point."""
+def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0) -> list[tuple[str, int]]:
+    """(where, budget bytes) of each remat + compile point.  A torch.compile point's process peak becomes a budget
+    on the counter remat judges a compiled step by: less the offset between this process's peak of the unplanned
+    compiled step (budget 1.0) and remat.profile's `compiled_peak_bytes` of it (the eager offset, tracker to
+    process, where that is missing: it kept remat's compiled budgets ~60 MiB tighter than the peer's)."""
     offset = out["eager_rss_peak"] - prof.peak_bytes
+    unplanned = [r["rss_peak"] for r in out.get("budgets", []) if r.get("budget") == 1.0 and "rss_peak" in r]
+    if unplanned and compiled_peak:
+        offset = unplanned[0] - compiled_peak
     pts = [(f"torch.compile budget {r['budget']:g}", int(r["rss_peak"] - offset + tol_process(r["rss_peak"])))
            for r in out.get("budgets", []) if "rss_peak" in r]
     return pts + [(f"{f:.0%} of the eager peak", int(f * prof.peak_bytes)) for f in fractions]
 
 
 def describe(plan) -> str:
+    if getattr(plan, "compiler_budget", 1.0) < 1.0:
+        return f"compile budget {plan.compiler_budget:g}"
     sel = len(getattr(plan, "selective", []))
     return f"{len(plan.segments)} ckpt" + (f" + {sel} selective" if sel else "")
 
@@ -63,7 +73,7 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_
     t0 = time.perf_counter()
     cprof = remat.profile(cmodel, bench.inputs, loss_fn=bench.loss_fn, optimizer=adam_params)
     out.update(remat_compiled_profile_s=time.perf_counter() - t0, remat_compiled_peak=cprof.compiled_peak_bytes)
-    for where, budget in targets(out, prof, spec.get("remat_fractions", [])):
+    for where, budget in targets(out, prof, spec.get("remat_fractions", []), cprof.compiled_peak_bytes):
         row = {"at": where, "budget_bytes": budget}
         t0 = time.perf_counter()
         try:
@@ -72,10 +82,13 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_
             row.update(status="infeasible", min_bytes=e.min_bytes, why=str(e))
             records.append(row)
             continue
-        key = json.dumps([plan.segments, sorted(plan.selective), plan.selective_keeps], sort_keys=True)
+        key = json.dumps([plan.segments, sorted(plan.selective), plan.selective_keeps, plan.compiler_budget],
+                         sort_keys=True)
         row.update(status="ok", key=key, plan=describe(plan), predicted_peak=plan.peak_bytes,
                    predicted_flops=plan.recompute_flops, search_s=time.perf_counter() - t0,
-                   search_measured_peak=plan.measured_peak_bytes, search_note=plan.notes[0] if plan.notes else "")
+                   search_measured_peak=plan.measured_peak_bytes, search_step_s=plan.measured_step_s,
+                   search_note=plan.notes[0] if plan.notes else "",
+                   search_candidates=plan.notes[1] if len(plan.notes) > 1 else "")
         if key not in by_plan:
             by_plan[key] = _one(bench, plan, ref_grads, backend_for, fresh_function, f"remat_compiled_{len(by_plan)}")
             if by_plan[key][1] is not None:
@@ -90,7 +103,9 @@ def _one(bench, plan, ref_grads: dict, backend_for, fresh_function, name: str):
     """One plan on a copy of the model, compiled: its figures, and (bench copy, call) or None."""
     fig = {"fw_flops": 0, "bw_flops": 0, "graphs": 0}
     b2 = dataclasses.replace(bench, model=copy.deepcopy(bench.model))  # parameter names taken before apply
-    remat.apply(b2.model, plan)
+    knob = plan.compiler_budget  # < 1.0: remat chose the compiler's own budget, which this step compiles with
+    if knob == 1.0:
+        remat.apply(b2.model, plan)
 
     def eager():
         return b2.loss(b2.call())
@@ -98,7 +113,7 @@ def _one(bench, plan, ref_grads: dict, backend_for, fresh_function, name: str):
     compiled = torch.compile(fresh_function(eager, name), backend=backend_for(fig))
 
     def call():
-        with functorch_config.patch(activation_memory_budget=1.0):
+        with functorch_config.patch(activation_memory_budget=knob):
             return compiled()
 
     try:

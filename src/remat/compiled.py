@@ -7,7 +7,8 @@ so a compiled model is profiled eagerly (the model inside the compile wrapper, `
 The compiled step usually keeps less: Inductor fuses pointwise ops and does not store their outputs.  That
 peak is measured here, once, by the counter `remat.verify` uses for the truth: the process's high-water mark
 of a forked copy of this process running the training loop (third step; the copy compiles the step itself),
-or `torch.cuda.max_memory_allocated` on CUDA.  It is stored in `StepProfile.compiled_peak_bytes`.
+or `torch.cuda.max_memory_allocated` on CUDA.  It is stored in `StepProfile.compiled_peak_bytes`, and the
+seconds of that copy's step in `StepProfile.compiled_step_s`.
 
 What the planner does with it (`remat.planner.api.plan`): a budget at or above the compiled step's measured
 peak plus COMPILED_PEAK_MARGIN (2%: two measurements of one compiled step differed by up to 1.5%) needs no
@@ -36,11 +37,13 @@ from remat.errors import InfeasibleBudget, RematError, listing
 from remat.measure import profile as measure_profile
 from remat.measure.loop import Loop
 from remat.planner import plan
+from remat.planner.result import keep_all
 from remat.planner.budget import parse_budget
 from remat.report.text import fmt_bytes
 from remat.types import Plan, StepProfile
 from remat.types.profile import COMPILED_PEAK_MARGIN
-from remat.verifier.verify import independent_peak
+from remat.verifier.process import ProcessPeak
+from remat.verifier.verify import independent_step
 
 
 @functools.wraps(measure_profile)
@@ -49,42 +52,60 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     if mode != "real" or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof
     loop = Loop.of(options.get("step", "steady"), options.get("accumulate", 1))
-    peak, counter = independent_peak(model, inputs, loss_fn, optimizer, loop)
-    if peak is None:
+    measured, counter = independent_step(model, inputs, loss_fn, optimizer, loop, TIMED_STEPS)
+    if measured is None:
         return prof
+    peak = measured.peak_bytes
     note = (f"compiled step: {fmt_bytes(peak, 'auto')} by the {counter}, against {fmt_bytes(prof.peak_bytes, 'auto')} "
             "eager; a budget 2% above it or more needs no checkpoint (NOTE [A compiled step's peak]).")
-    return dataclasses.replace(prof, compiled_peak_bytes=peak, compiled_counter=counter, notes=[*prof.notes, note])
+    return dataclasses.replace(prof, compiled_peak_bytes=peak, compiled_counter=counter,
+                               compiled_step_s=measured.step_s, notes=[*prof.notes, note])
 
 
 # NOTE [Plans for a compiled step]
 # A budget below the compiled step's peak needs a plan, and the planner can only price plans on the eager
 # step (the tracker cannot see inside Inductor's kernels), which keeps much more: on the peers' large models a
 # plan predicted at 886 MiB eager measured 544 MiB compiled.  A plan made for the budget as if it were eager
-# fits, mostly, but recomputes what the compiled step never needed to.  `remat.auto` has the model and the
-# inputs, so it searches by measurement instead:
+# fits, mostly, but recomputes what the compiled step never needed to.  And Inductor recomputes fused pointwise
+# ops inside its backward kernels almost for free when given its own budget, where remat's units are modules or
+# whole ops (peers, BERT at torch.compile's budget 0.5: remat's plan measured 0.76x the time of compile's own).
+# `remat.auto` has the model and the inputs, so it measures candidates of both kinds instead:
 #
-# Rule 1: a plan for the compiled step is a plan priced eagerly for a larger eager budget (its target); the
-#         first target is the budget scaled by the unplanned eager/compiled ratio.
-# Rule 2: each candidate is applied, measured by the counter `remat.verify` trusts (`independent_peak`: a forked
-#         copy compiling and running the loop on CPU, `torch.cuda.max_memory_allocated` on CUDA) and removed.
-# Rule 3: the next target scales the last one by budget / measured, kept strictly between the largest eager
-#         peak whose plan fitted and the smallest whose plan did not (their middle otherwise).  A fit within
-#         CLOSE_ENOUGH of the budget, a plan measured before, or `trials` compilations end the search.
-# Rule 4: of the plans measured to fit, the cheapest (predicted seconds, then FLOPs) is applied, carrying its
-#         measured peak and counter (`Plan.measured_peak_bytes`, `Plan.measured_counter`).  None fitting is
-#         `remat.InfeasibleBudget`, naming each measured peak: never a plan that was measured not to fit.
+# Rule 1: a remat candidate is a plan priced eagerly for a larger eager budget (its target); the first target
+#         is the budget scaled by the unplanned eager/compiled ratio.
+# Rule 2: a compiler candidate checkpoints nothing and sets torch.compile's activation memory budget
+#         (`Plan.compiler_budget`, NOTE [The compiler's budget as a plan]); the first is the fraction of the
+#         compiled step's activations (its peak less the resident bytes) that the budget leaves room for.
+# Rule 3: each candidate is applied, measured by the counter `remat.verify` trusts (`independent_step`: a forked
+#         copy compiling and running the loop on CPU, `torch.cuda.max_memory_allocated` on CUDA), peak and
+#         seconds of a step, and removed.
+# Rule 4: the next remat candidate scales the last one's target by budget / measured, kept strictly between the
+#         largest eager peak whose plan fitted and the smallest whose plan did not (their middle otherwise).  The
+#         next compiler candidate is the middle of the largest fraction that fitted and the smallest that did
+#         not: the compiled step's peak is neither linear nor monotone in the fraction (a 6-block MLP: 128 MiB
+#         at every fraction from 0.52 to 0.95, 136 MiB at 0.47, 126 MiB at 0.39).  A fit within CLOSE_ENOUGH
+#         of the budget, a candidate measured before, or `trials` compilations end the search of that kind.
+# Rule 5: of the candidates measured to fit, the fastest measured is applied; those within TIME_NOISE of it
+#         count as equal, and the one of them with the lower measured peak wins.  It carries its measured peak,
+#         counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`, `measured_step_s`).  None fitting
+#         is `remat.InfeasibleBudget`, naming each measured peak: never a plan that was measured not to fit.
 # Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
 
 SEARCH_TRIALS = 4
 CLOSE_ENOUGH = 0.05
+TIMED_STEPS = 2
+"""Steps a measuring copy runs after the measured one, for the seconds of a step: the fastest of steps 2 to 5."""
+TIME_NOISE = 0.05
+"""Steps of one compiled plan timed in six copies in a row differed by up to this fraction (one thread, CPU)."""
+
+Measured = tuple[Plan, ProcessPeak, str]
 
 
 def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *, trials: int = SEARCH_TRIALS,
          **plan_options) -> Plan:
     """Profile, plan and apply in one call; returns the Plan it applied.  For a compiled model whose compiled step
-    is over the budget, the plan is chosen by compiling and measuring candidates, at most `trials` of them
-    (NOTE [Plans for a compiled step]).
+    is over the budget, the plan is chosen by compiling and measuring candidates, at most `trials` of remat's
+    checkpoints and `trials` of torch.compile's own budget (NOTE [Plans for a compiled step]).
 
     Example: plan = remat.auto(model, batch, budget="6GiB", optimizer=opt)
     """
@@ -107,31 +128,63 @@ def plan_for(model, step: tuple, prof: StepProfile, budget: int, trials: int = S
     compiled = prof.compiled_peak_bytes
     if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
         return plan(prof, budget, **plan_options)
-    return _fit_compiled(model, step, prof, budget, trials, plan_options)
+    tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
+    return _fastest_fit(tried + _compiler_candidates(model, step, prof, budget, trials), budget, prof)
 
 
-def _fit_compiled(model, step: tuple, prof: StepProfile, budget: int, trials: int, plan_options: dict) -> Plan:
-    """NOTE [Plans for a compiled step]: the cheapest plan measured to fit among at most `trials` compiled."""
+def _remat_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int,
+                      plan_options: dict) -> list[Measured]:
+    """Rules 1, 3 and 4 for plans of remat's checkpoints."""
     eager = dataclasses.replace(prof, compiled_peak_bytes=0)  # priced eagerly, with no compiled-step shortcut
-    tried: dict[str, tuple[Plan, int, str]] = {}
+    tried: dict[str, Measured] = {}
     fit, miss = 0, prof.peak_bytes  # eager peaks: the largest whose plan fitted, the smallest whose plan did not
-    target = budget * prof.peak_bytes / prof.compiled_peak_bytes  # Rule 1
+    target = budget * prof.peak_bytes / prof.compiled_peak_bytes
     for _ in range(trials):
         target = target if fit < target < miss else (fit + miss) / 2
         candidate = _eager_plan(eager, int(target), plan_options)
         key = repr((candidate.segments, candidate.selective, candidate.selective_keeps, candidate.offload))
         if key in tried:
             break
-        peak, counter = _measured(model, candidate, step)
-        tried[key] = (candidate, peak, counter)
-        if peak <= budget:
+        measured, counter = _measured(model, candidate, step)
+        tried[key] = (candidate, measured, counter)
+        if measured.peak_bytes <= budget:
             fit = max(fit, candidate.peak_bytes)
-            if peak >= budget * (1 - CLOSE_ENOUGH):
+            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
                 break
         else:
             miss = min(miss, candidate.peak_bytes)
-        target = candidate.peak_bytes * budget / peak  # Rule 3
-    return _cheapest_fit(list(tried.values()), budget)
+        target = candidate.peak_bytes * budget / measured.peak_bytes
+    return list(tried.values())
+
+
+def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int) -> list[Measured]:
+    """Rules 2, 3 and 4 for torch.compile's activation memory budget (a fraction: 1.0 is the unplanned step)."""
+    base = keep_all(dataclasses.replace(prof, compiled_peak_bytes=0), budget, "")
+    resident = prof.param_bytes + prof.optimizer_bytes
+    tried: list[Measured] = []
+    fit, miss = 0.0, 1.0  # fractions: the largest whose step fitted, the smallest whose step did not
+    fraction = min(max((budget - resident) / max(prof.compiled_peak_bytes - resident, 1), 0.0), 0.95)
+    for _ in range(trials):
+        fraction = round(fraction, 3)
+        if any(c.compiler_budget == fraction for c, _, _ in tried):
+            break
+        note = (f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
+                "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
+                "(NOTE [The compiler's budget as a plan]).")
+        candidate = dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
+        try:
+            measured, counter = _measured(model, candidate, step)
+        except RematError:  # the region could not be compiled (a graph break inside it): remat's plans only
+            break
+        tried.append((candidate, measured, counter))
+        if measured.peak_bytes <= budget:
+            fit = max(fit, fraction)
+            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
+                break
+        else:
+            miss = min(miss, fraction)
+        fraction = (fit + miss) / 2
+    return tried
 
 
 def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
@@ -141,34 +194,51 @@ def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
         return plan(eager, e.min_bytes, **plan_options)
 
 
-def _measured(model, candidate: Plan, step: tuple) -> tuple[int, str]:
-    """The compiled step's peak with `candidate` applied, by the independent counter (Rule 2)."""
+def _measured(model, candidate: Plan, step: tuple) -> tuple[ProcessPeak, str]:
+    """The compiled step's peak and seconds with `candidate` applied, by the independent counter (Rule 3)."""
     apply(model, candidate)
     try:
-        peak, counter = independent_peak(model, *step, Loop())
+        measured, counter = independent_step(model, *step, Loop(), TIMED_STEPS)
     finally:
         remove(model)
-    if peak is None:  # profile measured the compiled step with this counter: it cannot be gone
+    if measured is None:  # profile measured the compiled step with this counter: it cannot be gone
         raise RematError("remat: the compiled step's counter gave no figure. Expected the one remat.profile used. "
                          "Fix: report this to remat.")
-    return peak, counter
+    return measured, counter
 
 
-def _cheapest_fit(tried: list[tuple[Plan, int, str]], budget: int) -> Plan:
-    """Rule 4."""
-    fitting = [t for t in tried if t[1] <= budget]
+def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
+    """Rule 5."""
+    fitting = [t for t in tried if t[1].peak_bytes <= budget]
     if not fitting:
-        least = min(peak for _, peak, _ in tried)
+        least = min(m.peak_bytes for _, m, _ in tried)
         raise InfeasibleBudget(
             f"remat: no plan tried fits the compiled step in {fmt_bytes(budget, 'auto')}: {len(tried)} compiled and "
             f"measured by the {tried[0][2]} peaked at "
-            f"{listing([fmt_bytes(peak, 'auto') for _, peak, _ in tried], 6)}. Expected a budget the compiled step "
-            f"can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or more trials (trials=8).",
+            f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
+            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or more trials (trials=8).",
             least, budget,
         )
-    best, peak, counter = min(fitting, key=lambda t: (t[0].extra_s, t[0].recompute_flops, t[1]))
-    note = (f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter}; this one "
-            f"peaked at {fmt_bytes(peak, 'auto')} (eager prediction {fmt_bytes(best.peak_bytes, 'auto')}), within "
-            f"the budget (NOTE [Plans for a compiled step]).")
-    return dataclasses.replace(best, budget_bytes=budget, measured_peak_bytes=peak, measured_counter=counter,
-                               notes=[note, *best.notes])
+    fastest = min(m.step_s for _, m, _ in fitting)
+    best, measured, counter = min((t for t in fitting if t[1].step_s <= fastest * (1 + TIME_NOISE)),
+                                  key=lambda t: t[1].peak_bytes)
+    kinds = sum(c.compiler_budget < 1.0 for c, _, _ in tried)
+    versus = (f", {measured.step_s / prof.compiled_step_s - 1:+.1%} against the unplanned compiled step's "
+              f"{prof.compiled_step_s * 1e3:,.1f} ms" if prof.compiled_step_s else "")
+    eager = f" (eager prediction {fmt_bytes(best.peak_bytes, 'auto')})" if best.compiler_budget == 1.0 else ""
+    note = (f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter} "
+            f"({len(tried) - kinds} of remat's checkpoints, {kinds} of torch.compile's own budget); this one "
+            f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"
+            f"{versus}, the fastest within the budget (NOTE [Plans for a compiled step]).")
+    each = "; ".join(f"{_kind(c)}: {fmt_bytes(m.peak_bytes, 'auto')}, {m.step_s * 1e3:,.0f} ms" for c, m, _ in tried)
+    return dataclasses.replace(best, budget_bytes=budget, measured_peak_bytes=measured.peak_bytes,
+                               measured_counter=counter, measured_step_s=measured.step_s,
+                               notes=[note, f"measured: {each}.", *best.notes])
+
+
+def _kind(candidate: Plan) -> str:
+    """A candidate in a few words: "compiler budget 0.42", "remat 2 checkpoints + 3 selective"."""
+    if candidate.compiler_budget < 1.0:
+        return f"compiler budget {candidate.compiler_budget:g}"
+    return (f"remat {len(candidate.segments)} checkpoints + {len(candidate.selective)} selective"
+            + (f" + {len(candidate.offload)} offloaded" if candidate.offload else ""))

@@ -8,6 +8,7 @@ import warnings
 import torch.nn as nn
 
 from remat._torch_compat import wrapped_module
+from remat.applier.compiler_budget import clear_compiler_budget, optimized_module, set_compiler_budget
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
@@ -60,6 +61,7 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
             "applying a second one would checkpoint twice. Fix: call remat.remove(model) first."
         )
     segments, selective, offload = _what_to_wrap(model, plan)
+    compiler_budget = _compiler_budget(wrapper, plan)
     if offload and not any(t.is_cuda for t in [*model.parameters(), *model.buffers()]):
         warnings.warn(
             f"remat: the plan offloads {listing(offload, 4)}, but {type(model).__name__} is not on a GPU: its saved "
@@ -68,6 +70,7 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
             stacklevel=2,
         )
     skipped = _wrap_all(model, segments, selective, offload)
+    set_compiler_budget(wrapper, model, compiler_budget)
     object.__setattr__(model, APPLIED, plan)
     object.__setattr__(model, NO_CACHE, NoCacheInTraining(model))  # NOTE [The key/value cache in training]
     if skipped:
@@ -86,6 +89,26 @@ def bare(model: nn.Module) -> nn.Module:
     while inner is not None:
         model, inner = inner, wrapped_module(inner)
     return model
+
+
+def _compiler_budget(wrapper: nn.Module, plan: Plan | str) -> float:
+    """The plan's `compiler_budget`, checked (NOTE [The compiler's budget as a plan], Rule 4); 1.0 for none."""
+    budget = plan.compiler_budget if isinstance(plan, Plan) else 1.0
+    if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
+        raise RematError(f"remat: a plan's compiler_budget is a fraction of the activations Inductor saves, from 0 "
+                         f"to 1; saw {budget!r}. Fix: plan again, or set it to 1.0 for the compiler's default.")
+    if budget == 1.0:
+        return budget
+    if plan.segments or plan.selective or plan.offload:
+        raise RematError(f"remat: the plan both checkpoints modules and sets torch.compile's activation memory "
+                         f"budget ({budget:g}); the budget's region must cover the whole compiled graph. Expected "
+                         "one or the other, as remat.auto makes them. Fix: plan again.")
+    if optimized_module(wrapper) is None:
+        raise RematError(f"remat: the plan sets torch.compile's activation memory budget ({budget:g}), which acts "
+                         f"only on a step compiled by torch.compile(model), and this {type(wrapper).__name__} is not "
+                         "one. Fix: apply the plan to torch.compile(model) (not model.compile()), or plan again for "
+                         "the eager model.")
+    return budget
 
 
 def _what_to_wrap(model: nn.Module, plan: Plan | str) -> tuple[list[list[str]], dict[str, list[str]], list[str]]:
@@ -115,6 +138,7 @@ def remove(model: nn.Module) -> nn.Module:
     wrapper, model = model, bare(model)
     for m in [m for m in model.modules() if is_wrapped(m)]:
         unwrap(m)
+    clear_compiler_budget(model)
     model.__dict__.pop(APPLIED, None)
     if NO_CACHE in model.__dict__:
         model.__dict__.pop(NO_CACHE).remove()
@@ -232,6 +256,8 @@ def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, 
 def _describe(what) -> str:
     if isinstance(what, str):
         return f"recipe {what!r}"
+    if what.compiler_budget < 1.0:
+        return f"torch.compile's activation memory budget {what.compiler_budget:g}"
     extra = f" and {len(what.offload)} offloaded modules" if what.offload else ""
     return f"a {what.solver} plan with {len(what.segments) + len(what.selective)} checkpoints{extra}"
 

@@ -19,7 +19,9 @@ NOTE [How a module is checkpointed in place]
           outputs of SAVE_OPS (matmuls, convolutions, attention) are kept, every other
           op is recomputed; or, when the plan names them (`Plan.selective_keeps`), the
           outputs of the ops of those signatures (NOTE [Which outputs a selective
-          checkpoint keeps]).
+          checkpoint keeps]).  A signature holds argument shapes: a forward in which no
+          named op ran with its shapes (inputs of other shapes than profiled) keeps
+          nothing, and says so in a warning, once per module.
   Rule 6. An offloaded module runs its forward under `saved_tensors_hooks`: every tensor
           its ops save goes to CPU memory (pinned when it comes from CUDA, copied
           without blocking on the current stream) and comes back to its device when
@@ -114,8 +116,9 @@ def _keep_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op_name(op) in SAVE_OPS else CheckpointPolicy.PREFER_RECOMPUTE
 
 
-def _keeping(signatures: frozenset[str]) -> Callable:
-    """Rule 5's policy for a plan that names the ops to keep (NOTE [Which outputs a selective checkpoint keeps])."""
+def _keeping(signatures: frozenset[str], kept: list[int]) -> Callable:
+    """Rule 5's policy for a plan that names the ops to keep (NOTE [Which outputs a selective checkpoint keeps]);
+    counts in `kept` the outputs it kept."""
     names = {s.split("(", 1)[0] for s in signatures}
 
     def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
@@ -123,10 +126,26 @@ def _keeping(signatures: frozenset[str]) -> Callable:
         if name in names:
             tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
             if op_signature(name, tensors) in signatures:
+                kept[0] += 1
                 return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
     return policy
+
+
+def _warn_if_none_kept(module: nn.Module, keeps: list[str], kept: list[int], warned: list[bool]) -> None:
+    """Rule 5: a signature holds the shapes profiled; a forward in which none matched ran on other shapes, and
+    its checkpoint keeps nothing (it recomputes more than the plan said).  Said once per module."""
+    if kept[0] or warned[0] or torch.compiler.is_compiling():
+        return
+    warned[0] = True
+    warnings.warn(
+        f"remat: the plan keeps the outputs of {len(keeps)} op(s) of this {type(module).__name__} by their argument "
+        f"shapes (e.g. {keeps[0]}), and none ran with those shapes in this forward: its inputs are not the shapes "
+        "the plan was profiled with, so it keeps nothing and recomputes all its ops. Fix: profile and plan with "
+        "inputs of these shapes.",
+        stacklevel=3,
+    )
 
 
 def wrap_segment(segment: list[nn.Module], selective: bool = False, keeps: list[str] | None = None) -> None:
@@ -135,8 +154,8 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False, keeps: list[
     originals = [_current_forward(m) for m in segment]
     run = _run_segment(originals, segment)
     head = segment[0]
-    pending = [0]
-    policy = _keeping(frozenset(keeps)) if keeps else _keep_matmuls
+    pending, kept, warned = [0], [0], [False]
+    policy = _keeping(frozenset(keeps), kept) if keeps else _keep_matmuls
     options = {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)} if selective else {}
 
     def head_forward(*args, **kwargs):
@@ -146,7 +165,11 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False, keeps: list[
         pending[0] = len(segment) - 1
         if hf_checkpoints(head):  # Rule 7
             return run(*args, **kwargs)
-        return checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
+        kept[0] = 0
+        out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
+        if selective and keeps:
+            _warn_if_none_kept(head, keeps, kept, warned)
+        return out
 
     _install(head, head_forward, segment, "head", pending)
     for m, original in zip(segment[1:], originals[1:]):

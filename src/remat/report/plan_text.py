@@ -31,8 +31,10 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
            f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
     )
     if plan.measured_peak_bytes:
+        seconds = (f", {plan.measured_step_s * 1e3:,.1f} ms a step in the copy that measured it"
+                   if plan.measured_step_s else "")
         console.print(f"compiled step with this plan: {fmt_bytes(plan.measured_peak_bytes, 'auto')} by the "
-                      f"{plan.measured_counter} (the predicted peak is the eager step's)")
+                      f"{plan.measured_counter}{seconds} (the predicted peak is the eager step's)")
     table = Table(box=box.SIMPLE_HEAD, title="checkpoints (one per row)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("modules wrapped together")
@@ -41,7 +43,10 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     rows += [f"{name} (offload: saved tensors in CPU memory until backward)" for name in plan.offload]
     for i, row in enumerate(rows, 1):
         table.add_row(str(i), row)
-    if not rows:
+    if plan.compiler_budget < 1.0:
+        table.add_row("-", f"none of remat's: torch.compile's activation memory budget {plan.compiler_budget:.3g} "
+                      "(Inductor saves that fraction of its activations and recomputes the rest)")
+    elif not rows:
         table.add_row("-", "none: keep every activation")
     console.print(table)
     if baselines:

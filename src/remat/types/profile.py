@@ -301,6 +301,9 @@ class StepProfile:
     figure is the eager step's (NOTE [A compiled step's peak] in `remat.compiled`)."""
     compiled_counter: str = ""
     """The counter that measured `compiled_peak_bytes` (as `VerifyReport.independent_counter` names it)."""
+    compiled_step_s: float = 0.0
+    """Seconds of one compiled step, as the copy that measured `compiled_peak_bytes` timed it (on CPU a forked
+    copy on one thread); 0.0 otherwise."""
 
     @property
     def timed(self) -> bool:

@@ -36,6 +36,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -66,6 +67,10 @@ class ProcessPeak:
     """The measured step's peak: VmHWM over it minus the resident set before it, plus its resident tensors."""
     resident_bytes: int
     """Tensor bytes resident before the measured step (parameters, buffers, inputs, optimizer state, ...)."""
+    step_s: float = 0.0
+    """Wall seconds of a step of the loop as it ran here: the fastest step timed after the first (which holds
+    compilation and the optimizer state's creation), or the first when it is the only one.  A forked copy runs
+    on one thread."""
 
 
 def step_peak_bytes(
@@ -90,26 +95,35 @@ def step_peak_bytes(
     raise RuntimeError(f"the measuring process failed ({' '.join(cmd)}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
 
-def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop) -> ProcessPeak:
-    """Run the user's training loop on `model` here and measure its last step by this process (Rule 3)."""
+def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop,
+                    timed_steps: int = 0) -> ProcessPeak:
+    """Run the user's training loop on `model` here and measure its last step by this process (Rule 3); then
+    `timed_steps` more steps, timed only, for a steadier `step_s`."""
     step = normalize_inputs(inputs)
     steps = 3 if loop.step == Step.STEADY else 1
     held: list = []
-    for i in range(steps):
+    seconds = []
+    for i in range(steps + timed_steps):
         if i == steps - 1:
             gc.collect()
             resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held)) + ddp_bucket_total(model)
             reset_high_water_mark()
             before = resident_bytes()
+        start = time.perf_counter()
         optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         clear_grads(model, opt)
-    return ProcessPeak(high_water_mark_bytes() - before + resident, resident)
+        seconds.append(time.perf_counter() - start)
+        if i == steps - 1:
+            peak = high_water_mark_bytes() - before + resident
+    return ProcessPeak(peak, resident, min(seconds[1:] or seconds))
 
 
-def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop) -> ProcessPeak:
+def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop,
+                    timed_steps: int = 0) -> ProcessPeak:
     """The same loop on CUDA, counted by the caching allocator (Rule 6).  Changes the model: run it on a snapshot."""
     step = normalize_inputs(inputs)
     held: list = []
+    seconds = []
     clear_grads(model, opt)
     for i in range(3 if loop.step == Step.STEADY else 1):
         torch.cuda.synchronize()
@@ -117,19 +131,28 @@ def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
         resident += ddp_bucket_total(model, rounding=512)
         before = torch.cuda.memory_allocated()
         torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
         optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         clear_grads(model, opt)
-    torch.cuda.synchronize()
-    return ProcessPeak(torch.cuda.max_memory_allocated() - before + resident, resident)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    peak = torch.cuda.max_memory_allocated() - before + resident
+    for _ in range(timed_steps):
+        start = time.perf_counter()
+        optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
+        clear_grads(model, opt)
+        torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - start)
+    return ProcessPeak(peak, resident, min(seconds[1:] or seconds))
 
 
-def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> ProcessPeak:
+def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop, timed_steps: int = 0) -> ProcessPeak:
     """`loop_peak_bytes` in a forked copy of this process (Rules 1 and 5): nothing here is changed.
 
     Known limitations: Linux with glibc; the copy runs on one thread."""
 
     def measure() -> dict:
-        return asdict(loop_peak_bytes(model, inputs, loss_fn, make_optimizer(optimizer, model), loop))
+        return asdict(loop_peak_bytes(model, inputs, loss_fn, make_optimizer(optimizer, model), loop, timed_steps))
 
     try:
         return ProcessPeak(**in_forked_copy(measure))

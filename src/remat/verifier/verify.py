@@ -30,7 +30,7 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
-from remat.verifier.process import cuda_peak_bytes, forked_peak_bytes
+from remat.verifier.process import ProcessPeak, cuda_peak_bytes, forked_peak_bytes
 from remat.types import Plan, VerifyReport
 
 
@@ -159,17 +159,25 @@ COMPILED_STEP = " (compiled)"
 
 def independent_peak(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> tuple[int | None, str]:
     """The step's peak in the training loop by a counter that is not remat's tracker, and its name."""
+    measured, counter = independent_step(model, inputs, loss_fn, optimizer, loop)
+    return (measured.peak_bytes if measured else None), counter
+
+
+def independent_step(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop,
+                     timed_steps: int = 0) -> tuple[ProcessPeak | None, str]:
+    """`independent_peak` with the rest of what the counter saw: the resident bytes and the step's seconds, the
+    fastest of the steps after the first, `timed_steps` more of them included."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
     compiled = COMPILED_STEP if is_compiled(model) else ""
     if device.type == "cuda":
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, normalize_inputs(inputs).tensors())
         try:
-            return cuda_peak_bytes(model, inputs, loss_fn, opt, loop).peak_bytes, CUDA_COUNTER + compiled
+            return cuda_peak_bytes(model, inputs, loss_fn, opt, loop, timed_steps), CUDA_COUNTER + compiled
         finally:
             snapshot.restore()
     if device.type == "cpu" and os.path.exists("/proc/self/clear_refs") and hasattr(os, "fork"):
-        return forked_peak_bytes(model, inputs, loss_fn, optimizer, loop).peak_bytes, PROCESS_COUNTER + compiled
+        return forked_peak_bytes(model, inputs, loss_fn, optimizer, loop, timed_steps), PROCESS_COUNTER + compiled
     return None, ""
 
 

@@ -1,0 +1,70 @@
+"""A plan's `compiler_budget`: torch.compile's own activation memory budget, set for one compiled model.
+
+NOTE [The compiler's budget as a plan]
+Inductor can trade memory for recomputation itself: its min-cut partitioner saves fewer activations when told
+to keep a fraction of them (`torch._functorch.config.activation_memory_budget`, 1.0 by default), and it
+recomputes fused pointwise ops almost for free inside the backward's kernels, where remat's units are whole
+modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that:
+
+  Rule 1. `torch.compile(model)`'s forward is replaced by a call of the model through a function of its own,
+          compiled with the same settings and run with the config set to the budget, so what it compiles is
+          partitioned under that budget.  Not the region API
+          (`torch.autograd.graph.region_activation_memory_budget`): it refuses a graph with any op outside the
+          region, and Inductor adds one to every graph with dropout (`inductor_seeds`).
+  Rule 2. A function of its own, because Dynamo keeps compiled code per code object, and its guards do not
+          see the config, nor, for a model whose forward Dynamo enters directly (Hugging Face's, decorated),
+          a forward set on the instance: changing either left a compiled BERT on its old graph.  The function
+          is made once per compiled model and budget and kept (`_CALLS`), so applying the plan again finds it
+          compiled, and `remat.remove` puts back the compiled forward as it was, with its own graph.
+  Rule 3. Only `torch.compile(model)` can follow such a plan (`remat.apply` refuses an eager model, and one
+          compiled in place by `model.compile()`), and the plan has no checkpoint of remat's beside it.
+
+What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
+(NOTE [Plans for a compiled step] in `remat.compiled`).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import torch.nn as nn
+
+from remat._torch_compat import wrapped_module
+from remat._torch_compat.compiler import activation_memory_budget, fresh_compiled_call, is_optimized_module
+
+BUDGET = "_remat_compiler_budget"  # on the bare model: the compiled model and its forward, to put back
+_CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled model -> {budget: its call} (Rule 2)
+
+
+def optimized_module(wrapper: nn.Module) -> nn.Module | None:
+    """The `torch.compile(model)` that is `wrapper` or that it wraps (under DistributedDataParallel), or None."""
+    m = wrapper
+    while m is not None and not is_optimized_module(m):
+        m = wrapped_module(m)
+    return m
+
+
+def set_compiler_budget(wrapper: nn.Module, model: nn.Module, budget: float) -> None:
+    """Rules 1 and 2: `model`'s compiled step, run through `wrapper`, saves activations within `budget` (0 to 1) of
+    Inductor's; at 1.0, Inductor's default, nothing is set."""
+    if budget >= 1.0:
+        return
+    optimized = optimized_module(wrapper)
+    calls = _CALLS.setdefault(optimized, {})
+    if budget not in calls:
+        calls[budget] = fresh_compiled_call(optimized, f"remat_compiler_budget_{len(calls)}")
+    call = calls[budget]
+
+    def forward(*args, **kwargs):
+        with activation_memory_budget(budget):
+            return call(*args, **kwargs)
+
+    object.__setattr__(model, BUDGET, (optimized, optimized.__dict__["forward"]))
+    object.__setattr__(optimized, "forward", forward)
+
+
+def clear_compiler_budget(model: nn.Module) -> None:
+    """Undo `set_compiler_budget`; nothing to do on a model without one."""
+    if BUDGET in model.__dict__:
+        optimized, forward = model.__dict__.pop(BUDGET)
+        object.__setattr__(optimized, "forward", forward)
