@@ -68,7 +68,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
 # plan predicted at 886 MiB eager measured 544 MiB compiled.  A plan made for the budget as if it were eager
 # fits, mostly, but recomputes what the compiled step never needed to.  And Inductor recomputes fused pointwise
 # ops inside its backward kernels almost for free when given its own budget, where remat's units are modules or
-# whole ops (peers, BERT at torch.compile's budget 0.5: remat's plan measured 0.76x the time of compile's own).
+# whole ops (peers, BERT at torch.compile's budget 0.5: remat's plan ran at 0.76x the eager step, compile's 0.67x).
 # `remat.auto` has the model and the inputs, so it measures candidates of both kinds instead:
 #
 # Rule 1: a remat candidate is a plan priced eagerly for a larger eager budget (its target); the first target
@@ -96,7 +96,9 @@ CLOSE_ENOUGH = 0.05
 TIMED_STEPS = 2
 """Steps a measuring copy runs after the measured one, for the seconds of a step: the fastest of steps 2 to 5."""
 TIME_NOISE = 0.05
-"""Steps of one compiled plan timed in six copies in a row differed by up to this fraction (one thread, CPU)."""
+"""Candidates within this fraction of the fastest count as equal.  Six copies timing one compiled plan by the
+faster of steps 2 and 3 spread over 10% (one thread, CPU); the fastest of four steps is steadier, by how much
+not measured."""
 
 Measured = tuple[Plan, ProcessPeak, str]
 
@@ -174,7 +176,7 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
         candidate = dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
         try:
             measured, counter = _measured(model, candidate, step)
-        except RematError:  # the region could not be compiled (a graph break inside it): remat's plans only
+        except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
             break
         tried.append((candidate, measured, counter))
         if measured.peak_bytes <= budget:

@@ -74,14 +74,14 @@ def verify(
         raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
     loop = Loop.of(step, accumulate)
     check_optimizer(optimizer, model)
-    with _unplanned(model, plan):
+    with _unplanned(compiled, plan):  # applied through the wrapper: a `compiler_budget` plan sets the compiled call
         base = _Measured.of(model, inputs, loss_fn, optimizer, loop)
-        apply(model, plan)
+        apply(compiled, plan)
         try:
             planned = _Measured.of(model, inputs, loss_fn, optimizer, loop)
             independent, counter = independent_peak(compiled, inputs, loss_fn, optimizer, loop)
         finally:
-            remove(model)
+            remove(compiled)
         rounds = TIME_ROUNDS if time_rounds is None else time_rounds
         times = interleaved_times(compiled, (inputs, loss_fn, optimizer), plan, loop, rounds)
     report = _report(plan, tolerance, base, planned, (independent, counter), loop, times=times)
