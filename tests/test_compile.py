@@ -288,7 +288,8 @@ def test_a_compiler_budget_plan_lowers_the_compiled_steps_peak_and_removes():
     back, _ = independent_peak(compiled, x, None, None, Loop())
     assert counter == "process's high-water mark (compiled)"
     assert lowered < unplanned * 0.85, (lowered, unplanned)  # seen: 118 MiB against 160 MiB with 6 blocks
-    assert abs(back - unplanned) <= unplanned * 0.05, (back, unplanned)  # two copies: 4 MiB apart seen
+    # two copies of one step differ by a tensor or two (4 and 8 MiB seen): back is nearer the old peak than the new
+    assert lowered + (unplanned - lowered) / 2 < back <= unplanned * 1.05, (lowered, back, unplanned)
 
 
 def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():
