@@ -125,24 +125,21 @@ def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     held: list = []
     seconds = []
     clear_grads(model, opt)
-    for i in range(3 if loop.step == Step.STEADY else 1):
+    steps = 3 if loop.step == Step.STEADY else 1
+    for i in range(steps + timed_steps):
         torch.cuda.synchronize()
-        resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held), rounding=512)
-        resident += ddp_bucket_total(model, rounding=512)
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        if i < steps:
+            resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held), rounding=512)
+            resident += ddp_bucket_total(model, rounding=512)
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
         optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         clear_grads(model, opt)
         torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
-    peak = torch.cuda.max_memory_allocated() - before + resident
-    for _ in range(timed_steps):
-        start = time.perf_counter()
-        optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
-        clear_grads(model, opt)
-        torch.cuda.synchronize()
-        seconds.append(time.perf_counter() - start)
+        if i == steps - 1:
+            peak = torch.cuda.max_memory_allocated() - before + resident
     return ProcessPeak(peak, resident, min(seconds[1:] or seconds))
 
 
