@@ -25,7 +25,7 @@ from remat.planner.problem import MAX_SEGMENT, Problem
 from remat.planner.result import make_plan
 
 
-HANG_S = 150
+HANG_S = 240
 """A rank still running after this long prints every thread's stack and exits (the test waits a little longer),
 so a hang shows where it is instead of a bare timeout (CI once saw rank 1 of the DDP test never finish)."""
 
