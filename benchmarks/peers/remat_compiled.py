@@ -13,6 +13,8 @@ the process peak of one step, and step time.
 Where: at each torch.compile budget's measured peak (the budget remat is given is that process peak
 minus the unplanned process-tracker offset, plus the process method's tolerance, as
 worker_eager.match_peers does), and at fractions of the eager tracker peak (report 004's -35%).
+A second pass (run.py, `remat_at_peers` in the spec) measures it instead at the process peaks of the eager
+peers (every block, selective op checkpointing, ...) that no remat + compile point of the first pass reached.
 """
 
 from __future__ import annotations
@@ -44,17 +46,20 @@ def profile_first(bench):
     return prof, time.perf_counter() - t0
 
 
-def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0) -> list[tuple[str, int]]:
-    """(where, budget bytes) of each remat + compile point.  A torch.compile point's process peak becomes a budget
-    on the counter remat judges a compiled step by: less the offset between this process's peak of the unplanned
+def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0,
+            peers: list[dict] = ()) -> list[tuple[str, int]]:
+    """(where, budget bytes) of each remat + compile point.  A peer point's process peak (each torch.compile budget
+    measured here, and `peers`: {"label", "rss_peak"} of eager peers measured by worker_eager.py) becomes a budget on
+    the counter remat judges a compiled step by: less the offset between this process's peak of the unplanned
     compiled step (budget 1.0) and remat.profile's `compiled_peak_bytes` of it (the eager offset, tracker to
     process, where that is missing: it kept remat's compiled budgets ~60 MiB tighter than the peer's)."""
     offset = out["eager_rss_peak"] - prof.peak_bytes
     unplanned = [r["rss_peak"] for r in out.get("budgets", []) if r.get("budget") == 1.0 and "rss_peak" in r]
     if unplanned and compiled_peak:
         offset = unplanned[0] - compiled_peak
-    pts = [(f"torch.compile budget {r['budget']:g}", int(r["rss_peak"] - offset + tol_process(r["rss_peak"])))
-           for r in out.get("budgets", []) if "rss_peak" in r]
+    measured = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"]}
+                for r in out.get("budgets", []) if "rss_peak" in r and not peers]
+    pts = [(p["label"], int(p["rss_peak"] - offset + tol_process(p["rss_peak"]))) for p in measured + list(peers)]
     return pts + [(f"{f:.0%} of the eager peak", int(f * prof.peak_bytes)) for f in fractions]
 
 
@@ -73,7 +78,8 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_
     t0 = time.perf_counter()
     cprof = remat.profile(cmodel, bench.inputs, loss_fn=bench.loss_fn, optimizer=adam_params)
     out.update(remat_compiled_profile_s=time.perf_counter() - t0, remat_compiled_peak=cprof.compiled_peak_bytes)
-    for where, budget in targets(out, prof, spec.get("remat_fractions", []), cprof.compiled_peak_bytes):
+    peers = spec.get("remat_at_peers", [])
+    for where, budget in targets(out, prof, spec.get("remat_fractions", []), cprof.compiled_peak_bytes, peers):
         row = {"at": where, "budget_bytes": budget}
         t0 = time.perf_counter()
         try:

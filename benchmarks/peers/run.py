@@ -45,6 +45,7 @@ import torch  # noqa: E402
 import report  # noqa: E402
 from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
 from catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
+from report.verdicts import PEERS_FAMILIES, tol_process  # noqa: E402
 
 # On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
 # shared 2-core machine, OpenMP threads that spin-wait for a descheduled sibling made 2-thread steps
@@ -61,7 +62,7 @@ PROFILES = {
     # 65% of the eager peak (report 004's -35%)
     "large": dict(
         size="large", rounds=3, budgets=[0.5, 0.65], solvers=["auto"], compile_budgets=[1.0, 0.5],
-        frontier_points=0, sweep_max=None, remat_compiled=[0.65],
+        frontier_points=0, sweep_max=None, remat_compiled=[0.65], remat_compiled_at_peers=True,
     ),
     "quick": dict(
         size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],
@@ -162,6 +163,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--from-json", metavar="PATH",
                     help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring); "
                          "several, comma-separated, are merged (runs made model by model)")
+    ap.add_argument("--at-peers-of", metavar="PATH",
+                    help="measure only remat + torch.compile at the eager peers' peaks that an earlier run's "
+                         "remat + compile points did not reach (a second compile worker), spliced into that run")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     return ap.parse_args(argv)
 
@@ -234,6 +238,8 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
         "model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
         "budgets": prof["budgets"], "solvers": prof["solvers"], "frontier_points": prof["frontier_points"],
         "sweep": sweep_for(m, prof["size"], prof["sweep_max"]), "compile_points": points}, args.timeout)
+    if prof.get("remat_compiled_at_peers") and comp and "remat_compiled" in comp:
+        compiled_at_peers(m, prof, args, eager, comp)
     err = eager.get("worker_error") or (comp or {}).get("worker_error")
     print(f"{m:<9} {time.perf_counter() - t0:6.0f} s" + (f"  ERROR {err}" if err else ""), flush=True)
     if err:
@@ -241,10 +247,54 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     return {"eager": eager, "compile": comp}
 
 
+def unreached_peers(eager: dict, comp: dict) -> list[dict]:
+    """The eager peer points (process peaks) that no remat + compile point of `comp` reached: at each, remat +
+    compile has no measured point to be judged by (report.time_verdicts)."""
+    reached = [r["rss_peak"] for r in comp.get("remat_compiled", []) if r.get("rss_peak")]
+    return [{"label": c["label"], "rss_peak": c["rss_peak"]} for c in eager.get("configs", [])
+            if c["family"] in PEERS_FAMILIES and c.get("rss_peak")
+            and not any(r <= c["rss_peak"] + tol_process(c["rss_peak"]) for r in reached)]
+
+
+def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict, comp: dict) -> None:
+    """remat + torch.compile at the eager peers' process peaks that the compile worker's points did not reach, in
+    a second compile worker (its own unplanned compiled step for the offset, its own interleaved rounds against
+    eager); its points join `comp["remat_compiled"]`, marked `pass: "at eager peers"`."""
+    peers = unreached_peers(eager, comp)
+    if not peers:
+        return
+    more = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
+                                            "rounds": prof["rounds"], "budgets": [1.0], "remat_points": True,
+                                            "remat_fractions": [], "remat_at_peers": peers}, args.timeout)
+    if "worker_error" in more:
+        comp["at_peers_error"] = more["worker_error"]
+        return
+    comp["remat_compiled"] += [dict(r, **{"pass": "at eager peers"}) for r in more.get("remat_compiled", [])]
+    comp["at_peers_pass"] = {k: more.get(k) for k in ("elapsed_s", "eager_step_s", "eager_rss_peak")}
+
+
+def at_peers_of(args: argparse.Namespace) -> int:
+    """Only the second compile pass (`compiled_at_peers`) on an earlier run's results, spliced into them and
+    written back (results/<name>.md and .json; docs only with --docs): for a run made before the pass existed."""
+    data = json.loads(Path(args.at_peers_of).read_text())
+    models = args.models.split(",") if args.models else list(data["models"])
+    for m in models:
+        comp = data["models"][m].get("compile")
+        if comp and "remat_compiled" in comp:
+            compiled_at_peers(m, data["profile"], args, data["models"][m]["eager"], comp)
+    data["command"] += f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models {','.join(models)}" \
+                       f" (second compile pass, {time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
+    name = args.out or Path(args.at_peers_of).stem
+    print(f"spliced into {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_json:
         return from_json(args)
+    if args.at_peers_of:
+        return at_peers_of(args)
     prof = run_profile(args)
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else LARGE_ORDER if args.large else ORDER)
     compile_models = QUICK_COMPILE_MODELS if (args.quick and not args.models) else models

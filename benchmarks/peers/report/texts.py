@@ -44,7 +44,11 @@ REMAT_COMPILED = [
     "like a torch.compile budget (`benchmarks/peers/remat_compiled.py`). The plan is `remat.auto`'s for the "
     "compiled step (NOTE [Plans for a compiled step]: eager plans for larger eager budgets, each compiled and "
     "measured by remat's counter, the cheapest that fits kept) or, in runs made before it existed, "
-    "`remat.plan(profile of the eager model, budget)`, priced on the eager step.",
+    "`remat.plan(profile of the eager model, budget)`, priced on the eager step. Where no such point reached an "
+    "eager peer's process peak (every block, selective op checkpointing, ...), a second compile worker measures "
+    "remat + torch.compile at that peak the same way, with its own unplanned compiled step for the offset and its "
+    "own interleaved rounds against eager (`pass: at eager peers` in the results; `run.py --at-peers-of` adds it "
+    "to a run made before it existed).",
     "",
 ]
 
