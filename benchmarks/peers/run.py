@@ -166,6 +166,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--at-peers-of", metavar="PATH",
                     help="measure only remat + torch.compile at the eager peers' peaks that an earlier run's "
                          "remat + compile points did not reach (a second compile worker), spliced into that run")
+    ap.add_argument("--recompile", action="store_true",
+                    help="with --at-peers-of: run the compile worker again first and replace the earlier run's")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     return ap.parse_args(argv)
 
@@ -225,11 +227,7 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     t0 = time.perf_counter()
     comp = None
     if prof["compile_budgets"] and with_compile:
-        comp = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
-                                                "rounds": prof["rounds"], "budgets": prof["compile_budgets"],
-                                                "remat_points": "remat_compiled" in prof,
-                                                "remat_fractions": prof.get("remat_compiled", [])},
-                          args.timeout)
+        comp = run_worker("worker_compile.py", compile_spec(m, prof, args), args.timeout)
     points = []
     if comp and "budgets" in comp:
         points = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"],
@@ -245,6 +243,12 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     if err:
         print((eager.get("log_tail") or (comp or {}).get("log_tail") or "")[-2000:], flush=True)
     return {"eager": eager, "compile": comp}
+
+
+def compile_spec(m: str, prof: dict, args: argparse.Namespace) -> dict:
+    return {"model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
+            "budgets": prof["compile_budgets"], "remat_points": "remat_compiled" in prof,
+            "remat_fractions": prof.get("remat_compiled", [])}
 
 
 def unreached_peers(eager: dict, comp: dict) -> list[dict]:
@@ -275,15 +279,20 @@ def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict,
 
 def at_peers_of(args: argparse.Namespace) -> int:
     """Only the second compile pass (`compiled_at_peers`) on an earlier run's results, spliced into them and
-    written back (results/<name>.md and .json; docs only with --docs): for a run made before the pass existed."""
+    written back (results/<name>.md and .json; docs only with --docs): for a run made before the pass existed.
+    With --recompile, the compile worker is run again first and its results replace the earlier run's (the eager
+    worker's figures stay, and with them its remat plans matched to the earlier compile points' peaks)."""
     data = json.loads(Path(args.at_peers_of).read_text())
     models = args.models.split(",") if args.models else list(data["models"])
     for m in models:
-        comp = data["models"][m].get("compile")
-        if comp and "remat_compiled" in comp:
-            compiled_at_peers(m, data["profile"], args, data["models"][m]["eager"], comp)
+        R = data["models"][m]
+        if args.recompile:
+            R["compile"] = run_worker("worker_compile.py", compile_spec(m, data["profile"], args), args.timeout)
+        if R.get("compile") and "remat_compiled" in R["compile"]:
+            compiled_at_peers(m, data["profile"], args, R["eager"], R["compile"])
     data["command"] += f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models {','.join(models)}" \
-                       f" (second compile pass, {time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
+                       f"{' --recompile' if args.recompile else ''} ({time.strftime('%Y-%m-%d')}, commit " \
+                       f"{git_state().get('commit', '?')})"
     name = args.out or Path(args.at_peers_of).stem
     print(f"spliced into {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
     return 0
