@@ -1,8 +1,9 @@
 """One rank of a 2-rank gloo run for tests/test_distributed.py (issue 14): a GPT-2 trained under
 DistributedDataParallel without a plan, and with a plan each rank makes on the bare model, applied before
 wrapping and after.  Writes what the test checks as JSON: usage `dist_worker.py OUT.json` with RANK,
-WORLD_SIZE, MASTER_ADDR and MASTER_PORT set; `dist_worker.py OUT.json profile fsdp|ddp PLAN.json` profiles each rank
-of a wrapped model and trains it with a plan (`main_profile`)."""
+WORLD_SIZE and either REMAT_RENDEZVOUS_FILE (the tests: a file no rank has opened yet) or MASTER_ADDR and
+MASTER_PORT (torchrun) set; `dist_worker.py OUT.json profile fsdp|ddp PLAN.json` profiles each rank of a wrapped
+model and trains it with a plan (`main_profile`)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import datetime
 import faulthandler
 import hashlib
 import json
+import os
 import sys
 
 import torch
@@ -31,9 +33,18 @@ so a hang shows where it is instead of a bare timeout (CI once saw rank 1 of the
 
 
 def _start() -> None:
-    """Join the gloo group with a timeout shorter than HANG_S: a collective the other rank never joins raises."""
+    """Join the gloo group with a timeout shorter than HANG_S: a collective the other rank never joins raises.
+    The tests meet through a file, not a TCP port: a port the test found free can be taken before rank 0 listens
+    on it (by any process, or by rank 1's own socket connecting to it: a TCP self-connect), and then rank 0
+    fails and rank 1 waits for a store that never answers.  That is one way to what CI saw twice, a rank that
+    never finished; the port race is gone either way."""
     faulthandler.dump_traceback_later(HANG_S, exit=True)
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=HANG_S // 2))
+    timeout = datetime.timedelta(seconds=HANG_S // 2)
+    if "REMAT_RENDEZVOUS_FILE" in os.environ:
+        dist.init_process_group("gloo", init_method=f"file://{os.environ['REMAT_RENDEZVOUS_FILE']}", timeout=timeout,
+                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+    else:
+        dist.init_process_group("gloo", timeout=timeout)
 
 
 def _finish(out: str, result: dict) -> None:

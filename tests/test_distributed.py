@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import warnings
@@ -21,16 +20,11 @@ WORKER = Path(__file__).with_name("dist_worker.py")
 WAIT_S = HANG_S + 60
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_ranks(worker: Path, tmp_path: Path, world_size: int = 2, args=()) -> list[dict]:
-    """Start `world_size` processes of `worker OUT.json *args`, wait for all, return what each wrote.  A rank that
-    hangs prints its threads' stacks and exits after `dist_worker.HANG_S`; the failure shows every rank's log."""
-    env = {**os.environ, **PROCESS_ENV, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    """Start `world_size` processes of `worker OUT.json *args`, wait for all, return what each wrote.  The ranks
+    meet through a new file in `tmp_path`, not a TCP port (`dist_worker._start`).  A rank that hangs prints its
+    threads' stacks and exits after `dist_worker.HANG_S`; the failure shows every rank's log."""
+    env = {**os.environ, **PROCESS_ENV, "REMAT_RENDEZVOUS_FILE": str(tmp_path / "rendezvous"),
            "WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}  # PROCESS_ENV: VmHWM follows the tensors
     outs = [tmp_path / f"rank{r}.json" for r in range(world_size)]
     procs = [subprocess.Popen([sys.executable, str(worker), str(out), *args], env={**env, "RANK": str(r)},
