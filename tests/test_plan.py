@@ -223,7 +223,7 @@ def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):
     assert plans[0].segments == [] and plans[0].peak_bytes == prof.peak_bytes
     peaks = [p.peak_bytes for p in plans]
     assert prof.timed  # a real profile: seconds are the cost, FLOPs the tie-break
-    costs = [round(p.recompute_s * 1e9) for p in plans]  # ns, as the solvers compare: sums in another order
+    costs = [round(p.recompute_s * 1e9) for p in plans]  # whole ns: a plan's seconds are the sum its solver ranked
     assert peaks == sorted(peaks, reverse=True) and len(set(peaks)) == len(peaks)  # differ in the last bit
     assert costs == sorted(costs)
     ranked = [(round(p.recompute_s * 1e9), p.recompute_flops) for p in plans]

@@ -42,7 +42,9 @@ NOTE [The memory model of a plan]
     Rule 7. A plan's cost is its units' seconds if the profile is timed (those of the ops
             re-run, plus `checkpoint_op_s` per op re-run, plus for a selective unit
             `selective_op_s` twice per op of the block), FLOPs breaking ties; else FLOPs, ops
-            re-run breaking ties.  Seconds count in whole nanoseconds: exact sums.
+            re-run breaking ties.  Seconds count in whole nanoseconds (`whole_ns`): exact sums, and
+            a plan's seconds are the sum the solver ranked.  Wherever units are ranked (a
+            block's selective units, Rule 4), it is by this cost.
   The model is conservative inside a checkpointed block's own forward (its
   intermediate tensors are counted as if saved) and ignores the recompute's
   short-lived temporaries; docs/benchmarks.md compares it with measurements.
@@ -173,7 +175,7 @@ class Problem:
         for group, names in groups.items():
             for i in range(len(names)):
                 units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op)
-                units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op)
+                units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed)
                 if offload is not None:
                     units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
@@ -287,10 +289,7 @@ class Problem:
         return max(self.memory(chosen), default=0)
 
     def cost_of(self, unit: Unit) -> tuple[int, int]:
-        """Rule 7: (cost, tie-break) of a unit: (nanoseconds, FLOPs) when timed, else (FLOPs, ops re-run)."""
-        if self.timed:
-            return round(unit.cost_s * 1e9), unit.cost_flops
-        return unit.cost_flops, unit.cost_ops
+        return unit_cost(unit, self.timed)
 
     def cost(self, chosen: list[Unit]) -> int:
         return sum(self.cost_of(u)[0] for u in chosen)
@@ -352,11 +351,25 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
     return units
 
 
+def whole_ns(seconds: float) -> int:
+    """Rule 7: seconds as the solvers count them."""
+    return round(seconds * 1e9)
+
+
+def unit_cost(unit: Unit, timed: bool) -> tuple[int, int]:
+    """Rule 7: (cost, tie-break) of a unit: (nanoseconds, FLOPs) when timed, else (FLOPs, ops re-run)."""
+    if timed:
+        return whole_ns(unit.cost_s), unit.cost_flops
+    return unit.cost_flops, unit.cost_ops
+
+
 def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *,
-                          per_op: tuple[float, float] = (0.0, 0.0)) -> list[Unit]:
+                          per_op: tuple[float, float] = (0.0, 0.0), timed: bool = False) -> list[Unit]:
     """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
     [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
-    autograd would have dropped, keeps the inputs, and runs its policy on every op of the block twice (Rule 7)."""
+    autograd would have dropped, keeps the inputs, and runs its policy on every op of the block twice (Rule 7).
+    Of two that free about as much, the one cheaper by Rule 7's cost (`timed` or not) stays: ranked by seconds in
+    a profile whose cost is FLOPs, a variant re-running a matmul once pushed out the matmul policy."""
     if b.has_batchnorm:
         return []  # BatchNorm: remat restores its statistics only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
@@ -377,7 +390,7 @@ def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: 
                           holds=unit_holds(b, held_end), keeps=tuple(v.keeps)))
     near = max(4096, b.internal_bytes // 1000)  # Rule 4: within the ILP's tolerance (a variant 8 bytes over the
     kept: list[Unit] = []  # budget made it drop a cheaper unit at it), so a costlier unit must free more than this
-    for u in sorted(units, key=lambda u: (u.cost_s, u.cost_flops, u.cost_ops)):
+    for u in sorted(units, key=lambda u: (*unit_cost(u, timed), u.cost_ops)):
         kept += [u] if all(u.reduction_bytes > k.reduction_bytes + near for k in kept) else []
     return kept
 
