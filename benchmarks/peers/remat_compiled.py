@@ -48,18 +48,18 @@ def profile_first(bench):
 
 def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0,
             peers: list[dict] = ()) -> list[tuple[str, int]]:
-    """(where, budget bytes) of each remat + compile point.  A peer point's process peak (each torch.compile budget
-    measured here, and `peers`: {"label", "rss_peak"} of eager peers measured by worker_eager.py) becomes a budget on
-    the counter remat judges a compiled step by: less the offset between this process's peak of the unplanned
-    compiled step (budget 1.0) and remat.profile's `compiled_peak_bytes` of it (the eager offset, tracker to
-    process, where that is missing: it kept remat's compiled budgets ~60 MiB tighter than the peer's)."""
+    """(where, budget bytes) of each remat + compile point.  A peer point's process peak (`peers`: {"label",
+    "rss_peak"} of eager peers measured by worker_eager.py, else each torch.compile budget measured here) becomes
+    a budget on the counter remat judges a compiled step by: less the offset between this process's peak of the
+    unplanned compiled step (budget 1.0) and remat.profile's `compiled_peak_bytes` of it (the eager offset, tracker
+    to process, where that is missing: it kept remat's compiled budgets ~60 MiB tighter than the peer's)."""
     offset = out["eager_rss_peak"] - prof.peak_bytes
     unplanned = [r["rss_peak"] for r in out.get("budgets", []) if r.get("budget") == 1.0 and "rss_peak" in r]
     if unplanned and compiled_peak:
         offset = unplanned[0] - compiled_peak
-    measured = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"]}
-                for r in out.get("budgets", []) if "rss_peak" in r and not peers]
-    pts = [(p["label"], int(p["rss_peak"] - offset + tol_process(p["rss_peak"]))) for p in measured + list(peers)]
+    peers = list(peers) or [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"]}
+                            for r in out.get("budgets", []) if "rss_peak" in r]  # the first pass: compile's points
+    pts = [(p["label"], int(p["rss_peak"] - offset + tol_process(p["rss_peak"]))) for p in peers]
     return pts + [(f"{f:.0%} of the eager peak", int(f * prof.peak_bytes)) for f in fractions]
 
 

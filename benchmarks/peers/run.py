@@ -267,8 +267,7 @@ def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict,
     peers = unreached_peers(eager, comp)
     if not peers:
         return
-    more = run_worker("worker_compile.py", {"model": m, "size": prof["size"], "threads": args.threads,
-                                            "rounds": prof["rounds"], "budgets": [1.0], "remat_points": True,
+    more = run_worker("worker_compile.py", {**compile_spec(m, prof, args), "budgets": [1.0], "remat_points": True,
                                             "remat_fractions": [], "remat_at_peers": peers}, args.timeout)
     if "worker_error" in more:
         comp["at_peers_error"] = more["worker_error"]
@@ -290,9 +289,9 @@ def at_peers_of(args: argparse.Namespace) -> int:
             R["compile"] = run_worker("worker_compile.py", compile_spec(m, data["profile"], args), args.timeout)
         if R.get("compile") and "remat_compiled" in R["compile"]:
             compiled_at_peers(m, data["profile"], args, R["eager"], R["compile"])
-    data["command"] += f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models {','.join(models)}" \
-                       f"{' --recompile' if args.recompile else ''} ({time.strftime('%Y-%m-%d')}, commit " \
-                       f"{git_state().get('commit', '?')})"
+    again = " --recompile" if args.recompile else ""
+    data["command"] += (f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models "
+                        f"{','.join(models)}{again} ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})")
     name = args.out or Path(args.at_peers_of).stem
     print(f"spliced into {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
     return 0

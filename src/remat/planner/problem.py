@@ -289,6 +289,7 @@ class Problem:
         return max(self.memory(chosen), default=0)
 
     def cost_of(self, unit: Unit) -> tuple[int, int]:
+        """Rule 7: (cost, tie-break) of a unit, as `unit_cost` ranks it for this profile."""
         return unit_cost(unit, self.timed)
 
     def cost(self, chosen: list[Unit]) -> int:
