@@ -42,7 +42,7 @@ NOTE [The memory model of a plan]
     Rule 7. A plan's cost is its units' seconds if the profile is timed (those of the ops
             re-run, plus `checkpoint_op_s` per op re-run, plus for a selective unit
             `selective_op_s` twice per op of the block), FLOPs breaking ties; else FLOPs, ops
-            re-run breaking ties.  Seconds count in whole nanoseconds (`whole_ns`): exact sums, and
+            re-run breaking ties.  Seconds count in whole nanoseconds (`Unit.cost_ns`): exact sums, and
             a plan's seconds are the sum the solver ranked.  Wherever units are ranked (a
             block's selective units, Rule 4), it is by this cost.
   The model is conservative inside a checkpointed block's own forward (its
@@ -53,16 +53,15 @@ NOTE [The memory model of a plan]
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from functools import cached_property
-from typing import NamedTuple
 
 import numpy as np
 
 from remat.module_tree import main_chain, parent_name, within
 from remat.planner import holds as held
 from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
-from remat.planner.holds import Hold, unit_holds
+from remat.planner.holds import unit_holds
+from remat.planner.units import Group, Unit  # the solvers import them from here too
 from remat.types import Action, BlockProfile, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
@@ -70,54 +69,8 @@ RUN_CONTAINERS = ("Sequential", "ModuleList")
 """Containers in which remat.apply wraps a run of several siblings as one checkpoint (Rule 5)."""
 
 
-class Group(NamedTuple):
-    """Sibling candidates, the blocks a run of units is cut from."""
-
-    parent: str
-    """The candidate enclosing them ("" for blocks inside no other candidate)."""
-    container: str
-    """Dotted path of the module that holds them."""
-
-
 class NotAChain(ValueError):
     """The blocks do not run as a chain (forward in order, backward in reverse), or none frees memory."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """Consecutive sibling blocks wrapped in one checkpoint."""
-
-    blocks: tuple[str, ...]
-    group: Group
-    position: int
-    """Index of the first block in its group."""
-    covers: frozenset[str]
-    """The blocks and every candidate nested in them: no other unit may touch these."""
-    cost_flops: int
-    cost_s: float
-    effects: tuple[Effect, ...]
-    appliable: bool = True
-    """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential or nn.ModuleList."""
-    action: Action = Action.RECOMPUTE
-    """RECOMPUTE (a checkpoint), SELECTIVE (keep some outputs, recompute the rest) or OFFLOAD."""
-    cost_ops: int = 0
-    """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
-    transfer_bytes: int = 0
-    """Offload: bytes copied to CPU memory and back (`cost_flops` is then a FLOP-equivalent, Rule 6)."""
-    holds: tuple[Hold, ...] = ()
-    """Inputs held that units starting at other blocks may hold too (Rule 2): not in `effects`."""
-    keeps: tuple[str, ...] = ()
-    """A selective unit's variant: the signatures of the ops whose outputs it keeps; () the matmul policy."""
-
-    @property
-    def key(self) -> tuple:
-        return (self.action, *self.blocks, *self.keeps)
-
-    reduction_bytes: int = field(init=False, compare=False)
-    """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds."""
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "reduction_bytes", sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds))
 
 
 class Problem:
@@ -289,8 +242,8 @@ class Problem:
         return max(self.memory(chosen), default=0)
 
     def cost_of(self, unit: Unit) -> tuple[int, int]:
-        """Rule 7: (cost, tie-break) of a unit, as `unit_cost` ranks it for this profile."""
-        return unit_cost(unit, self.timed)
+        """Rule 7: (cost, tie-break) of a unit for this profile (`Unit.cost`)."""
+        return unit.cost(self.timed)
 
     def cost(self, chosen: list[Unit]) -> int:
         return sum(self.cost_of(u)[0] for u in chosen)
@@ -352,18 +305,6 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
     return units
 
 
-def whole_ns(seconds: float) -> int:
-    """Rule 7: seconds as the solvers count them."""
-    return round(seconds * 1e9)
-
-
-def unit_cost(unit: Unit, timed: bool) -> tuple[int, int]:
-    """Rule 7: (cost, tie-break) of a unit: (nanoseconds, FLOPs) when timed, else (FLOPs, ops re-run)."""
-    if timed:
-        return whole_ns(unit.cost_s), unit.cost_flops
-    return unit.cost_flops, unit.cost_ops
-
-
 def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *,
                           per_op: tuple[float, float] = (0.0, 0.0), timed: bool = False) -> list[Unit]:
     """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
@@ -391,7 +332,7 @@ def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: 
                           holds=unit_holds(b, held_end), keeps=tuple(v.keeps)))
     near = max(4096, b.internal_bytes // 1000)  # Rule 4: within the ILP's tolerance (a variant 8 bytes over the
     kept: list[Unit] = []  # budget made it drop a cheaper unit at it), so a costlier unit must free more than this
-    for u in sorted(units, key=lambda u: (*unit_cost(u, timed), u.cost_ops)):
+    for u in sorted(units, key=lambda u: (*u.cost(timed), u.cost_ops)):
         kept += [u] if all(u.reduction_bytes > k.reduction_bytes + near for k in kept) else []
     return kept
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat.errors import listing
-from remat.planner.problem import Problem, Unit, whole_ns
+from remat.planner.problem import Problem, Unit
 from remat.types import KEEP_ALL_SOLVER, Action, Plan, PlannedBlock, StepProfile
 
 BATCHNORM_NOTE = "a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact"
@@ -30,7 +30,7 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
         selective_keeps={u.blocks[0]: list(u.keeps) for u in chosen if u.action == Action.SELECTIVE and u.keeps},
         peak_bytes=problem.peak(chosen),
         recompute_flops=sum(u.cost_flops for u in recomputed),
-        recompute_s=sum(whole_ns(u.cost_s) for u in recomputed) / 1e9,  # Rule 7: the sum the solver ranked
+        recompute_s=sum(u.cost_ns for u in recomputed) / 1e9,  # Rule 7: the sum the solver ranked
         recompute_ops=sum(u.cost_ops for u in chosen),
         offload=[u.blocks[0] for u in offloaded],
         offload_bytes=sum(u.transfer_bytes for u in offloaded),
