@@ -45,7 +45,8 @@ import torch  # noqa: E402
 import report  # noqa: E402
 from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
 from catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
-from report.verdicts import PEERS_FAMILIES, tol_process  # noqa: E402
+from report.time_verdicts import reaches  # noqa: E402
+from report.verdicts import PEERS_FAMILIES  # noqa: E402
 
 # On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
 # shared 2-core machine, OpenMP threads that spin-wait for a descheduled sibling made 2-thread steps
@@ -257,7 +258,7 @@ def unreached_peers(eager: dict, comp: dict) -> list[dict]:
     reached = [r["rss_peak"] for r in comp.get("remat_compiled", []) if r.get("rss_peak")]
     return [{"label": c["label"], "rss_peak": c["rss_peak"]} for c in eager.get("configs", [])
             if c["family"] in PEERS_FAMILIES and c.get("rss_peak")
-            and not any(r <= c["rss_peak"] + tol_process(c["rss_peak"]) for r in reached)]
+            and not any(reaches(r, c["rss_peak"]) for r in reached)]
 
 
 def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict, comp: dict) -> None:

@@ -20,6 +20,11 @@ SAME_STEP_AS_KEEP_ALL = "torch.compile budget 1"
 """The peer whose step is remat + compile's when remat's plan checkpoints nothing: a tie, whatever the rounds say."""
 
 
+def reaches(rss: float, peer_rss: float) -> bool:
+    """A point measured at `rss` is at the peer's peak: no higher than it, within the process tolerance."""
+    return rss <= peer_rss + tol_process(peer_rss)
+
+
 def remat_candidates(E: dict, C: dict | None) -> list[dict]:
     """Every measured remat point: eager plans, and remat + torch.compile."""
     out = [{"label": c["label"], "rss": c["rss_peak"], "time": c["time_ratio"], "compiled": False,
@@ -51,7 +56,7 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
     for p in peer_points(E, C):
         tol = tol_process(p["rss"])
         v = dict(p, tol=tol)
-        fits = [c for c in cands if c["rss"] <= p["rss"] + tol]
+        fits = [c for c in cands if reaches(c["rss"], p["rss"])]
         if not fits:
             least = min(cands, key=lambda c: c["rss"], default=None)
             v.update(verdict="loses", remat=None,
