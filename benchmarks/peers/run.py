@@ -170,7 +170,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--recompile", action="store_true",
                     help="with --at-peers-of: run the compile worker again first and replace the earlier run's")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.recompile and not args.at_peers_of:
+        ap.error("--recompile re-runs the compile worker of an earlier run; give that run with --at-peers-of PATH")
+    return args
 
 
 def merged(paths: list[str]) -> dict:
