@@ -5,7 +5,7 @@
                                               # docs/peers_<model>.png and the span between
                                               # <!-- peers:begin/end --> in docs/benchmarks.md
     python benchmarks/peers/run.py --large    # issue 15's zoo, every unplanned step >= 1 GiB, with
-                                              # remat + torch.compile as a peer (~20 min a model);
+                                              # remat + torch.compile as a peer (~30 min a model);
                                               # writes benchmarks/results/peers_large.{md,json},
                                               # docs/peers_large.md and docs/peers_large_<model>.png
     python benchmarks/peers/run.py --quick    # CI smoke test (< 3 min); writes
