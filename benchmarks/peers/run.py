@@ -181,7 +181,7 @@ def merged(paths: list[str]) -> dict:
     machine and profile, every run's models, the runs' minutes summed and their commands listed."""
     runs = [json.loads(Path(p).read_text()) for p in paths]
     data = runs[0]
-    if any(_sizes(r["profile"]) != _sizes(data["profile"]) for r in runs):
+    if any(_comparable(r["profile"]) != _comparable(data["profile"]) for r in runs):
         raise SystemExit("--from-json: the runs to merge were made with different profiles")
     for r in runs[1:]:
         data["models"].update(r["models"])
@@ -192,7 +192,7 @@ def merged(paths: list[str]) -> dict:
     return data
 
 
-def _sizes(profile: dict) -> dict:
+def _comparable(profile: dict) -> dict:
     """What makes runs comparable: the profile less whether the second compile pass ran with the run (a run made
     before it existed gets it from --at-peers-of; each of its points says `pass: at eager peers`)."""
     return {k: v for k, v in profile.items() if k != "remat_compiled_at_peers"}
