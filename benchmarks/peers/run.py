@@ -300,8 +300,9 @@ def at_peers_of(args: argparse.Namespace) -> int:
         if R.get("compile") and "remat_compiled" in R["compile"]:
             compiled_at_peers(m, data["profile"], args, R["eager"], R["compile"])
     again = " --recompile" if args.recompile else ""
+    when = f"{time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')}"
     data["command"] += (f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models "
-                        f"{','.join(models)}{again} ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})")
+                        f"{','.join(models)}{again} ({when})")
     name = args.out or Path(args.at_peers_of).stem
     print(f"spliced into {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
     return 0
