@@ -12,6 +12,8 @@
                                               # benchmarks/results/peers_quick.{md,json}, plots to a temp dir
     python benchmarks/peers/run.py --models gpt2,bert --rounds 9    # a subset, more timing rounds
     python benchmarks/peers/run.py --from-json benchmarks/results/peers.json   # re-render only
+    python benchmarks/peers/run.py --recheck benchmarks/results/peers_large_unet.json   # its losses within
+                                              # noise (compiled points) measured again over 9 rounds (~4 min)
     python benchmarks/peers/repro_bugs.py     # the remat bugs this benchmark found (run.py runs it too)
     python benchmarks/peers/rockmate_probe.py # (network) re-try Rockmate as shipped; run.py reads its result
 
@@ -45,7 +47,7 @@ import torch  # noqa: E402
 import report  # noqa: E402
 from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
 from catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
-from report.time_verdicts import reaches  # noqa: E402
+from report.time_verdicts import reaches, time_verdicts  # noqa: E402
 from report.verdicts import PEERS_FAMILIES  # noqa: E402
 
 # On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
@@ -169,6 +171,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "remat + compile points did not reach (a second compile worker), spliced into that run")
     ap.add_argument("--recompile", action="store_true",
                     help="with --at-peers-of: run the compile worker again first and replace the earlier run's")
+    ap.add_argument("--recheck", metavar="PATH",
+                    help="measure again, over --rounds (default 9) interleaved rounds in one fresh process, each "
+                         "torch.compile peer point an earlier run's remat + compile lost within the rounds' noise, "
+                         "and the remat plan it lost with; added to that run")
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     args = ap.parse_args(argv)
     if args.recompile and not args.at_peers_of:
@@ -308,12 +314,55 @@ def at_peers_of(args: argparse.Namespace) -> int:
     return 0
 
 
+RECHECK_ROUNDS = 9
+"""Rounds of a recheck: U-Net's per-round ratios of one compiled step spread over 0.54-0.77 in a run of 9 (2026-11-26)."""
+
+
+def recheck(args: argparse.Namespace) -> int:
+    """The losses within noise of an earlier run (`report.time_verdicts`: a torch.compile budget against remat +
+    compile) measured again in one fresh process (worker_recheck.py: the same budgets, the same plans rebuilt from
+    their keys, more rounds), added to the run as `compile.recheck` and judged by the same rule (docs: --from-json)."""
+    data = json.loads(Path(args.recheck).read_text())
+    models = args.models.split(",") if args.models else list(data["models"])
+    done = []
+    for m in models:
+        R = data["models"][m]
+        lost = [v for v in time_verdicts(R["eager"], R.get("compile")) if v["verdict"] == "loses" and v.get("noise")]
+        points = [v for v in lost if v.get("peer_budget") is not None and v.get("remat_key")]
+        for v in lost:
+            if v not in points:
+                print(f"{m}: {v['peer']} against {v.get('remat') or 'nothing'}: not rechecked (eager points are "
+                      "measured by worker_eager.py; run that model again)")
+        if not points:
+            continue
+        spec = {"model": m, "size": data["profile"]["size"], "threads": args.threads,
+                "rounds": args.rounds or RECHECK_ROUNDS, "budgets": sorted({v["peer_budget"] for v in points}),
+                "plans": sorted({v["remat_key"] for v in points})}
+        res = run_worker("worker_recheck.py", spec, args.timeout)
+        if "worker_error" in res:
+            print(f"{m}: {res['worker_error']}\n{res.get('log_tail', '')}")
+            return 1
+        R["compile"]["recheck"] = dict(res, date=time.strftime("%Y-%m-%d"), commit=git_state().get("commit", "?"),
+                                       peers=[v["peer"] for v in points])
+        done.append(m)
+    if not done:
+        print("nothing to recheck: no loss within noise between a torch.compile budget and remat + compile")
+        return 0
+    data["command"] += (f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(done)}"
+                        f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})")
+    name = args.out or Path(args.recheck).stem
+    print(f"added to {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
+    return 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.from_json:
         return from_json(args)
     if args.at_peers_of:
         return at_peers_of(args)
+    if args.recheck:
+        return recheck(args)
     prof = run_profile(args)
     models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else LARGE_ORDER if args.large else ORDER)
     compile_models = QUICK_COMPILE_MODELS if (args.quick and not args.models) else models

@@ -10,7 +10,7 @@ from . import texts
 from .bugs import bugs_section
 from .fmt import grads_differ, grads_text, gflop, mib, secs, table
 from .model_section import model_section
-from .time_verdicts import TIME_TOL, at_oneflow_memory, time_verdicts
+from .time_verdicts import TIME_TOL, at_oneflow_memory, rechecked, time_verdicts
 from .verdicts import configs_by_key, oneflow_headline, verdicts
 
 BENCH_BEGIN, BENCH_END = "<!-- peers:begin -->", "<!-- peers:end -->"
@@ -138,6 +138,7 @@ def _run_line(data: dict) -> list[str]:
 def _in_time(data: dict, models: list[str]) -> list[str]:
     """Issue 15's criterion: the same or a lower process peak for no more measured time, remat + compile included."""
     rows, counts, oneflow, noisy = [], {"wins": 0, "ties": 0, "loses": 0}, [], 0
+    again, after = [], {"wins": 0, "ties": 0, "loses": 0}  # the losses a recheck measured again, all after it
     for m in models:
         R = data["models"][m]
         if R["eager"].get("worker_error"):
@@ -145,9 +146,12 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
         for v in time_verdicts(R["eager"], R.get("compile")):
             counts[v["verdict"]] += 1
             noisy += v["verdict"] == "loses" and bool(v.get("noise"))
+            r = rechecked(v, (R.get("compile") or {}).get("recheck")) if v["verdict"] == "loses" else None
+            after[r["verdict"] if r else v["verdict"]] += 1
+            again += [r] if r else []
             rows.append([m, v["peer"], mib(v["rss"]), f"{v['time']:.2f}×", v.get("remat") or "—",
                          mib(v.get("remat_rss")), f"{v['remat_time']:.2f}×" if v.get("remat") else "—",
-                         f"**{v['verdict']}**" + (f": {v['why']}" if v["why"] else "")])
+                         f"**{v['verdict']}**" + (f": {v['why']}" if v["why"] else "") + _recheck_cell(r)])
         best = at_oneflow_memory(R["eager"], R.get("compile"))
         oneflow.append([m, f"{best['label']}: −{best['reduction']:.0%} at {best['time']:.2f}×" if best else "none measured"])
     if not rows:
@@ -157,6 +161,9 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
             f"process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
             f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(rows)}"
             + (f" ({noisy} of the losses within the rounds' noise: the per-round ratios overlap)" if noisy else "")
+            + (f"; with {len(again)} of the losses measured again over more rounds in one process (`run.py "
+               f"--recheck`: the same compiled budget and the same plan), **wins {after['wins']}**, **ties "
+               f"{after['ties']}**, **loses {after['loses']}**" if again else "")
             + ". Times are the median per-round "
             f"ratio to the eager step without checkpointing, interleaved; within ±{TIME_TOL:.0%} of the peer's is "
             "a tie on time. Every peak here is the process counter, eager or compiled.", "",
@@ -164,6 +171,15 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
                    "remat process MiB", "remat time", "verdict"], rows), "",
             "Report 004's −35%: remat's fastest measured point at ≤ 65% of the unplanned process peak:", "",
             table(["model", "point: process peak saved, time against eager without checkpointing"], oneflow), ""]
+
+
+def _recheck_cell(r: dict | None) -> str:
+    """A loss measured again (`run.py --recheck`), as the end of its verdict cell."""
+    if not r:
+        return ""
+    return (f"; measured again {r['date']} over {r['rounds']} rounds in one process: remat {r['remat_time']:.2f}× at "
+            f"{mib(r['remat_rss'])} MiB, the peer {r['time']:.2f}× at {mib(r['rss'])} MiB: **{r['verdict']}**"
+            + (f" ({r['why']})" if r["why"] else ""))
 
 
 def _counts(vs: list[dict]) -> dict:

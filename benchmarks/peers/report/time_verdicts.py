@@ -36,7 +36,7 @@ def remat_candidates(E: dict, C: dict | None) -> list[dict]:
             seen.add(r["key"])
             out.append({"label": f"remat + compile ({r['plan']})", "rss": r["rss_peak"], "time": r["time_ratio"],
                         "compiled": True, "rounds": r.get("time_ratios") or [r["time_ratio"]],
-                        "keeps_all": r["plan"] == "0 ckpt"})
+                        "keeps_all": r["plan"] == "0 ckpt", "key": r["key"]})
     return out
 
 
@@ -45,7 +45,7 @@ def peer_points(E: dict, C: dict | None) -> list[dict]:
             "rounds": c.get("time_ratios") or [c["time_ratio"]]}
            for c in E.get("configs", []) if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and c.get("time_ratio")]
     return pts + [{"peer": f"torch.compile budget {r['budget']:g}", "family": "compile", "rss": r["rss_peak"],
-                   "time": r["time_ratio"], "rounds": r.get("time_ratios") or [r["time_ratio"]]}
+                   "time": r["time_ratio"], "rounds": r.get("time_ratios") or [r["time_ratio"]], "budget": r["budget"]}
                   for r in (C or {}).get("budgets", []) if r.get("rss_peak") and r.get("time_ratio")]
 
 
@@ -64,19 +64,46 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
             rows.append(v)
             continue
         best = min(fits, key=lambda c: (c["time"], c["rss"]))
-        v.update(remat=best["label"], remat_rss=best["rss"], remat_time=best["time"], remat_compiled=best["compiled"])
+        v.update(remat=best["label"], remat_rss=best["rss"], remat_time=best["time"], remat_compiled=best["compiled"],
+                 peer_budget=p.get("budget"), remat_key=best.get("key"))
         v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
         if best.get("keeps_all") and p["peer"] == SAME_STEP_AS_KEEP_ALL:
             v.update(verdict="ties", why="the same step: remat's plan for the compiled step checkpoints nothing")
-        elif best["time"] > p["time"] * (1 + TIME_TOL):
-            v.update(verdict="loses", why=f"slower: {best['time']:.2f}× against {p['time']:.2f}×"
-                     + (" (the per-round ratios overlap: within the rounds' noise)" if v["noise"] else ""))
-        elif best["time"] >= p["time"] * (1 - TIME_TOL) and abs(best["rss"] - p["rss"]) <= tol:
-            v.update(verdict="ties", why="")
         else:
-            v.update(verdict="wins", why="")
+            verdict, why = judge(best["rss"], best["time"], p["rss"], p["time"])
+            v.update(verdict=verdict, why=why + (" (the per-round ratios overlap: within the rounds' noise)"
+                                                 if verdict == "loses" and v["noise"] else ""))
         rows.append(v)
     return rows
+
+
+def judge(rss: float, time: float, peer_rss: float, peer_time: float) -> tuple[str, str]:
+    """(verdict, why) of a remat point measured at (`rss`, `time`) against a peer's."""
+    if not reaches(rss, peer_rss):
+        return "loses", f"measured peak {mib(rss)} MiB above the peer's {mib(peer_rss)} MiB + tolerance"
+    if time > peer_time * (1 + TIME_TOL):
+        return "loses", f"slower: {time:.2f}× against {peer_time:.2f}×"
+    if time >= peer_time * (1 - TIME_TOL) and abs(rss - peer_rss) <= tol_process(peer_rss):
+        return "ties", ""
+    return "wins", ""
+
+
+def rechecked(v: dict, recheck: dict | None) -> dict | None:
+    """Verdict `v` judged again on `run.py --recheck`'s figures of the same two points (one fresh process, more
+    rounds), or None where the recheck did not measure both: {verdict, why, rss, time, remat_rss, remat_time,
+    rounds, date}."""
+    if not recheck or v.get("peer_budget") is None or not v.get("remat_key"):
+        return None
+    peer = next((r for r in recheck.get("budgets", []) if r.get("budget") == v["peer_budget"] and r.get("time_ratio")
+                 and r.get("rss_peak")), None)
+    mine = next((r for r in recheck.get("remat_compiled", []) if r.get("key") == v["remat_key"] and r.get("time_ratio")
+                 and r.get("rss_peak")), None)
+    if peer is None or mine is None:
+        return None
+    verdict, why = judge(mine["rss_peak"], mine["time_ratio"], peer["rss_peak"], peer["time_ratio"])
+    return {"verdict": verdict, "why": why, "rss": peer["rss_peak"], "time": peer["time_ratio"],
+            "remat_rss": mine["rss_peak"], "remat_time": mine["time_ratio"], "rounds": recheck.get("rounds"),
+            "date": recheck.get("date", "")}
 
 
 def at_oneflow_memory(E: dict, C: dict | None) -> dict | None:
