@@ -31,7 +31,7 @@ def test_a_model_with_the_cache_on_plans_applies_verifies_and_trains(build):
     model, inputs = build()
     prof = remat.profile(model, inputs)
     assert CACHE_NOTE in prof.notes
-    least = remat.frontier(prof)[-1].peak_bytes
+    least = architectures.least_plan(prof).peak_bytes
     for budget in (least, (least + prof.peak_bytes) // 2):
         plan = remat.plan(prof, budget)
         assert plan.segments or plan.selective
@@ -104,7 +104,7 @@ def test_a_tensor_that_several_checkpoints_hold_is_counted_once_and_keyword_inpu
     assert sum(n for _, n, _ in layer.held_inputs) == layer.input_unsaved_bytes > 0  # the bias, a keyword
     problem = Problem.from_profile(prof, MAX_SEGMENT, None)
     assert problem.shared_holds
-    least = remat.frontier(prof)[-1]
+    least = architectures.least_plan(prof)
     report = remat.verify(model, inputs, least)
     assert report.ok, str(report)
     assert abs(report.measured_peak_bytes - least.peak_bytes) <= 0.001 * least.peak_bytes
