@@ -98,9 +98,9 @@ def fresh_function(fn, name: str):
     return types.FunctionType(code, fn.__globals__, name, fn.__defaults__, fn.__closure__)
 
 
-def main(spec: dict) -> dict:
+def warmed(spec: dict):
+    """(bench, eager step): the spec's model built, torch set to its thread count, one warm-up step taken."""
     torch.set_num_threads(int(spec["threads"]))
-    t_start = time.perf_counter()
     bench = build(spec["model"], spec["size"])
 
     def eager():
@@ -108,6 +108,12 @@ def main(spec: dict) -> dict:
 
     step(bench, eager, adam(bench.model))  # warm-up
     zero_grads(bench.model)
+    return bench, eager
+
+
+def main(spec: dict) -> dict:
+    t_start = time.perf_counter()
+    bench, eager = warmed(spec)
     prof = None
     if spec.get("remat_points"):  # remat's profile before anything is compiled in this process
         prof, profile_s = remat_compiled.profile_first(bench)

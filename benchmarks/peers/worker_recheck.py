@@ -27,8 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import remat_compiled  # noqa: E402
 import worker_compile  # noqa: E402  (its Inductor settings: no FX graph or AOTAutograd cache)
-from measure import adam, flops_and_grads, step, zero_grads  # noqa: E402
-from models import build  # noqa: E402
+from measure import flops_and_grads  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -42,15 +41,8 @@ def plan_of(prof, key: str):
 
 
 def main(spec: dict) -> dict:
-    torch.set_num_threads(int(spec["threads"]))
     t_start = time.perf_counter()
-    bench = build(spec["model"], spec["size"])
-
-    def eager():
-        return bench.loss(bench.call())
-
-    step(bench, eager, adam(bench.model))  # warm-up
-    zero_grads(bench.model)
+    bench, eager = worker_compile.warmed(spec)
     prof, _ = remat_compiled.profile_first(bench)
     _, ref_grads = flops_and_grads(bench, eager)
     out = {"model": spec["model"], "budgets": [], "remat_compiled": []}
