@@ -315,7 +315,8 @@ def at_peers_of(args: argparse.Namespace) -> int:
 
 
 RECHECK_ROUNDS = 9
-"""Rounds of a recheck: U-Net's per-round ratios of one compiled step spread over 0.54-0.77 in a run of 9 (2026-11-26)."""
+"""Rounds of a recheck: in a probe of 9 rounds (2026-11-26), U-Net's per-round ratios of one compiled step spread
+over 0.54-0.77."""
 
 
 def recheck(args: argparse.Namespace) -> int:

@@ -59,8 +59,8 @@ def main(spec: dict) -> dict:
         out["remat_compiled"].append(dict(fig, key=key, plan=remat_compiled.describe(plan)))
         if pair is not None:
             variants[key] = pair
-        worker_compile.log(f"  remat + compile ({remat_compiled.describe(plan)}): rss {fig.get('rss_peak', 0) / 2**20:.1f} MiB"
-                           f" {fig.get('error', '')}")
+        worker_compile.log(f"  remat + compile ({remat_compiled.describe(plan)}): "
+                           f"rss {fig.get('rss_peak', 0) / 2**20:.1f} MiB {fig.get('error', '')}")
     worker_compile.time_interleaved(bench, eager, variants, out, spec["rounds"])
     out.update(rounds=spec["rounds"], threads=torch.get_num_threads(), elapsed_s=time.perf_counter() - t_start)
     return out

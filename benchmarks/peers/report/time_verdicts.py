@@ -77,13 +77,13 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
     return rows
 
 
-def judge(rss: float, time: float, peer_rss: float, peer_time: float) -> tuple[str, str]:
-    """(verdict, why) of a remat point measured at (`rss`, `time`) against a peer's."""
+def judge(rss: float, ratio: float, peer_rss: float, peer_ratio: float) -> tuple[str, str]:
+    """(verdict, why) of a remat point measured at process peak `rss` and step-time `ratio` against a peer's."""
     if not reaches(rss, peer_rss):
         return "loses", f"measured peak {mib(rss)} MiB above the peer's {mib(peer_rss)} MiB + tolerance"
-    if time > peer_time * (1 + TIME_TOL):
-        return "loses", f"slower: {time:.2f}× against {peer_time:.2f}×"
-    if time >= peer_time * (1 - TIME_TOL) and abs(rss - peer_rss) <= tol_process(peer_rss):
+    if ratio > peer_ratio * (1 + TIME_TOL):
+        return "loses", f"slower: {ratio:.2f}× against {peer_ratio:.2f}×"
+    if ratio >= peer_ratio * (1 - TIME_TOL) and abs(rss - peer_rss) <= tol_process(peer_rss):
         return "ties", ""
     return "wins", ""
 
