@@ -112,7 +112,7 @@ def clear_grads(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
 
 def lead_in(
     model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
-    rounding: int = 1, *, warm_steps: int = 0,
+    rounding: int = 1, *, warm_steps: int = 0, skip_host: bool = False,
 ) -> LeadIn:
     """Run what comes before the tracked pass: in steady mode a whole first step, metered (Rule 3), and
     `warm_steps` more (DDP rebuilds its buckets in the second), then the measured step's first K-1
@@ -120,7 +120,7 @@ def lead_in(
     clear_grads(model, opt)
     first_peak, held = None, []
     if loop.step == Step.STEADY:
-        with PeakMeter(resident_tensors(model, step, opt), rounding) as meter:
+        with PeakMeter(resident_tensors(model, step, opt), rounding, skip_host) as meter:
             optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
         first_peak = meter.peak_bytes
         clear_grads(model, opt)

@@ -218,12 +218,13 @@ class _Run:
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
         timed = self.setup.mode == Mode.REAL and not self.parallel.kind  # NOTE [The seconds of a step], Rule 4
-        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed, sync)
+        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed, sync,
+                          skip_host=cuda_real)  # NOTE [What counts as live memory], Rule 8
         tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
-                           warm_steps=int(self.parallel.kind == "ddp"))  # NOTE [A rank's step], Rule 3
+                           warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)  # NOTE [A rank's step], Rule 3
             kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             if cuda_real:
                 torch.cuda.synchronize()

@@ -22,6 +22,11 @@ NOTE [What counts as live memory]
   Rule 7. A storage resized in place (FSDP2 frees an all-gathered parameter with
           `resize_(0)` and re-allocates it for the next use) is freed at the resize, and
           a storage resized to a new size is a new allocation from there on.
+  Rule 8. The memory of a step on a GPU is the GPU's: a storage in host memory (an
+          offloaded module's saved tensors, copied there by `save_on_cpu`; Adam's CPU step
+          counters) is not counted, as `torch.cuda.max_memory_allocated` does not count it.
+          Counted, offload copies made every offload plan's tracked peak the unplanned one
+          (H200, 2026-11-26: 377.1 MiB tracked where the CUDA counter read 206.6 MiB).
 
 NOTE [When a saved tensor is attributed to a module]
   A storage belongs to the innermost module running when the op that made it
@@ -155,6 +160,8 @@ class Tracker(_SeesResizes):
     _names: dict[str, str] = field(default_factory=dict)
     _made_by: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     modules: ModuleTracker | None = None
+    skip_host: bool = False
+    """A step on a GPU, run for real: storages in host memory are not its memory (Rule 8)."""
     scratch_probe: object | None = None
     """Measures or estimates each op's kernel scratch as it runs (Rule 5): `start()`, then
     `stop(started, func, args, kwargs, out) -> bytes` (see `remat.measure.scratch`)."""
@@ -170,7 +177,7 @@ class Tracker(_SeesResizes):
     def record_of(self, t: torch.Tensor, *, before_step: bool = False, op: str = "") -> StorageRecord | None:
         """The record of `t`'s storage, creating it (as made now by `op`, or pre-existing) if unseen."""
         st = storage_of(t)
-        if st is None:
+        if st is None or (self.skip_host and st.device.type == "cpu"):
             return None
         rec = self._live.get(id(st))
         if rec is not None:
@@ -287,9 +294,10 @@ class PeakMeter(_SeesResizes):
     """The peak of live tensor bytes of a stretch of ops, and nothing else (Rules 1-4 of
     NOTE [What counts as live memory]): the cheap meter of a step that is not profiled."""
 
-    def __init__(self, state: list[torch.Tensor], rounding: int = 1):
+    def __init__(self, state: list[torch.Tensor], rounding: int = 1, skip_host: bool = False):
         super().__init__()
         self.rounding = rounding
+        self.skip_host = skip_host  # Rule 8
         self.live_bytes = 0
         self.peak_bytes = 0
         self._live: dict[int, int] = {}
@@ -299,7 +307,7 @@ class PeakMeter(_SeesResizes):
 
     def see(self, t: torch.Tensor) -> None:
         st = storage_of(t)
-        if st is None or id(st) in self._live:
+        if st is None or id(st) in self._live or (self.skip_host and st.device.type == "cpu"):
             return
         key, n = id(st), rounded_bytes(st.nbytes(), self.rounding)
         self._live[key] = n
