@@ -129,8 +129,8 @@ def markdown(results: dict) -> str:
     lines = [f"# remat on a CUDA GPU against torch.cuda.max_memory_allocated", "",
              f"Run {results['date']} on {results['device']}, torch {results['torch']}, remat at {results['commit']}.",
              "Command: `" + results["command"] + "`.", "",
-             "| model | parameters | unplanned, CUDA counter MiB | remat real-mode prediction | fake-mode prediction | step s |",
-             "|---|---|---|---|---|---|"]
+             "| model | parameters | unplanned, CUDA counter MiB | remat real-mode prediction | fake-mode prediction "
+             "| step s |", "|---|---|---|---|---|---|"]
     for r in results["models"]:
         if "error" in r:
             lines.append(f"| {r['model']} | error: {r['error'][:200]} | | | | |")
@@ -142,10 +142,12 @@ def markdown(results: dict) -> str:
                         else r.get("fake_error", "—")[:120]) + f" | {r['step_s']:.3f} |")
     lines += ["", "Gradients: the largest |difference| of any gradient element between two runs of the unplanned step "
               "from the same RNG state (keep-everything plan, nothing applied): "
-              + ", ".join(f"{r['model']} {r['grad_run_to_run']:.1e}" for r in results["models"] if "grad_run_to_run" in r)
+              + ", ".join(f"{r['model']} {r['grad_run_to_run']:.1e}"
+                          for r in results["models"] if "grad_run_to_run" in r)
               + ".  `remat.verify`'s default tolerance is 0 (bit-equal).", "",
-              "| model | plan | budget MiB | predicted MiB | CUDA counter MiB | over the budget | max \\|grad diff\\| | "
-              "extra FLOPs predicted = measured | overhead predicted / measured |", "|---|---|---|---|---|---|---|---|---|"]
+              "| model | plan | budget MiB | predicted MiB | CUDA counter MiB | over the budget | "
+              "max \\|grad diff\\| | extra FLOPs predicted = measured | overhead predicted / measured |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in results["models"]:
         for p in r.get("plans", []) + ([r["compiled_plan"]] if "predicted" in r.get("compiled_plan", {}) else []):
             lines.append(f"| {p['model']} | {p['plan']}{' (compiled, remat.auto)' if 'search' in p else ''} | "

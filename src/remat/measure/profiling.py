@@ -223,8 +223,8 @@ class _Run:
         tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
-            lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
-                           warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)  # NOTE [A rank's step], Rule 3
+            lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,  # NOTE [A rank's
+                           warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)  # step], Rule 3
             kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             if cuda_real:
                 torch.cuda.synchronize()
