@@ -144,7 +144,7 @@ def markdown(results: dict) -> str:
               "from the same RNG state (keep-everything plan, nothing applied): "
               + ", ".join(f"{r['model']} {r['grad_run_to_run']:.1e}"
                           for r in results["models"] if "grad_run_to_run" in r)
-              + ".  `remat.verify`'s default tolerance is 0 (bit-equal).", "",
+              + ".  On CUDA `remat.verify` accepts GRAD_NOISE_FACTOR (10) times its own measure of that difference.", "",
               "| model | plan | budget MiB | predicted MiB | CUDA counter MiB | over the budget | "
               "max \\|grad diff\\| | extra FLOPs predicted = measured | overhead predicted / measured |",
               "|---|---|---|---|---|---|---|---|---|"]

@@ -361,3 +361,24 @@ def test_blocks_in_a_module_dict_are_the_chain_every_block_checkpoints():
     plan = remat.plan(unplanned, remat.frontier(unplanned)[-1].peak_bytes)
     assert set(plan.decisions) >= {"stages.stem", "stages.head"}
     assert remat.verify(model, x, plan).ok
+
+
+def test_verify_needs_bit_equal_gradients_on_cpu_and_allows_a_cuda_steps_own_noise():
+    """On CPU the unplanned step is not run twice: no noise, the bound is the tolerance (0: bit-equal).  A report
+    with a run-to-run difference (measured on CUDA, whose attention backward is not deterministic) accepts
+    GRAD_NOISE_FACTOR times it and says so; a difference far beyond it is still a mismatch."""
+    from remat.types.verification import GRAD_NOISE_FACTOR
+
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
+    prof = remat.profile(model, inputs)
+    report = remat.verify(model, inputs, remat.plan(prof, remat.frontier(prof, max_points=2)[-1].peak_bytes),
+                          time_rounds=0)
+    assert report.grad_noise == 0.0 and report.grad_tolerance == 0.0 and report.grads_equal, str(report)
+    zeros = {n: 0.0 for n in report.grad_max_abs_diff}
+    first = next(iter(zeros))
+    noisy = dataclasses.replace(report, grad_max_abs_diff={**zeros, first: 1.5e-7}, grad_noise=2e-8)
+    assert noisy.grad_tolerance == pytest.approx(GRAD_NOISE_FACTOR * 2e-8) and noisy.grads_equal
+    assert f"<= 2e-07 ({GRAD_NOISE_FACTOR}x run to run)" in str(noisy), str(noisy)
+    beyond = dataclasses.replace(noisy, grad_max_abs_diff={**zeros, first: 4.7e-3})
+    assert not beyond.grads_equal and not beyond.ok
+    assert dataclasses.replace(beyond, tolerance=1e-2).grads_equal
