@@ -56,9 +56,7 @@ def verify(
         >>> report.ok, report.grad_max_abs_diff, report.independent_peak_bytes
 
     The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted:
-    0.0 (bit-exact) for deterministic CPU kernels.  On CUDA, where kernels such as attention's backward are not
-    deterministic, the unplanned step is run twice and GRAD_NOISE_FACTOR times their largest difference is
-    accepted too (`report.grad_noise`, `report.grad_tolerance`).  The planned step's peak is measured twice: by remat's
+    0.0 (bit-exact) for deterministic CPU kernels; on CUDA also 10x the step's own noise (`_grad_noise`).  The planned step's peak is measured twice: by remat's
     tracker, and by a counter that is not remat's (NOTE [Measuring a step by the process]): on CPU the
     high-water mark of a forked copy of this process running the training loop (`step`, `accumulate` as in
     `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the tracker
