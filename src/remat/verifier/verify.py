@@ -55,12 +55,12 @@ def verify(
         >>> report = remat.verify(model, batch, plan)
         >>> report.ok, report.grad_max_abs_diff, report.independent_peak_bytes
 
-    The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted:
-    0.0 (bit-exact) for deterministic CPU kernels; on CUDA also 10x the step's own noise (`_grad_noise`).  The planned step's peak is measured twice: by remat's
-    tracker, and by a counter that is not remat's (NOTE [Measuring a step by the process]): on CPU the
-    high-water mark of a forked copy of this process running the training loop (`step`, `accumulate` as in
-    `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the tracker
-    sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
+    The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted: 0.0
+    (bit-exact) for deterministic CPU kernels, plus 10x the step's own noise on CUDA (`_grad_noise`).  The planned
+    step's peak is measured twice: by remat's tracker, and by a counter that is not remat's (NOTE [Measuring a step by
+    the process]): on CPU the high-water mark of a forked copy of this process running the training loop (`step`,
+    `accumulate` as in `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the
+    tracker sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
 
     The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
     with it, after a warm-up of each; the overhead is the median of the rounds' ratios, beside the plan's
