@@ -62,16 +62,18 @@ from remat.measure.roofline import Hardware, op_seconds
 from remat.ops import op_signature
 
 
-def storage_of(t) -> torch.UntypedStorage | None:
+def storage_of(t, skip_host: bool = False) -> torch.UntypedStorage | None:
     """The storage a strided tensor counts by (NOTE [What counts as live memory]); None for anything else
-    (not a tensor, sparse, a subclass without storage); a DTensor's is its local shard's (Rule 6)."""
+    (not a tensor, sparse, a subclass without storage), and with `skip_host` for a storage in host memory (Rule 8);
+    a DTensor's is its local shard's (Rule 6)."""
     t = local_tensor(t)
     if not isinstance(t, torch.Tensor) or t.is_sparse or t.layout != torch.strided:
         return None
     try:
-        return t.untyped_storage()
+        st = t.untyped_storage()
     except (RuntimeError, NotImplementedError):  # tensor subclasses without storage
         return None
+    return None if skip_host and st.device.type == "cpu" else st
 
 
 def rounded_bytes(n: int, rounding: int) -> int:
@@ -176,8 +178,8 @@ class Tracker(_SeesResizes):
     # -- storages ----------------------------------------------------------------
     def record_of(self, t: torch.Tensor, *, before_step: bool = False, op: str = "") -> StorageRecord | None:
         """The record of `t`'s storage, creating it (as made now by `op`, or pre-existing) if unseen."""
-        st = storage_of(t)
-        if st is None or (self.skip_host and st.device.type == "cpu"):
+        st = storage_of(t, self.skip_host)
+        if st is None:
             return None
         rec = self._live.get(id(st))
         if rec is not None:
@@ -306,8 +308,8 @@ class PeakMeter(_SeesResizes):
         self.peak_bytes = self.live_bytes
 
     def see(self, t: torch.Tensor) -> None:
-        st = storage_of(t)
-        if st is None or id(st) in self._live or (self.skip_host and st.device.type == "cpu"):
+        st = storage_of(t, self.skip_host)
+        if st is None or id(st) in self._live:
             return
         key, n = id(st), rounded_bytes(st.nbytes(), self.rounding)
         self._live[key] = n
