@@ -17,7 +17,8 @@ from remat import zoo
 from remat.applier.apply import applied
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, wrap_segment
-from remat.compiled import _fastest_fit
+import remat.compiled as compiled_mod
+from remat.compiled import _fastest_fit, _hybrid_candidates
 from remat.measure.loop import Loop
 from remat.measure.profiling import COMPILED_NOTE
 from remat.types.profile import COMPILED_PEAK_MARGIN
@@ -284,7 +285,13 @@ def test_a_compiler_budget_plan_lowers_the_compiled_steps_peak_and_removes():
     for got, want in zip(_compiled_grads(compiled, model, x), before):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
     remat.remove(compiled)
-    assert applied(model) is None
+    hybrid = dataclasses.replace(knob, segments=[["0"], ["2"]])  # Rule 6 of NOTE [Plans for a compiled step]
+    remat.apply(compiled, hybrid)
+    assert is_wrapped(model[0]) and "and torch.compile's activation memory budget 0.3" in str(hybrid)
+    for got, want in zip(_compiled_grads(compiled, model, x), before):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+    remat.remove(compiled)
+    assert applied(model) is None and not is_wrapped(model[0])
     back, _ = independent_peak(compiled, x, None, None, Loop())
     assert counter == "process's high-water mark (compiled)"
     assert lowered < unplanned * 0.85, (lowered, unplanned)  # seen: 118 MiB against 160 MiB with 6 blocks
@@ -293,7 +300,7 @@ def test_a_compiler_budget_plan_lowers_the_compiled_steps_peak_and_removes():
 
 
 def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():
-    """An eager model, a plan that also checkpoints, a fraction outside 0..1: `remat:` errors, nothing applied."""
+    """An eager model, a fraction outside 0..1, a model compiled in place: `remat:` errors, nothing applied."""
     model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
     prof = remat.profile(model, x)
     keep = remat.plan(prof, prof.peak_bytes)
@@ -301,10 +308,6 @@ def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():
                        r"\(0\.5\), which acts only on a step compiled by torch.compile\(model\), and this "
                        r"Sequential is not one\. Fix: "):
         remat.apply(model, dataclasses.replace(keep, compiler_budget=0.5))
-    both = dataclasses.replace(keep, segments=[["1"]], compiler_budget=0.5)
-    with pytest.raises(remat.RematError, match=r"^remat: the plan both checkpoints modules and sets torch.compile's "
-                       r"activation memory budget \(0\.5\).*Fix: plan again"):
-        remat.apply(torch.compile(model), both)
     with pytest.raises(remat.RematError, match=r"^remat: a plan's compiler_budget is a fraction .* saw 1\.5\. Fix: "):
         remat.apply(torch.compile(model), dataclasses.replace(keep, compiler_budget=1.5))
     assert applied(model) is None
@@ -338,3 +341,42 @@ def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_lower_peak_a
     assert "remat 1 checkpoints + 0 selective: 90.0 MiB, 1,300 ms" in chosen.notes[1]
     near = _fastest_fit([measured(ckpt, 90 << 20, 1.12), measured(knob, 99 << 20, 1.10)], 100 << 20, prof)
     assert near.segments == [["1"]] and near.compiler_budget == 1.0 and near.measured_peak_bytes == 90 << 20
+
+
+def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_checkpoints(monkeypatch):
+    """NOTE [Plans for a compiled step], Rule 6, on stubbed measurements (the compiled step saves a quarter of what
+    the checkpoints save eagerly): the fastest fraction that missed is tried with checkpoints, sized again by what
+    the first hybrid saved; the hybrid that fits is chosen over a slower plan of remat's alone, and named so."""
+    model, x = zoo.chain_report001(width=128, blocks=8, batch=512)
+    prof = remat.profile(model, x)
+    prof = dataclasses.replace(prof, compiled_peak_bytes=prof.peak_bytes // 2, compiled_step_s=1.0)
+    keep = remat.plan(prof, prof.peak_bytes)
+    most = prof.peak_bytes - remat.frontier(prof, max_points=2)[-1].peak_bytes  # the most checkpoints save
+    alone, counter = prof.peak_bytes // 2, "process's high-water mark (compiled)"
+    budget = alone - most // 8  # the compiled step must save 1/8 of `most`: checkpoints saving half of it
+    seen = []
+
+    def measured(_model, plan, _step):
+        seen.append(plan)
+        saved = (prof.peak_bytes - plan.peak_bytes) // 4
+        return ProcessPeak(alone - saved, 0, 1.0 + 0.01 * len(plan.segments)), counter
+
+    monkeypatch.setattr(compiled_mod, "_measured", measured)
+    ours = (dataclasses.replace(keep, segments=[["1"]]), ProcessPeak(budget - (1 << 20), 0, 1.30), counter)
+    fast = (dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05), counter)
+    slow = (dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25), counter)
+    hybrids = _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {})
+    assert [c for c, _, _ in hybrids] == seen and 2 <= len(seen) <= 4, [_k(c) for c in seen]
+    assert all(c.compiler_budget == 0.6 and c.segments for c in seen)
+    assert hybrids[0][1].peak_bytes > budget and hybrids[-1][1].peak_bytes <= budget  # first too few, then enough
+    chosen = _fastest_fit([ours, fast, slow, *hybrids], budget, prof)
+    assert chosen.compiler_budget == 0.6 and chosen.segments and chosen.measured_peak_bytes <= budget
+    assert f"{len(hybrids)} of both" in chosen.notes[0], chosen.notes[0]
+    assert "compiler budget 0.6 + remat " in chosen.notes[1], chosen.notes[1]
+    seen.clear()  # no fraction faster than what fits by TIME_NOISE: no hybrid, nothing compiled
+    fast = (fast[0], ProcessPeak(alone, 0, 1.26), counter)
+    assert _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {}) == [] and not seen
+
+
+def _k(plan) -> str:
+    return compiled_mod._kind(plan)

@@ -64,10 +64,11 @@ def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0,
 
 
 def describe(plan) -> str:
-    if getattr(plan, "compiler_budget", 1.0) < 1.0:
-        return f"compile budget {plan.compiler_budget:g}"
     sel = len(getattr(plan, "selective", []))
-    return f"{len(plan.segments)} ckpt" + (f" + {sel} selective" if sel else "")
+    ours = f"{len(plan.segments)} ckpt" + (f" + {sel} selective" if sel else "")
+    if getattr(plan, "compiler_budget", 1.0) < 1.0:  # the compiler's budget, alone or over remat's checkpoints
+        return f"compile budget {plan.compiler_budget:g}" + (f" + {ours}" if plan.segments or sel else "")
+    return ours
 
 
 def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_for, fresh_function) -> dict:
@@ -110,8 +111,7 @@ def _one(bench, plan, ref_grads: dict, backend_for, fresh_function, name: str):
     fig = {"fw_flops": 0, "bw_flops": 0, "graphs": 0}
     b2 = dataclasses.replace(bench, model=copy.deepcopy(bench.model))  # parameter names taken before apply
     knob = plan.compiler_budget  # < 1.0: remat chose the compiler's own budget, which this step compiles with
-    if knob == 1.0:
-        remat.apply(b2.model, plan)
+    remat.apply(b2.model, dataclasses.replace(plan, compiler_budget=1.0))  # its checkpoints, if any
 
     def eager():
         return b2.loss(b2.call())

@@ -69,7 +69,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
 # fits, mostly, but recomputes what the compiled step never needed to.  And Inductor recomputes fused pointwise
 # ops inside its backward kernels almost for free when given its own budget, where remat's units are modules or
 # whole ops (peers, BERT at torch.compile's budget 0.5: remat's plan ran at 0.76x the eager step, compile's 0.67x).
-# `remat.auto` has the model and the inputs, so it measures candidates of both kinds instead:
+# `remat.auto` has the model and the inputs, so it measures candidates of both kinds, and of both together, instead:
 #
 # Rule 1: a remat candidate is a plan priced eagerly for a larger eager budget (its target); the first target
 #         is the budget scaled by the unplanned eager/compiled ratio.
@@ -85,6 +85,15 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
 #         not: the compiled step's peak is neither linear nor monotone in the fraction (a 6-block MLP: 128 MiB
 #         at every fraction from 0.52 to 0.95, 136 MiB at 0.47, 126 MiB at 0.39).  A fit within CLOSE_ENOUGH
 #         of the budget, a candidate measured before, or `trials` compilations end the search of that kind.
+# Rule 6: a hybrid sets a compiler fraction that was measured over the budget and adds remat's checkpoints for
+#         what it missed by.  Tried when that fraction ran faster than every candidate that fitted by more than
+#         TIME_NOISE (or none fitted): the fastest such fraction, at most `trials` hybrids.  Inductor's budget
+#         acts on what the checkpoints leave, so the two compose (a 6-block MLP: 1,077 MiB unplanned, 662 MiB
+#         with 3 checkpoints, 661 MiB at budget 0.5, 600 MiB with both).  The checkpoints are a plan priced
+#         eagerly for the eager peak less the miss times the eager/compiled ratio; after a hybrid, the eager
+#         saving is scaled by the compiled saving still needed over the one measured, kept strictly between
+#         the largest eager peak whose hybrid fitted and the smallest whose hybrid did not (as in Rule 4).  A fit
+#         within CLOSE_ENOUGH, a hybrid measured before, or a miss already slower than the fits ends it.
 # Rule 5: of the candidates measured to fit, the fastest measured is applied; those within TIME_NOISE of it
 #         count as equal, and the one of them with the lower measured peak wins.  It carries its measured peak,
 #         counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`, `measured_step_s`).  None fitting
@@ -131,7 +140,9 @@ def plan_for(model, step: tuple, prof: StepProfile, budget: int, trials: int = S
     if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
         return plan(prof, budget, **plan_options)
     tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
-    return _fastest_fit(tried + _compiler_candidates(model, step, prof, budget, trials), budget, prof)
+    tried += _compiler_candidates(model, step, prof, budget, trials)
+    return _fastest_fit(tried + _hybrid_candidates(model, step, prof, budget, (trials, tried), plan_options),
+                        budget, prof)
 
 
 def _remat_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int,
@@ -189,6 +200,47 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
     return tried
 
 
+def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, search: tuple[int, list[Measured]],
+                       plan_options: dict) -> list[Measured]:
+    """Rule 6: remat's checkpoints under torch.compile's budget, for a fraction measured fast but over `budget`.
+    `search` is (trials, the candidates measured so far)."""
+    trials, tried = search
+    fits = [m.step_s for _, m, _ in tried if m.peak_bytes <= budget]
+    bar = min(fits) * (1 - TIME_NOISE) if fits else float("inf")
+    over = [(c, m) for c, m, _ in tried if c.compiler_budget < 1.0 and m.peak_bytes > budget and m.step_s < bar]
+    if not over:
+        return []
+    knob, alone = min(over, key=lambda t: t[1].step_s)
+    eager = dataclasses.replace(prof, compiled_peak_bytes=0)
+    hybrids: dict[str, Measured] = {}
+    fit, miss = 0, prof.peak_bytes  # eager peaks of remat's part: the largest whose hybrid fitted, the smallest not
+    saving = (alone.peak_bytes - budget) * prof.peak_bytes / prof.compiled_peak_bytes
+    for _ in range(trials):
+        target = prof.peak_bytes - saving
+        target = target if fit < target < miss else (fit + miss) / 2
+        checkpoints = _eager_plan(eager, int(target), plan_options)
+        key = repr((checkpoints.segments, checkpoints.selective, checkpoints.selective_keeps, checkpoints.offload))
+        if key in hybrids or not _checkpoints(checkpoints):
+            break
+        note = (f"torch.compile's activation memory budget {knob.compiler_budget:g} over remat's checkpoints: "
+                "Inductor recomputes within what they leave (NOTE [Plans for a compiled step], Rule 6).")
+        candidate = dataclasses.replace(checkpoints, compiler_budget=knob.compiler_budget,
+                                        notes=[note, *checkpoints.notes])
+        measured, counter = _measured(model, candidate, step)
+        hybrids[key] = (candidate, measured, counter)
+        if measured.peak_bytes <= budget:
+            fit = max(fit, checkpoints.peak_bytes)
+            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
+                break
+        else:
+            miss = min(miss, checkpoints.peak_bytes)
+            if measured.step_s >= bar:  # more checkpoints would only be slower than a candidate that fits
+                break
+        saved = max(alone.peak_bytes - measured.peak_bytes, 1 << 20)  # on the compiled step, by this hybrid
+        saving = (prof.peak_bytes - checkpoints.peak_bytes) * (alone.peak_bytes - budget) / saved
+    return list(hybrids.values())
+
+
 def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
     try:
         return plan(eager, target, **plan_options)
@@ -224,12 +276,14 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
     fastest = min(m.step_s for _, m, _ in fitting)
     best, measured, counter = min((t for t in fitting if t[1].step_s <= fastest * (1 + TIME_NOISE)),
                                   key=lambda t: t[1].peak_bytes)
-    kinds = sum(c.compiler_budget < 1.0 for c, _, _ in tried)
+    knobs = sum(c.compiler_budget < 1.0 and not _checkpoints(c) for c, _, _ in tried)
+    both = sum(c.compiler_budget < 1.0 and _checkpoints(c) for c, _, _ in tried)
     versus = (f", {measured.step_s / prof.compiled_step_s - 1:+.1%} against the unplanned compiled step's "
               f"{prof.compiled_step_s * 1e3:,.1f} ms" if prof.compiled_step_s else "")
     eager = f" (eager prediction {fmt_bytes(best.peak_bytes, 'auto')})" if best.compiler_budget == 1.0 else ""
     note = (f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter} "
-            f"({len(tried) - kinds} of remat's checkpoints, {kinds} of torch.compile's own budget); this one "
+            f"({len(tried) - knobs - both} of remat's checkpoints, {knobs} of torch.compile's own budget"
+            f"{f', {both} of both' if both else ''}); this one "
             f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"
             f"{versus}, the fastest within the budget (NOTE [Plans for a compiled step]).")
     each = "; ".join(f"{_kind(c)}: {fmt_bytes(m.peak_bytes, 'auto')}, {m.step_s * 1e3:,.0f} ms" for c, m, _ in tried)
@@ -238,9 +292,16 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
                                notes=[note, f"measured: {each}.", *best.notes])
 
 
+def _checkpoints(plan: Plan) -> bool:
+    return bool(plan.segments or plan.selective or plan.offload)
+
+
 def _kind(candidate: Plan) -> str:
-    """A candidate in a few words: "compiler budget 0.42", "remat 2 checkpoints + 3 selective"."""
-    if candidate.compiler_budget < 1.0:
-        return f"compiler budget {candidate.compiler_budget:g}"
-    return (f"remat {len(candidate.segments)} checkpoints + {len(candidate.selective)} selective"
+    """A candidate in a few words: "compiler budget 0.42", "remat 2 checkpoints + 3 selective", "compiler budget
+    0.6 + remat 1 checkpoints + 0 selective"."""
+    knob = f"compiler budget {candidate.compiler_budget:g}" if candidate.compiler_budget < 1.0 else ""
+    if knob and not _checkpoints(candidate):
+        return knob
+    ours = (f"remat {len(candidate.segments)} checkpoints + {len(candidate.selective)} selective"
             + (f" + {len(candidate.offload)} offloaded" if candidate.offload else ""))
+    return f"{knob} + {ours}" if knob else ours

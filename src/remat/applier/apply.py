@@ -99,10 +99,6 @@ def _compiler_budget(wrapper: nn.Module, plan: Plan | str) -> float:
                          f"to 1; saw {budget!r}. Fix: plan again, or set it to 1.0 for the compiler's default.")
     if budget == 1.0:
         return budget
-    if plan.segments or plan.selective or plan.offload:
-        raise RematError(f"remat: the plan both checkpoints modules and sets torch.compile's activation memory "
-                         f"budget ({budget:g}); the budget's region must cover the whole compiled graph. Expected "
-                         "one or the other, as remat.auto makes them. Fix: plan again.")
     if optimized_module(wrapper) is None:
         raise RematError(f"remat: the plan sets torch.compile's activation memory budget ({budget:g}), which acts "
                          f"only on a step compiled by torch.compile(model), and this {type(wrapper).__name__} is not "

@@ -17,7 +17,9 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           is made once per compiled model and budget and kept (`_CALLS`), so applying the plan again finds it
           compiled, and `remat.remove` puts back the compiled forward as it was, with its own graph.
   Rule 3. Only `torch.compile(model)` can follow such a plan (`remat.apply` refuses an eager model, and one
-          compiled in place by `model.compile()`), and the plan has no checkpoint of remat's beside it.
+          compiled in place by `model.compile()`).  The plan may checkpoint modules too: the budget then acts on
+          what remat's checkpoints leave in the graph (`remat.auto`'s hybrids, NOTE [Plans for a compiled step],
+          Rule 6).
 
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
 (NOTE [Plans for a compiled step] in `remat.compiled`).

@@ -44,8 +44,9 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     for i, row in enumerate(rows, 1):
         table.add_row(str(i), row)
     if plan.compiler_budget < 1.0:
-        table.add_row("-", f"none of remat's: torch.compile's activation memory budget {plan.compiler_budget:.3g} "
-                      "(Inductor saves that fraction of its activations and recomputes the rest)")
+        table.add_row("-", ("and " if rows else "none of remat's: ") + "torch.compile's activation memory budget "
+                      f"{plan.compiler_budget:.3g} (Inductor saves that fraction of its activations and recomputes "
+                      "the rest)")
     elif not rows:
         table.add_row("-", "none: keep every activation")
     console.print(table)

@@ -78,8 +78,8 @@ class Plan:
     compiler_budget: float = 1.0
     """torch.compile's own activation memory budget for the model's compiled graph, from 0 (save only what
     a checkpoint of the whole graph would) to 1.0 (Inductor's default: not set).  Below 1.0 the plan is for a
-    compiled model and checkpoints nothing itself (NOTE [The compiler's budget as a plan]); `remat.auto`
-    chooses such a plan when it measured it the fastest to fit."""
+    compiled model (NOTE [The compiler's budget as a plan]), and its checkpoints, if any, are remat's part of a
+    hybrid; `remat.auto` chooses such a plan when it measured it the fastest to fit."""
     measured_step_s: float = 0.0
     """Seconds of the compiled step under this plan, as the copy that measured `measured_peak_bytes` timed it
     (one thread on CPU); 0.0 when not measured."""
