@@ -13,7 +13,8 @@
     python benchmarks/peers/run.py --models gpt2,bert --rounds 9    # a subset, more timing rounds
     python benchmarks/peers/run.py --from-json benchmarks/results/peers.json   # re-render only
     python benchmarks/peers/run.py --recheck benchmarks/results/peers_large_unet.json   # its losses within
-                                              # noise (compiled points) measured again over 9 rounds (~4 min)
+                                              # noise and the ties remat was slower in (compiled points)
+                                              # measured again over 9 rounds (~4 min)
     python benchmarks/peers/repro_bugs.py     # the remat bugs this benchmark found (run.py runs it too)
     python benchmarks/peers/rockmate_probe.py # (network) re-try Rockmate as shipped; run.py reads its result
 
@@ -47,7 +48,7 @@ import torch  # noqa: E402
 import report  # noqa: E402
 from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
 from catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
-from report.time_verdicts import reaches, time_verdicts  # noqa: E402
+from report.time_verdicts import doubtful, reaches, time_verdicts  # noqa: E402
 from report.verdicts import PEERS_FAMILIES  # noqa: E402
 
 # On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
@@ -320,15 +321,15 @@ over 0.54-0.77."""
 
 
 def recheck(args: argparse.Namespace) -> int:
-    """The losses within noise of an earlier run (`report.time_verdicts`: a torch.compile budget against remat +
-    compile) measured again in one fresh process (worker_recheck.py: the same budgets, the same plans rebuilt from
+    """The doubtful verdicts of an earlier run (`report.time_verdicts.doubtful`: losses within noise and ties remat
+    was slower in, a torch.compile budget against remat + compile) measured again in one fresh process (worker_recheck.py: the same budgets, the same plans rebuilt from
     their keys, more rounds), added to the run as `compile.recheck` and judged by the same rule (docs: --from-json)."""
     data = json.loads(Path(args.recheck).read_text())
     models = args.models.split(",") if args.models else list(data["models"])
     done = []
     for m in models:
         R = data["models"][m]
-        lost = [v for v in time_verdicts(R["eager"], R.get("compile")) if v["verdict"] == "loses" and v.get("noise")]
+        lost = [v for v in time_verdicts(R["eager"], R.get("compile")) if doubtful(v)]
         points = [v for v in lost if v.get("peer_budget") is not None and v.get("remat_key")]
         for v in lost:
             if v not in points:
@@ -347,7 +348,8 @@ def recheck(args: argparse.Namespace) -> int:
                                        peers=[v["peer"] for v in points])
         done.append(m)
     if not done:
-        print("nothing to recheck: no loss within noise between a torch.compile budget and remat + compile")
+        print("nothing to recheck: no loss within noise nor tie remat was slower in, between a torch.compile budget "
+              "and remat + compile")
         return 0
     data["command"] += (f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(done)}"
                         f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})")

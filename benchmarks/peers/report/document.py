@@ -10,7 +10,7 @@ from . import texts
 from .bugs import bugs_section
 from .fmt import grads_differ, grads_text, gflop, mib, secs, table
 from .model_section import model_section
-from .time_verdicts import TIME_TOL, at_oneflow_memory, rechecked, time_verdicts
+from .time_verdicts import TIME_TOL, at_oneflow_memory, doubtful, rechecked, time_verdicts
 from .verdicts import configs_by_key, oneflow_headline, verdicts
 
 BENCH_BEGIN, BENCH_END = "<!-- peers:begin -->", "<!-- peers:end -->"
@@ -138,7 +138,7 @@ def _run_line(data: dict) -> list[str]:
 def _in_time(data: dict, models: list[str]) -> list[str]:
     """Issue 15's criterion: the same or a lower process peak for no more measured time, remat + compile included."""
     rows, counts, oneflow, noisy = [], {"wins": 0, "ties": 0, "loses": 0}, [], 0
-    again, after = [], {"wins": 0, "ties": 0, "loses": 0}  # the losses a recheck measured again, all after it
+    again, after = [], {"wins": 0, "ties": 0, "loses": 0}  # the doubtful points a recheck measured again, all after
     for m in models:
         R = data["models"][m]
         if R["eager"].get("worker_error"):
@@ -146,7 +146,7 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
         for v in time_verdicts(R["eager"], R.get("compile")):
             counts[v["verdict"]] += 1
             noisy += v["verdict"] == "loses" and bool(v.get("noise"))
-            r = rechecked(v, (R.get("compile") or {}).get("recheck")) if v["verdict"] == "loses" else None
+            r = rechecked(v, (R.get("compile") or {}).get("recheck")) if doubtful(v) else None
             after[r["verdict"] if r else v["verdict"]] += 1
             again += [r] if r else []
             rows.append([m, v["peer"], mib(v["rss"]), f"{v['time']:.2f}×", v.get("remat") or "—",
@@ -161,7 +161,8 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
             f"process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
             f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(rows)}"
             + (f" ({noisy} of the losses within the rounds' noise: the per-round ratios overlap)" if noisy else "")
-            + (f"; with {len(again)} of the losses measured again over more rounds in one process (`run.py "
+            + (f"; with {len(again)} of them (losses within noise, ties remat was slower in) measured again over "
+               f"more rounds in one process (`run.py "
                f"--recheck`: the same compiled budget and the same plan), **wins {after['wins']}**, **ties "
                f"{after['ties']}**, **loses {after['loses']}**" if again else "")
             + ". Times are the median per-round "
@@ -174,7 +175,7 @@ def _in_time(data: dict, models: list[str]) -> list[str]:
 
 
 def _recheck_cell(r: dict | None) -> str:
-    """A loss measured again (`run.py --recheck`), as the end of its verdict cell."""
+    """A doubtful point measured again (`run.py --recheck`), as the end of its verdict cell."""
     if not r:
         return ""
     return (f"; measured again {r['date']} over {r['rounds']} rounds in one process: remat {r['remat_time']:.2f}× at "

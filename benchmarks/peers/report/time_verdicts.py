@@ -88,6 +88,13 @@ def judge(rss: float, ratio: float, peer_rss: float, peer_ratio: float) -> tuple
     return "wins", ""
 
 
+def doubtful(v: dict) -> bool:
+    """A verdict worth measuring again (`run.py --recheck`): a loss within the rounds' noise, or a tie in which
+    remat's median was the slower (three rounds cannot tell whether it is within TIME_TOL)."""
+    return (v["verdict"] == "loses" and bool(v.get("noise"))
+            or v["verdict"] == "ties" and v.get("remat_time", 0.0) > v["time"])
+
+
 def rechecked(v: dict, recheck: dict | None) -> dict | None:
     """Verdict `v` judged again on `run.py --recheck`'s figures of the same two points (one fresh process, more
     rounds), or None where the recheck did not measure both: {verdict, why, rss, time, remat_rss, remat_time,
