@@ -68,7 +68,8 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
                  peer_budget=p.get("budget"), remat_key=best.get("key"))
         v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
         if best.get("keeps_all") and p["peer"] == SAME_STEP_AS_KEEP_ALL:
-            v.update(verdict="ties", why="the same step: remat's plan for the compiled step checkpoints nothing")
+            v.update(verdict="ties", why="the same step: remat's plan for the compiled step checkpoints nothing",
+                     same_step=True)
         else:
             verdict, why = judge(best["rss"], best["time"], p["rss"], p["time"])
             v.update(verdict=verdict, why=why + (" (the per-round ratios overlap: within the rounds' noise)"
@@ -90,9 +91,10 @@ def judge(rss: float, ratio: float, peer_rss: float, peer_ratio: float) -> tuple
 
 def doubtful(v: dict) -> bool:
     """A verdict worth measuring again (`run.py --recheck`): a loss within the rounds' noise, or a tie in which
-    remat's median was the slower (three rounds cannot tell whether it is within TIME_TOL)."""
+    remat's median was the slower (three rounds cannot tell whether it is within TIME_TOL), unless both points
+    are the same step."""
     return (v["verdict"] == "loses" and bool(v.get("noise"))
-            or v["verdict"] == "ties" and v.get("remat_time", 0.0) > v["time"])
+            or v["verdict"] == "ties" and not v.get("same_step") and v.get("remat_time", 0.0) > v["time"])
 
 
 def rechecked(v: dict, recheck: dict | None) -> dict | None:
