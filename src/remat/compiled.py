@@ -155,17 +155,13 @@ def _remat_candidates(model, step: tuple, prof: StepProfile, budget: int, trials
     for _ in range(trials):
         target = target if fit < target < miss else (fit + miss) / 2
         candidate = _eager_plan(eager, int(target), plan_options)
-        key = repr((candidate.segments, candidate.selective, candidate.selective_keeps, candidate.offload))
-        if key in tried:
+        if _key(candidate) in tried:
             break
         measured, counter = _measured(model, candidate, step)
-        tried[key] = (candidate, measured, counter)
-        if measured.peak_bytes <= budget:
-            fit = max(fit, candidate.peak_bytes)
-            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
-                break
-        else:
-            miss = min(miss, candidate.peak_bytes)
+        tried[_key(candidate)] = (candidate, measured, counter)
+        fit, miss, close = _bracketed(measured.peak_bytes, budget, candidate.peak_bytes, (fit, miss))
+        if close:
+            break
         target = candidate.peak_bytes * budget / measured.peak_bytes
     return list(tried.values())
 
@@ -219,26 +215,34 @@ def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, searc
         target = prof.peak_bytes - saving
         target = target if fit < target < miss else (fit + miss) / 2
         checkpoints = _eager_plan(eager, int(target), plan_options)
-        key = repr((checkpoints.segments, checkpoints.selective, checkpoints.selective_keeps, checkpoints.offload))
-        if key in hybrids or not _checkpoints(checkpoints):
+        if _key(checkpoints) in hybrids or not _checkpoints(checkpoints):
             break
         note = (f"torch.compile's activation memory budget {knob.compiler_budget:g} over remat's checkpoints: "
                 "Inductor recomputes within what they leave (NOTE [Plans for a compiled step], Rule 6).")
         candidate = dataclasses.replace(checkpoints, compiler_budget=knob.compiler_budget,
                                         notes=[note, *checkpoints.notes])
         measured, counter = _measured(model, candidate, step)
-        hybrids[key] = (candidate, measured, counter)
-        if measured.peak_bytes <= budget:
-            fit = max(fit, checkpoints.peak_bytes)
-            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
-                break
-        else:
-            miss = min(miss, checkpoints.peak_bytes)
-            if measured.step_s >= bar:  # more checkpoints would only be slower than a candidate that fits
-                break
+        hybrids[_key(checkpoints)] = (candidate, measured, counter)
+        fit, miss, close = _bracketed(measured.peak_bytes, budget, checkpoints.peak_bytes, (fit, miss))
+        if close or measured.peak_bytes > budget and measured.step_s >= bar:  # more checkpoints: slower still
+            break
         saved = max(alone.peak_bytes - measured.peak_bytes, 1 << 20)  # on the compiled step, by this hybrid
         saving = (prof.peak_bytes - checkpoints.peak_bytes) * (alone.peak_bytes - budget) / saved
     return list(hybrids.values())
+
+
+def _key(plan: Plan) -> str:
+    """What a plan of remat's checkpoints checkpoints, to tell a candidate measured before."""
+    return repr((plan.segments, plan.selective, plan.selective_keeps, plan.offload))
+
+
+def _bracketed(peak: int, budget: int, eager_peak: int, bracket: tuple[int, int]) -> tuple[int, int, bool]:
+    """Rule 4's bracket of eager peaks (the largest whose candidate fitted, the smallest whose candidate did not)
+    after a candidate priced at `eager_peak` measured `peak`, and whether that is a fit close enough to stop."""
+    fit, miss = bracket
+    if peak <= budget:
+        return max(fit, eager_peak), miss, peak >= budget * (1 - CLOSE_ENOUGH)
+    return fit, min(miss, eager_peak), False
 
 
 def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
