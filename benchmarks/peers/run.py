@@ -322,8 +322,9 @@ over 0.54-0.77."""
 
 def recheck(args: argparse.Namespace) -> int:
     """The doubtful verdicts of an earlier run (`report.time_verdicts.doubtful`: losses within noise and ties remat
-    was slower in, a torch.compile budget against remat + compile) measured again in one fresh process (worker_recheck.py: the same budgets, the same plans rebuilt from
-    their keys, more rounds), added to the run as `compile.recheck` and judged by the same rule (docs: --from-json)."""
+    was slower in, a torch.compile budget against remat + compile) measured again in one fresh process
+    (worker_recheck.py: the same budgets, the same plans rebuilt from their keys, more rounds), added to the run
+    as `compile.recheck` and judged by the same rule (docs: --from-json)."""
     data = json.loads(Path(args.recheck).read_text())
     models = args.models.split(",") if args.models else list(data["models"])
     done = []

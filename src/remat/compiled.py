@@ -85,19 +85,20 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
 #         not: the compiled step's peak is neither linear nor monotone in the fraction (a 6-block MLP: 128 MiB
 #         at every fraction from 0.52 to 0.95, 136 MiB at 0.47, 126 MiB at 0.39).  A fit within CLOSE_ENOUGH
 #         of the budget, a candidate measured before, or `trials` compilations end the search of that kind.
-# Rule 6: a hybrid sets a compiler fraction that was measured over the budget and adds remat's checkpoints for
-#         what it missed by.  Tried when that fraction ran faster than every candidate that fitted by more than
-#         TIME_NOISE (or none fitted): the fastest such fraction, at most `trials` hybrids.  Inductor's budget
-#         acts on what the checkpoints leave, so the two compose (a 6-block MLP: 1,077 MiB unplanned, 662 MiB
-#         with 3 checkpoints, 661 MiB at budget 0.5, 600 MiB with both).  The checkpoints are a plan priced
-#         eagerly for the eager peak less the miss times the eager/compiled ratio; after a hybrid, the eager
-#         saving is scaled by the compiled saving still needed over the one measured, kept strictly between
-#         the largest eager peak whose hybrid fitted and the smallest whose hybrid did not (as in Rule 4).  A fit
-#         within CLOSE_ENOUGH, a hybrid measured before, or a miss already slower than the fits ends it.
 # Rule 5: of the candidates measured to fit, the fastest measured is applied; those within TIME_NOISE of it
 #         count as equal, and the one of them with the lower measured peak wins.  It carries its measured peak,
 #         counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`, `measured_step_s`).  None fitting
 #         is `remat.InfeasibleBudget`, naming each measured peak: never a plan that was measured not to fit.
+# Rule 6: a hybrid sets a compiler fraction that was measured over the budget and adds remat's checkpoints for
+#         what it missed by.  Tried when that fraction ran faster than every candidate that fitted by more than
+#         TIME_NOISE (or none fitted): the fastest such fraction, at most `trials` hybrids.  Inductor's budget
+#         acts on what the checkpoints leave, not always for the better, so hybrids are measured, never
+#         predicted (6-block MLPs, 3 checkpoints / budget 0.5 / both: 662 / 661 / 600 MiB at width 256,
+#         151 / 167 / 203 MiB at width 128).  The checkpoints are a plan priced eagerly for the eager peak less
+#         the miss times the eager/compiled ratio; after a hybrid, the eager saving is scaled by the compiled
+#         saving still needed over the one measured, kept strictly between the largest eager peak whose hybrid
+#         fitted and the smallest whose hybrid did not (as in Rule 4).  A fit within CLOSE_ENOUGH, a hybrid
+#         measured before, or a miss already slower than the fits ends it.  Rule 5 chooses among all kinds.
 # Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
 
 SEARCH_TRIALS = 4
