@@ -366,7 +366,7 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
     fast = (dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05), counter)
     slow = (dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25), counter)
     hybrids = _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {})
-    assert [c for c, _, _ in hybrids] == seen and 2 <= len(seen) <= 4, [_k(c) for c in seen]
+    assert [c for c, _, _ in hybrids] == seen and 2 <= len(seen) <= 4, [compiled_mod._kind(c) for c in seen]
     assert all(c.compiler_budget == 0.6 and c.segments for c in seen)
     assert hybrids[0][1].peak_bytes > budget and hybrids[-1][1].peak_bytes <= budget  # first too few, then enough
     chosen = _fastest_fit([ours, fast, slow, *hybrids], budget, prof)
@@ -376,7 +376,3 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
     seen.clear()  # no fraction faster than what fits by TIME_NOISE: no hybrid, nothing compiled
     fast = (fast[0], ProcessPeak(alone, 0, 1.26), counter)
     assert _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {}) == [] and not seen
-
-
-def _k(plan) -> str:
-    return compiled_mod._kind(plan)
