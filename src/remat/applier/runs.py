@@ -22,6 +22,13 @@ NOTE [A run of nn.ModuleList entries as one checkpoint]
   Rule 4. RNG and BatchNorm as for every remat checkpoint (the RNG state at the first entry
           is restored for the recomputation; running statistics are put back after it); in
           eval mode, without grad or inside a recomputation the entries run as they are.
+          torch stashes the RNG state of the devices of the checkpoint's positional tensors
+          only (NOTE [How a module is checkpointed in place], Rule 1): the first entry's
+          keyword tensors, tensors its entries' forwards bind by `functools.partial`, and a
+          parameter of the run's entries per GPU none of those is on go to it too, in one
+          last positional tuple that the recomputation drops (`remat.applier.rng`).  The
+          state is stashed when the run opens, so a later entry's keyword tensors count
+          through the entries' parameters (on the same GPU, as they are in practice).
   Rule 5. Under torch.compile each entry of a run is its own checkpoint (torch's, which Dynamo
           traces as one region): opening a checkpoint in one call and closing it in another
           cannot be traced without breaking the graph.  The compiler then keeps the output of
@@ -40,6 +47,7 @@ import torch.nn as nn
 from torch.utils.checkpoint import checkpoint
 
 from remat._torch_compat import in_backward, open_checkpoint, tensor_leaves, tree_flatten, tree_unflatten
+from remat.applier.rng import seen_by_torch
 from remat.applier.wrapping import OWN, _batchnorm_stats_kept, _current_forward, _install, hf_checkpoints
 from remat.errors import RematError
 from remat.module_tree import is_fsdp_unit
@@ -73,7 +81,8 @@ class _Run:
             module = self.entries[k]
             if torch.compiler.is_compiling():  # Rule 5
                 if module.training and torch.is_grad_enabled() and not hf_checkpoints(module):
-                    return checkpoint(self.originals[k], *args, use_reentrant=False, preserve_rng_state=True, **kwargs)
+                    call, positional = seen_by_torch(self.originals[k], [self.originals[k]], [module], args, kwargs)
+                    return checkpoint(call, *positional, use_reentrant=False, preserve_rng_state=True, **kwargs)
                 return self.originals[k](*args, **kwargs)
             if k == 0 and (not (module.training and torch.is_grad_enabled()) or in_backward() or hf_checkpoints(module)):
                 return self.originals[0](*args, **kwargs)  # Rule 4
@@ -101,7 +110,8 @@ class _Run:
                 raise other._out_of_turn(self.names[0])
             self.inputs = {id(t): (i, weakref.ref(t)) for i, t in enumerate(leaves) if isinstance(t, torch.Tensor)}
             self.outputs, self.calls = {}, []
-            self.close = open_checkpoint(self._replay_fn(), *args, **kwargs)
+            call, positional = seen_by_torch(self._replay_fn(), self.originals, self.entries, args, kwargs)  # Rule 4
+            self.close = open_checkpoint(call, *positional, **kwargs)
             _OPEN.append(self)
         else:
             self._unguard()

@@ -7,6 +7,17 @@ NOTE [How a module is checkpointed in place]
   Rule 1. The wrapped forward calls non-reentrant `torch.utils.checkpoint.checkpoint`
           with `preserve_rng_state=True`: dropout masks in the recomputation equal the
           first ones, and inputs that do not require grad are fine (no reentrant pitfall).
+          torch stashes the RNG state only of the devices of its positional tensor
+          arguments (and picks the recomputation's autocast device from them): seen on an
+          H100 2026-11-26, BERT's embeddings, which Hugging Face calls with keywords only,
+          replayed dropout with another mask (gradients off by 5.7e-3, silently; CPU never
+          shows it, its generator is always forked).  So every tensor torch would miss
+          (in keyword arguments, nested or not, bound by `functools.partial` in the
+          forward, and one parameter or buffer per GPU no argument is on) goes to it as
+          one last positional tuple, which the function it runs drops again
+          (`remat.applier.rng`); the recomputation runs the same function on the same
+          inputs.  Under torch.compile the call is as written: the compiled checkpoint
+          replays each random op's own generator.
   Rule 2. In eval mode or under `torch.no_grad()` the original forward runs directly.
   Rule 3. BatchNorm in training mode inside a checkpoint would update its running
           statistics again when recomputed; their values (and `num_batches_tracked`)
@@ -52,6 +63,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward, op_name, tree_flatten
+from remat.applier.rng import seen_by_torch
 from remat.hf import checkpointed_by_hf
 from remat.module_tree import OWN_CHECKPOINT_MARK, WRAPPED_MARK
 from remat.ops import SAVE_OPS, op_signature
@@ -166,7 +178,8 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False, keeps: list[
         if hf_checkpoints(head):  # Rule 7
             return run(*args, **kwargs)
         kept[0] = 0
-        out = checkpoint(run, *args, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
+        call, positional = seen_by_torch(run, originals, segment, args, kwargs)  # Rule 1: every device's RNG
+        out = checkpoint(call, *positional, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
         if selective and keeps:
             _warn_if_none_kept(head, keeps, kept, warned)
         return out

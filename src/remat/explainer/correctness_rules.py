@@ -1,5 +1,5 @@
 """The correctness findings of `remat.explain` (severity CORRECTNESS): checkpoints that change
-what the model learns (reentrant-no-grad-input, rng-not-preserved, batchnorm-recomputed).
+what the model learns (reentrant-no-grad-input, rng-not-preserved, rng-keyword-tensors, batchnorm-recomputed).
 """
 
 from __future__ import annotations
@@ -74,6 +74,45 @@ def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
         "recomputation."
     )
     return Finding("rng-not-preserved", r.module, message, 0, fix, Severity.CORRECTNESS)
+
+
+def rng_keyword_tensors(ev: Evidence) -> list[Finding]:
+    """Non-reentrant checkpoint around dropout whose tensors all come as keywords: right on CPU, but torch saves
+    the GPU random state only for positional tensors' devices, so on a GPU the recomputation draws another mask."""
+    return [_keywords(ev, r) for r in ev.regions
+            if r.keyword_tensors and r.preserve_rng_state and (r.draws_random or _dropouts(ev, r))]
+
+
+def _keywords(ev: Evidence, r: CheckpointRegion) -> Finding:
+    where = f"dropout: {_few(_dropouts(ev, r))}" if _dropouts(ev, r) else "dropout or another random op"
+    names = [n for n in r.keyword_tensors if n != "functools.partial"]
+    given = [f"keyword argument{'s' if len(names) > 1 else ''} {', '.join(names)}"] if names else []
+    given += ["tensors bound by functools.partial"] if "functools.partial" in r.keyword_tensors else []
+    message = (
+        f"{r.label} gets its tensors only as {' and '.join(given)}, none positional, and its forward draws random "
+        f"numbers ({where}). torch's non-reentrant checkpoint saves the GPU random state only for the devices of "
+        "its positional tensor arguments, so on a GPU backward recomputes it with another dropout mask and the "
+        "gradients belong to a different network than the one that produced the loss; nothing fails, training is "
+        "silently off. On CPU it is right (the CPU generator is always saved): a CPU run does not show it."
+    )
+    fix = (
+        f"Pass the tensors positionally: {_positional_call(r, names)}; or let remat.apply checkpoint "
+        f"{r.module or 'the model'} (remat's checkpoints show torch every tensor, however it is passed)."
+    )
+    return Finding("rng-keyword-tensors", r.module, message, 0, fix, Severity.CORRECTNESS)
+
+
+def _positional_call(r: CheckpointRegion, names: list[str]) -> str:
+    """`checkpoint(lambda x, mask: block(x=x, mask=mask), x, mask, use_reentrant=False)` for this checkpoint."""
+    last = r.module.rsplit(".", 1)[-1]
+    callee = last if r.kind == "module" and last.isidentifier() else "layer"
+    names = [n for n in names if n.isidentifier()]
+    if r.via == "checkpoint_wrapper" and names:
+        return f"{callee}({', '.join(names)}) where the model calls it (checkpoint_wrapper passes them on as given)"
+    if not names:
+        return f"checkpoint(lambda t: {callee}(t), t, use_reentrant=False), t no longer bound by functools.partial"
+    params, passed = ", ".join(names), ", ".join(f"{n}={n}" for n in names)
+    return f"checkpoint(lambda {params}: {callee}({passed}), {params}, use_reentrant=False)"
 
 
 def batchnorm_recomputed(ev: Evidence) -> list[Finding]:

@@ -24,6 +24,10 @@ NOTE [Recording the user's checkpoints]
           of remat's around a layer whose forward calls checkpoint itself) keeps or drops
           its checkpoint as it did in forward: otherwise the recomputation saves other
           tensors than the forward did, and torch raises CheckpointError.
+  Rule 8. A non-reentrant call with no tensor among its positional arguments records the
+          keyword arguments that hold its tensors (and "functools.partial" for tensors bound
+          in its function): torch saves the GPU random state only for the devices of
+          positional tensors, so on a GPU its recomputation draws other dropout masks.
 """
 
 from __future__ import annotations
@@ -43,9 +47,11 @@ from remat._torch_compat import (
     intercept_checkpoints,
     rng_fingerprint,
     sequential_segment,
+    tensor_leaves,
     tree_flatten,
     unwrap_callable,
 )
+from remat.applier.rng import bound_tensors
 from remat.applier.wrapping import is_own_checkpoint
 from remat.module_tree import parent_name
 from remat.types import CheckpointCallSite
@@ -147,7 +153,7 @@ class Recorder:
         caller_name = self.names.get(id(caller), "") if caller is not None else ""
         common = dict(
             index=len(self.calls), reentrant=call.reentrant, preserve_rng_state=call.preserve_rng_state,
-            input_requires_grad=_requires_grad(call), depth=len(self._open),
+            input_requires_grad=_requires_grad(call), depth=len(self._open), keyword_tensors=_keyword_tensors(call),
         )
         segment = sequential_segment(call.function)
         if segment is not None:
@@ -193,6 +199,14 @@ def _requires_grad(call: CheckpointCall) -> bool:
         return any(isinstance(a, torch.Tensor) and a.requires_grad for a in call.args)
     flat = tree_flatten((call.args, call.kwargs))[0]
     return any(isinstance(a, torch.Tensor) and a.requires_grad for a in flat)
+
+
+def _keyword_tensors(call: CheckpointCall) -> tuple[str, ...]:
+    """Rule 8: the keyword arguments holding the tensors of a non-reentrant call that has none positional."""
+    if call.reentrant or tensor_leaves(call.args):
+        return ()
+    named = [k for k, v in call.kwargs.items() if tensor_leaves(v)]
+    return (*named, "functools.partial") if bound_tensors(call.function) else tuple(named)
 
 
 def _show(name: str, root: str = "model") -> str:

@@ -11,7 +11,12 @@ The rules live by severity: `memory_rules`, `correctness_rules`, `advice_rules`.
 from __future__ import annotations
 
 from remat.explainer.advice_rules import compiler_fuses_it, measured_with_reserved_memory, no_checkpointing
-from remat.explainer.correctness_rules import batchnorm_recomputed, reentrant_no_grad_input, rng_not_preserved
+from remat.explainer.correctness_rules import (
+    batchnorm_recomputed,
+    reentrant_no_grad_input,
+    rng_keyword_tensors,
+    rng_not_preserved,
+)
 from remat.explainer.evidence import Evidence
 from remat.explainer.memory_rules import (
     activations_not_dominant,
@@ -30,6 +35,7 @@ RULES = (
     activations_not_dominant,
     reentrant_no_grad_input,
     rng_not_preserved,
+    rng_keyword_tensors,
     batchnorm_recomputed,
     measured_with_reserved_memory,
     kv_cache_in_training,

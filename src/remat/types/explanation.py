@@ -49,6 +49,10 @@ class CheckpointCallSite:
     """Some tensor argument requires grad (only top-level tensors count for the reentrant variant)."""
     depth: int
     """Checkpoint calls it runs inside (0: none)."""
+    keyword_tensors: tuple[str, ...] = field(default=(), kw_only=True)
+    """Non-reentrant, with no tensor among its positional arguments: the keyword arguments that hold its
+    tensors ("functools.partial" for tensors bound in the function).  torch saves the GPU random state only
+    for the devices of positional tensors, so on a GPU such a checkpoint does not replay dropout."""
 
 
 @dataclass(frozen=True, slots=True)
