@@ -26,6 +26,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 import remat
 from remat import zoo
+from remat._torch_compat import flop_formulas
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _models import Switch  # noqa: E402
@@ -42,7 +43,7 @@ def step(model, inputs, opt):
 
 
 def flops(model, inputs):
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as fc:  # remat's formulas (GQA)
         model(**inputs).loss.backward()
     model.zero_grad(set_to_none=True)
     return fc.get_total_flops()

@@ -15,6 +15,7 @@ try:  # imported here, before a worker reads its baseline RSS, so that its code 
 except ImportError:  # pragma: no cover
     pass
 
+from remat._torch_compat import flop_formulas
 from remat.verifier.process import high_water_mark_bytes, reset_high_water_mark, resident_bytes
 
 from _models import input_tensors
@@ -89,7 +90,7 @@ def rss_step_peak(bench, fn) -> int:
 
 def flops_and_grads(bench, fn):
     """FlopCounterMode total of forward + backward from seed 0, and the gradients."""
-    with FlopCounterMode(display=False) as fc:
+    with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as fc:  # remat's formulas (GQA)
         grads = grads_of(bench, fn)
     return fc.get_total_flops(), grads
 

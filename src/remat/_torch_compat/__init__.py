@@ -21,7 +21,8 @@ from torch.nn.modules.batchnorm import _BatchNorm  # private: the base class of 
 from torch.nn.modules.dropout import _DropoutNd  # private: the base class of the Dropout modules
 from torch.utils._python_dispatch import TorchDispatchMode  # private module, public-facing class
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # private: pytree (un)flattening
-from torch.utils.flop_counter import flop_registry  # module-level table of FLOP formulas
+
+from remat._torch_compat.flops import flop_formulas, flops_of  # torch's formulas, attention's GQA-aware
 
 __all__ = [
     "BatchNormBase",
@@ -39,6 +40,7 @@ __all__ = [
     "in_backward",
     "op_name",
     "flops_of",
+    "flop_formulas",
     "fake_mode_of",
     "checkpoint_wrapper_type",
     "cuda_autocast_runs_on_cpu",
@@ -65,14 +67,6 @@ def in_backward() -> bool:
 def op_name(func) -> str:
     """The packet name of an aten op overload ("mm" for aten.mm.default)."""
     return func._overloadpacket.__name__
-
-
-def flops_of(func, args, kwargs, out) -> int:
-    """FLOPs of one aten op, with the same formulas `FlopCounterMode` uses (0 if it has none)."""
-    formula = flop_registry.get(func._overloadpacket)
-    if formula is None:
-        return 0
-    return int(formula(*args, **kwargs, out_val=out))
 
 
 @contextlib.contextmanager
@@ -306,7 +300,8 @@ def open_checkpoint(fn: Callable, *args, **kwargs):
     a failed forward).  Tensors saved in between are recomputed in backward by `replay(*inputs)`
     (detached copies), with the RNG state of the start restored, exactly as
     `torch.utils.checkpoint.checkpoint(replay, *inputs, use_reentrant=False)` would; that function
-    is this generator, run by hand."""
+    is this generator, run by hand.  Like it, it stashes the GPU RNG state of the devices of the
+    positional `inputs`' tensors only (`remat.applier.rng.seen_by_torch` adds the others)."""
     fixed = [fn, True, _tuc.noop_context_fn, "default", False, True][:_CHECKPOINT_GENERATOR_FIXED]
     gen = _CHECKPOINT_GENERATOR(*fixed, *args, **kwargs)
     next(gen)
