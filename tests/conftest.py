@@ -25,13 +25,14 @@ PROCESS_TARGETS = __file__.replace("conftest.py", "process_targets.py")
 
 @pytest.fixture
 def process_peak(monkeypatch):
-    """`process_peak(factory, plan_path=None, step="steady", accumulate=1)`: the peak of the measured step
+    """`process_peak(factory, plan_path=None, step="steady", accumulate=1, keep_output=True)`: the peak of the measured step
     of a plain training loop (one Adam kept across steps; the third step in steady mode) of
     tests/process_targets.py:`factory`, measured by the process that ran it in a fresh interpreter
     (NOTE [Measuring a step by the process]), never by remat's tracker.  One intra-op thread, as in this suite."""
     monkeypatch.setenv("REMAT_THREADS", "1")
 
-    def measure(factory: str, plan_path=None, step: str = "steady", accumulate: int = 1) -> int:
-        return step_peak_bytes(f"{PROCESS_TARGETS}:{factory}", plan_path, step=step, accumulate=accumulate).peak_bytes
+    def measure(factory: str, plan_path=None, step: str = "steady", accumulate: int = 1, keep_output: bool = True) -> int:
+        return step_peak_bytes(f"{PROCESS_TARGETS}:{factory}", plan_path, step=step, accumulate=accumulate,
+                               keep_output=keep_output).peak_bytes
 
     return measure

@@ -84,7 +84,9 @@ def _meta(*shape, dtype=torch.bfloat16):
         (_meta(B, H, L, D, dtype=torch.float64), _meta(B, H, L, D, dtype=torch.float64), None, False, False,
          "math"),
         (_meta(B * H, L, D), _meta(B * H, L, D), None, False, False, "math"),  # 3-d inputs
-        (_meta(B, H, L, D), _meta(B, 1, L, D), None, True, True, "cpu"),  # grouped-query: torch's CPU kernel
+        (_meta(B, H, L, D), _meta(B, 1, L, D), None, True, True, "flash"),  # grouped-query: K/V at their own heads
+        (_meta(B, H, L, D, dtype=torch.float32), _meta(B, 1, L, D, dtype=torch.float32), None, True, True,
+         "math"),  # grouped-query in float32: flash cannot, the math path repeats K/V to the query's heads
     ],
 )
 def test_the_attention_kernel_is_the_one_an_sm80_gpu_picks(q, k, mask, causal, gqa, kernel):

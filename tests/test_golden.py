@@ -37,7 +37,7 @@ CASES = {
     "plan_skipnet_ilp": ["plan", "remat.zoo:skipnet", "--mode", "fake", "--budget", "97%", "--solver", "ilp",
                          "--optimizer", "sgd"],
     "plan_skipnet_infeasible": ["plan", "remat.zoo:skipnet", "--mode", "fake", "--budget", "60%"],
-    "plan_gpt2_offload": ["plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--budget", "0.6",
+    "plan_gpt2_offload": ["plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--budget", "0.7",
                          "--offload-bandwidth", "1TB/s", "--device-flops", "1TFLOPs/s"],
     "plan_cnn_verify": ["plan", "remat.zoo:cnn_bn", "--budget", "0.7", "--verify"],
     "explain_report002": ["explain", "remat.explainer.examples:report002"],

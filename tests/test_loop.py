@@ -78,6 +78,7 @@ def test_a_simulated_cuda_step_runs_adams_multi_tensor_kernels():
         ({"accumulate": 0}, "accumulate must be a whole number of micro-batches per optimizer step, 1 or more; saw 0"),
         ({"accumulate": 1.5}, "saw 1.5"),
         ({"step": "third"}, "step must be 'steady'"),
+        ({"keep_output": "logits"}, "keep_output must be True (your loop keeps the model's output until after"),
         ({"optimizer": lambda ps: 1 / 0}, "the optimizer factory raised ZeroDivisionError: division by zero"),
         ({"optimizer": torch.optim.Adam(nn.Linear(2, 2).parameters())}, "2 of the 2 tensors it holds are not"),
     ],

@@ -109,7 +109,8 @@ def test_a_fake_profile_and_its_plans_are_the_same_on_every_run():
     model, x = _chain(blocks=6, batch=4096)
     runs = [remat.profile(model, x, mode="fake", device="cuda", hardware="A100") for _ in range(2)]
     assert runs[0].to_json() == runs[1].to_json()
-    plans = [remat.plan(p, 0.8) for p in runs]
+    floor = runs[0].at_peak.workspaces_bytes  # cuBLAS's workspaces: no plan lowers them
+    plans = [remat.plan(p, floor + int(0.8 * (p.peak_bytes - floor))) for p in runs]
     assert plans[0].to_json() == plans[1].to_json() and plans[0].recompute_s > 0
 
 
@@ -129,7 +130,7 @@ def test_hardware_is_checked():
 def test_a_version_3_profile_reads_as_timed_by_its_tracked_step_or_not_at_all():
     model, x = _chain()
     for prof, expected in ((remat.profile(model, x), "tracked"), (remat.profile(model, x, mode="fake"), "")):
-        text = prof.to_json().replace('"version": 5', '"version": 3')
+        text = prof.to_json().replace('"version": 6', '"version": 3')
         assert StepProfile.from_json(text).timing == expected
 
 

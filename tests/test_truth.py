@@ -114,3 +114,22 @@ def test_scratch_measured_on_ops_the_tracked_step_did_not_run_is_reported_not_pl
     placed, lost = scratch.placed([conv, detach, conv], ([conv, other, conv], [3 << 20, 5 << 20, 4 << 20]))
     assert placed == [4 << 20, 0, 4 << 20] and lost == 5 << 20  # one figure per signature: the most measured
     assert scratch.known([conv, detach]) == [4 << 20, 0] and scratch.known([other, ("mm", 1)]) is None
+
+
+def test_a_loop_that_keeps_only_the_loss_is_predicted_and_holds_less(process_peak):
+    """NOTE [The step that is measured], Rule 6: Hugging Face's Trainer keeps only the loss; a plain loop keeps
+    the output (GPT-2's logits) through backward.  Both loops, by remat and by the process, in real and fake mode."""
+    model, inputs, loss_fn = _target("gpt2")
+    held = remat.profile(model, inputs, loss_fn, optimizer=_adam)
+    loss_only = remat.profile(model, inputs, loss_fn, optimizer=_adam, keep_output=False)
+    fake = remat.profile(model, inputs, loss_fn, optimizer=_adam, mode="fake", keep_output=False)
+    measured_held, measured_loss = process_peak("gpt2"), process_peak("gpt2", keep_output=False)
+    assert _close(held.peak_bytes, measured_held), (held.peak_bytes, measured_held)
+    assert _close(loss_only.peak_bytes, measured_loss), (loss_only.peak_bytes, measured_loss)
+    assert fake.peak_bytes == loss_only.peak_bytes
+    with torch.no_grad():
+        logits_bytes = model(**inputs).logits.untyped_storage().nbytes()
+    assert held.peak_bytes - loss_only.peak_bytes == logits_bytes  # the logits, let go before backward
+    assert measured_held - measured_loss > 0.9 * logits_bytes
+    assert (held.keep_output, loss_only.keep_output) == (True, False)
+    assert "only the loss kept" in str(loss_only) and "output kept until after backward" in str(held)

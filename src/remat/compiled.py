@@ -51,7 +51,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     prof = measure_profile(model, inputs, loss_fn, optimizer, mode, **options)
     if mode != "real" or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof
-    loop = Loop.of(options.get("step", "steady"), options.get("accumulate", 1))
+    loop = Loop.of(options.get("step", "steady"), options.get("accumulate", 1), options.get("keep_output", True))
     measured, counter = independent_step(model, inputs, loss_fn, optimizer, loop, TIMED_STEPS)
     if measured is None:
         return prof

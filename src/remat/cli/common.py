@@ -54,6 +54,10 @@ def add_step_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--first-step", action="store_true",
                    help="measure the first step of a new optimizer (default: the steady state, the step a "
                    "training loop repeats, with the optimizer's state resident from its start)")
+    p.add_argument("--loss-only", action="store_true",
+                   help="your loop keeps only the loss, letting the model's output go before backward, as Hugging "
+                   "Face's Trainer does (default: the output is kept until after backward, as in "
+                   "`out = model(**batch); out.loss.backward()`)")
     p.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="forward/backward passes per optimizer step: gradient accumulation (default: 1)")
     p.add_argument("--world-size", type=int, default=1, metavar="N",
@@ -68,8 +72,10 @@ def add_step_options(p: argparse.ArgumentParser) -> None:
 
 
 def loop_options(args: argparse.Namespace) -> dict:
-    """The `step` and `accumulate` arguments of remat.profile and remat.verify, from the step options."""
-    return {"step": "first" if args.first_step else "steady", "accumulate": args.accumulate}
+    """The `step`, `accumulate` and `keep_output` arguments of remat.profile and remat.verify, from the step
+    options."""
+    return {"step": "first" if args.first_step else "steady", "accumulate": args.accumulate,
+            "keep_output": not args.loss_only}
 
 
 def profile_options(args: argparse.Namespace) -> dict:

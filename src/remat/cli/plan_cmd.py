@@ -105,7 +105,8 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print()
         with spinner("running the step with and without the plan"):
             report = remat.verify(
-                built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer], **loop_options(args)
+                built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer], **loop_options(args),
+                target=args.target,
             )
         print(str(report), end="")
         return EXIT_OK if report.ok else EXIT_ERROR

@@ -39,6 +39,12 @@ class Setup:
     def cuda_real(self) -> bool:
         return self.mode == Mode.REAL and self.target.type == "cuda"
 
+    @property
+    def fake_cuda(self) -> bool:
+        """A CUDA step predicted with fake tensors: what CUDA's libraries allocate beyond tensors is modelled
+        (NOTE [CUDA memory that is no tensor])."""
+        return self.mode == Mode.FAKE and self.target.type == "cuda"
+
 
 def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, step_s: float) -> StepProfile:
     """The StepProfile of the logged step; a `remat:` error if the forward ran no tensor op."""

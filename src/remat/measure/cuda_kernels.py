@@ -2,9 +2,8 @@
 
 NOTE [A CUDA step simulated on CPU]
 Fake tensors on a "cuda" device cannot take part in autograd in a CPU-only build of torch, so
-a `device="cuda"` prediction without a GPU runs its step on CPU fake tensors.  Three kernel
-choices differ between the two devices and change what the step holds; each is made here as
-CUDA makes it:
+a `device="cuda"` prediction without a GPU runs its step on CPU fake tensors.  Where the kernels
+of the two devices differ in what the step holds, the choice is made here as CUDA makes it:
 
 Rule 1 (optimizer).  Adam(W) and friends run their multi-tensor (foreach) kernels on CUDA when
     the user left the choice to torch (`fake.multi_tensor_as_on_cuda`).
@@ -23,14 +22,21 @@ Rule 3 (attention).  `F.scaled_dot_product_attention` runs the kernel an sm80-or
     with torch's default priority (flash, then memory-efficient, then math; `cuda_backend` states
     each kernel's conditions).  The choice matters: CPU runs attention with dropout as the math
     path, which saves the (L, L) probabilities and dropout mask that a fused CUDA kernel never
-    holds.  Grouped-query calls (`enable_gqa` with fewer key heads) keep torch's CPU kernel.
-    GPUs whose torch build prefers cuDNN attention (H100 with a recent cuDNN) save the same
-    output and log-sum-exp as flash.
+    holds.  Grouped-query calls (`enable_gqa` with fewer key heads) run flash with the key and value
+    at their own head count where flash can run them, as CUDA does (H100, torch 2.11: K/V saved at 4
+    heads for 16 query heads), else the math path, which repeats them to the query's heads.  GPUs
+    whose torch build prefers cuDNN attention (H100 with a recent cuDNN) save the same output and
+    log-sum-exp as flash.
 Rule 4 (backward).  Checkpoints recompute their forward inside backward, which must run the same
     kernels as the forward did (or torch raises CheckpointError).  Torch takes a torch-function
     mode off its stack while it handles a call, `loss.backward()` included, so the mode puts
     itself back for the autograd engine's run (`backward_in_mode`).  `torch.autograd.grad`
     called by the user's loss function is not covered.
+Rule 5 (saved as CUDA saves).  Two ops save other tensors on CUDA than on CPU, and run as on CUDA:
+    dropout (`F.dropout`, `nn.Dropout`) is CUDA's fused `native_dropout`, which saves its mask as bool
+    (one byte an element; CPU saves a mask of the input's dtype, 4 bytes for float32: a dropout MLP
+    was predicted 25% high on an H100); `F.rms_norm` is CUDA's fused `_fused_rms_norm`, which saves
+    the input and one float32 statistic per row (CPU's composite saves every intermediate).
 """
 
 from __future__ import annotations
@@ -79,6 +85,10 @@ class CudaKernels(TorchFunctionMode):
             return backward_in_mode(self, func, args, kwargs)
         if func is F.scaled_dot_product_attention:
             return self._attention(*args, **kwargs)
+        if func in (F.dropout, torch.dropout) and torch.is_grad_enabled():
+            return _dropout(*args, **kwargs)
+        if func in (F.rms_norm, torch.rms_norm) and torch.is_grad_enabled():
+            return _rms_norm(*args, **kwargs)
         if not torch.is_autocast_enabled("cpu"):
             return func(*args, **kwargs)
         self.autocast_dtypes.add(torch.get_autocast_dtype("cpu"))
@@ -113,12 +123,9 @@ class CudaKernels(TorchFunctionMode):
     def notes(self) -> list[str]:
         """What the profile says about the kernels simulated (nothing when no attention or autocast ran)."""
         out = []
-        simulated = sorted(k for k in self.attention if k != "cpu")
+        simulated = sorted(self.attention)
         if simulated:
             out.append(f"attention run with the kernel an sm80+ GPU picks for each call: {', '.join(simulated)}.")
-        if "cpu" in self.attention:
-            out.append("grouped-query attention (enable_gqa) run with torch's CPU kernel: its CUDA kernel is not "
-                       "simulated, and may save other tensors.")
         if self.autocast_dtypes:
             dtypes = ", ".join(sorted(str(d).removeprefix("torch.") for d in self.autocast_dtypes))
             out.append(
@@ -138,11 +145,12 @@ def as_on_cuda() -> Iterator[CudaKernels]:
 
 def cuda_backend(query, key, value, attn_mask, is_causal: bool, enable_gqa: bool) -> str:
     """The attention kernel an sm80-or-newer GPU runs for these arguments with torch's default priority:
-    "flash", "efficient", "math", or "cpu" (grouped-query attention, left to torch's CPU kernel)."""
+    "flash", "efficient" or "math" (grouped-query attention: flash, else math)."""
     if not all(t.dim() == 4 for t in (query, key, value)) or 0 in (*query.shape, *key.shape):
         return "math"
     if query.size(1) != key.size(1) or key.size(1) != value.size(1):
-        return "cpu" if enable_gqa else "math"
+        grouped = enable_gqa and key.size(1) == value.size(1) and query.size(1) % key.size(1) == 0
+        return "flash" if grouped and _flash_ok(query, key, value, attn_mask, is_causal) else "math"
     if _flash_ok(query, key, value, attn_mask, is_causal):
         return "flash"
     if _efficient_ok(query, key, value):
@@ -214,6 +222,46 @@ def _efficient(call: Attention):
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, needs_lse, call.dropout_p, call.is_causal, scale=call.scale
     )[0]
+
+
+def _dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False, *, train: bool | None = None):
+    """Rule 5: CUDA's fused dropout, its mask saved as bool (`inplace` too: CUDA's in-place dropout saves the
+    same mask); `F.dropout`'s arguments, or `torch.dropout(input, p, train)`'s."""
+    training = training if train is None else train
+    if not training or p == 0:
+        return input
+    out = torch.ops.aten.native_dropout(input, p, True)[0]
+    return input.copy_(out) if inplace else out
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    """Rule 5: CUDA's fused RMS norm (input and a float32 statistic per row saved)."""
+    return _FusedRmsNorm.apply(input, weight, list(normalized_shape))
+
+
+class _FusedRmsNorm(torch.autograd.Function):
+    """Rule 5: what CUDA's `_fused_rms_norm` allocates and saves, on fake tensors (the step is fake, so values do
+    not matter; CPU has no fused kernel and would decompose it, saving every intermediate)."""
+
+    @staticmethod
+    def forward(ctx, input, weight, normalized_shape):
+        rows = (*input.shape[: input.dim() - len(normalized_shape)], *([1] * len(normalized_shape)))
+        rstd = input.new_empty(rows, dtype=torch.float32)  # (..., 1): one statistic per row
+        out = input * rstd.to(input.dtype)
+        if weight is not None:
+            out.mul_(weight)
+        ctx.save_for_backward(input, rstd, weight)
+        ctx.normalized_shape = normalized_shape
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        input, rstd, weight = ctx.saved_tensors
+        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]]
+        grad_input, grad_weight = torch.ops.aten._fused_rms_norm_backward(
+            grad, input, ctx.normalized_shape, rstd, weight, mask
+        )
+        return grad_input, grad_weight, None
 
 
 def _lower(t) -> bool:

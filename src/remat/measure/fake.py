@@ -136,3 +136,20 @@ def multi_tensor_as_on_cuda(opt: torch.optim.Optimizer) -> bool:
             g["foreach"] = True
             changed = True
     return changed
+
+
+def host_step_counters(opt: torch.optim.Optimizer | None) -> list[torch.Tensor]:
+    """The step counters an optimizer of CUDA parameters keeps in host memory: Adam(W)'s `step` scalars
+    where the group is neither `capturable` nor `fused` (torch makes them CPU tensors then).  On a CUDA step
+    simulated on CPU every fake tensor is a CPU one, so these are named here: no GPU memory holds them."""
+    if opt is None:
+        return []
+    found = []
+    for g in opt.param_groups:
+        if g.get("capturable") or g.get("fused"):
+            continue
+        for p in g["params"]:
+            step = opt.state.get(p, {}).get("step")
+            if isinstance(step, torch.Tensor) and step.dim() == 0:
+                found.append(step)
+    return found

@@ -19,6 +19,13 @@ NOTE [The step that is measured]
           the measured forward to its end (`LeadIn.held`), and through the optimizer step.
   Rule 5. What runs here changes the model, its gradients, the optimizer and the RNG: a real
           step works under `StateSnapshot` (restored after), a fake one on fake copies.
+  Rule 6. `keep_output=True` (the default) is the loop that keeps the model's output object until after
+          backward (`out = model(**b); out.loss.backward()`): every tensor of the output (a Hugging Face
+          model's logits) is live through backward.  `keep_output=False` is the loop that keeps only the loss
+          (Hugging Face's Trainer: its `compute_loss` returns the loss and drops the output): the output is let
+          go when the loss is computed, before backward, and only the loss is held into the next pass (Rule 4).
+          On an H100 the two differ by BERT-base's logits: 18,732 against 16,823 MiB (batch 32 x 512,
+          2026-11-26, ../shared/gpu-facts).
 """
 
 from __future__ import annotations
@@ -47,9 +54,11 @@ class Loop:
 
     step: Step = Step.STEADY
     accumulate: int = 1
+    keep_output: bool = True
+    """Rule 6: the output is held through backward (True) or only the loss is (False)."""
 
     @classmethod
-    def of(cls, step: str, accumulate: int) -> "Loop":
+    def of(cls, step: str, accumulate: int, keep_output: bool = True) -> "Loop":
         if step not in tuple(Step):
             raise RematError(
                 f"remat: step must be 'steady' (the step a training loop repeats) or 'first'; saw {step!r}. "
@@ -60,24 +69,34 @@ class Loop:
                 f"remat: accumulate must be a whole number of micro-batches per optimizer step, 1 or more; "
                 f"saw {accumulate!r}. Fix: pass accumulate=1 (no gradient accumulation) or the K of your loop."
             )
-        return cls(Step(step), accumulate)
+        if not isinstance(keep_output, bool):
+            raise RematError(
+                f"remat: keep_output must be True (your loop keeps the model's output until after backward) or "
+                f"False (it keeps only the loss, as Hugging Face's Trainer does); saw {keep_output!r}. "
+                "Fix: pass keep_output=True or keep_output=False."
+            )
+        return cls(Step(step), accumulate, keep_output)
 
 
 def micro_batch(
-    model: nn.Module, step: StepInputs, loss_fn: Callable | None, held: list, mark: Callable[[], None] | None = None
+    model: nn.Module, step: StepInputs, loss_fn: Callable | None, held: list, mark: Callable[[], None] | None = None,
+    keep_output: bool = True,
 ) -> None:
     """One untracked forward, loss and backward, as the user's loop runs it: `held` has the previous
-    pass's output and loss until the forward returns, and this pass's after (Rule 4).  `mark()`, if
-    given, is called after the loss and after backward (where a timer splits the pass)."""
+    pass's output and loss until the forward returns, and this pass's after (Rule 4); without `keep_output`
+    the output is let go before backward and only the loss is held (Rule 6).  `mark()`, if given, is called
+    after the loss and after backward (where a timer splits the pass)."""
     out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
     held.clear()
     loss = run_user_code("the loss", lambda: compute_loss(out, loss_fn))
+    if not keep_output:
+        out = None
     if mark is not None:
         mark()
     run_user_code("backward", loss.backward)
     if mark is not None:
         mark()
-    held += [out, loss]
+    held += [out, loss] if keep_output else [loss]
 
 
 def optimizer_step_of_loop(
@@ -87,7 +106,7 @@ def optimizer_step_of_loop(
     """One step of the user's loop, untracked: K passes (Rule 2), then the optimizer step; the caller clears
     the gradients after it, as `zero_grad` does."""
     for _ in range(loop.accumulate):
-        micro_batch(model, step, loss_fn, held)
+        micro_batch(model, step, loss_fn, held, keep_output=loop.keep_output)
     if opt is not None:
         run_user_code("the optimizer step", opt.step)
 
@@ -128,7 +147,7 @@ def lead_in(
             optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
             clear_grads(model, opt)
     for _ in range(loop.accumulate - 1):
-        micro_batch(model, step, loss_fn, held)
+        micro_batch(model, step, loss_fn, held, keep_output=loop.keep_output)
     return LeadIn(first_peak, held)
 
 

@@ -16,7 +16,7 @@ from remat._torch_compat.distributed import fsdp_gathered, is_compiled, uncompil
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
-from remat.measure import cuda_kernels, fake, roofline, scratch
+from remat.measure import cuda_kernels, cuda_workspaces, fake, roofline, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
@@ -33,10 +33,10 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
-from remat.measure.timing import StepTimes, best_of, identity, settle, time_loop
+from remat.measure.timing import StepTimes, host_bandwidth, identity, settle, time_loop
 from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
-from remat.types import Mode, StepProfile
+from remat.types import Mode, Step, StepProfile
 
 CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator's block granularity
 SIMULATED_NOTE = (
@@ -66,6 +66,7 @@ def profile(
     world_size: int = 1,
     wrap: Any = "fsdp",
     hardware: str | None = None,
+    keep_output: bool = True,
 ) -> StepProfile:
     """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
 
@@ -73,16 +74,16 @@ def profile(
         >>> prof = remat.profile(model, torch.randn(8, 1024), optimizer=torch.optim.Adam(model.parameters()))
         >>> prof.peak_bytes, prof.peak_phase, prof.blocks[0].saved_bytes
 
-    `mode="real"` runs the step on the model's device and counts live tensor storages;
-    `mode="fake"` predicts the same figures with fake tensors, allocating nothing, also
-    for a `device="cuda"` this machine does not have, its seconds by the roofline of `hardware`
-    ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of a step]).  The model, its
-    optimizer and the RNG are left as they were (a real step's updates are undone).
+    `mode="real"` runs the step on the model's device and counts live tensor storages; `mode="fake"` predicts
+    the same figures with fake tensors, allocating nothing, also for a `device="cuda"` this machine does not
+    have, its seconds by the roofline of `hardware` ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of
+    a step]).  The model, its optimizer and the RNG are left as they were.
 
-    `step="steady"` (the default) measures the step a training loop repeats, with the
-    optimizer's state resident from its start; `step="first"` the first step of the
-    optimizer as given.  `accumulate=K` runs K forward/backward passes of `inputs` per
-    optimizer step (gradient accumulation).  See NOTE [The step that is measured].
+    `step="steady"` (the default) measures the step a training loop repeats, with the optimizer's state
+    resident from its start; `step="first"` the first step of the optimizer as given.  `accumulate=K` runs K
+    forward/backward passes per optimizer step.  `keep_output=True` (the default) is a loop that keeps the
+    output until after backward (`out = model(**b); out.loss.backward()`), `False` one that keeps only the loss
+    (Hugging Face's Trainer).  See NOTE [The step that is measured].
 
     A model wrapped in DistributedDataParallel or sharded with FSDP2 is profiled as the
     rank this runs in sees its step (NOTE [A rank's step]).  `world_size=N` with
@@ -92,12 +93,11 @@ def profile(
     (NOTE [N ranks from one process]).  Of a compiled model: the model inside, eagerly, and the compiled
     step's peak by the process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
 
-    Known limitations: memory a kernel allocates and frees inside one op (cuBLAS workspaces) is not
-    seen; in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; a simulated CUDA target
-    runs CPU kernels but for the optimizer, autocast and attention (NOTE [A CUDA step simulated on CPU])."""
+    Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run, and CUDA's
+    workspaces are modelled from H100 measurements (NOTE [CUDA memory that is no tensor])."""
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
-    options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate), hardware)
+    options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate, keep_output), hardware)
     args = (model, inputs, loss_fn, optimizer, options)
     prof = _profile(*args) if world_size == 1 else _predict_ranks(*args, (world_size, wrap))
     return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if is_compiled(compiled) else prof
@@ -188,7 +188,8 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
             opt = fake.fake_optimizer(opt, table, fake_mode, run_device)
         if opt is not None and run.setup.target.type == "cuda" and fake.multi_tensor_as_on_cuda(opt):
             run.setup.notes.append(fake.FOREACH_NOTE)
-        run.setup.notes.extend(scratch.unestimated_notes(run.setup.target.type))
+        if not run.setup.fake_cuda:
+            run.setup.notes.extend(scratch.unestimated_notes(run.setup.target.type))
         run.setup.notes.extend([PACKED_NOTE] if packed else [])
         kernels = cuda_kernels.as_on_cuda() if run.setup.simulated else contextlib.nullcontext()
         with fake_mode, kernels as simulated:  # NOTE [A CUDA step simulated on CPU]
@@ -226,21 +227,13 @@ class _Run:
             lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,  # NOTE [A rank's
                            warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)  # step], Rule 3
             kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
-            if cuda_real:
-                torch.cuda.synchronize()
-                torch.cuda.reset_peak_memory_stats()
-                base_allocated = torch.cuda.memory_allocated()
+            base_allocated = _reset_cuda_peak() if cuda_real else 0
             t0 = time.perf_counter()
             self._step(tracker, io, step, opt, kinds, lead.held)
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
+        self._as_the_device_holds_it(tracker, opt, base_allocated)
         if cache.turned_off:
             self.setup.notes.append(CACHE_NOTE)
-        if cuda_real:
-            torch.cuda.synchronize()
-            allocator_peak = torch.cuda.max_memory_allocated() - base_allocated
-            self.setup.notes.append(
-                f"torch.cuda.max_memory_allocated() over the step, above its start: {allocator_peak} bytes"
-            )
         timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt),
                         io.modules)
         prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
@@ -252,13 +245,28 @@ class _Run:
         par = self.parallel
         notes += par.notes() if self.setup.mode == Mode.REAL else []  # a prediction says so itself
         prof = dataclasses.replace(
-            prof, step=str(self.loop.step), accumulate=self.loop.accumulate, first_step_peak_bytes=first_peak,
+            prof, step=str(self.loop.step), accumulate=self.loop.accumulate, keep_output=self.loop.keep_output,
+            first_step_peak_bytes=first_peak,
             notes=prof.notes + notes, parallel=par.kind, world_size=par.world_size, rank=par.rank,
             **timing,
         )
         if cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
+
+    def _as_the_device_holds_it(self, tracker: Tracker, opt, base_allocated: int) -> None:
+        """A CUDA step's memory that is no tensor: cuBLAS's workspaces, and (fake) Adam's host step counters
+        left out (NOTE [CUDA memory that is no tensor], Rule 1); a real step notes the allocator's own peak."""
+        steady = self.loop.step == Step.STEADY
+        if self.setup.fake_cuda:
+            cuda_workspaces.as_cuda_holds_it(tracker, opt, self.setup.hardware.name, steady)
+        if self.setup.cuda_real:
+            torch.cuda.synchronize()
+            cuda_workspaces.add_cublas_workspaces(tracker, cuda_workspaces.device_arch(self.setup.target), steady)
+            peak = torch.cuda.max_memory_allocated()
+            self.setup.notes.append(
+                f"torch.cuda.max_memory_allocated() over the step: {peak} bytes, {peak - base_allocated} above its start"
+            )
 
     def _time_again(self, step: StepInputs, opt) -> StepTimes:
         """NOTE [The seconds of a step], Rule 1: timed steps of the loop after the tracked one."""
@@ -275,6 +283,8 @@ class _Run:
         """NOTE [Kernel scratch]: the allocator's peak on CUDA, else estimated per op (Rule 3) until measured."""
         if self.setup.cuda_real:
             return scratch.CudaAllocatorPeak()
+        if self.setup.fake_cuda:
+            return cuda_workspaces.CudaWorkspaces()  # NOTE [CUDA memory that is no tensor]
         return scratch.Estimate(self.setup.target.type, signed=self.setup.mode == Mode.REAL)
 
     def _measured_scratch(self, signatures: list, step: StepInputs, opt, restore) -> list[int]:
@@ -309,6 +319,8 @@ class _Run:
                     held.clear()
                     phase("loss")
                     loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))
+                    if not self.loop.keep_output:  # NOTE [The step that is measured], Rule 6
+                        out = None
                 phase("backward")
                 run_user_code("backward", loss.backward)
                 kinds["grads"] += [p.grad for p in model.parameters() if p.grad is not None]
@@ -323,24 +335,17 @@ class _Run:
                 tracker.modules = None
 
 
+def _reset_cuda_peak() -> int:
+    """The allocator's peak reset to what is allocated now, which it returns."""
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    return torch.cuda.memory_allocated()
+
+
 def _model_device(model: nn.Module) -> torch.device:
     for t in list(model.parameters()) + list(model.buffers()):
         return t.device if t.device.type != "meta" else torch.device("cpu")
     return torch.device("cpu")
-
-
-def host_bandwidth(device: torch.device, nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
-    """Bytes per second of a pinned host<->device round trip (best of a few): what offloading costs."""
-    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
-    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
-
-    def round_trip() -> None:
-        torch.cuda.synchronize(device)
-        pinned.copy_(on_device, non_blocking=True)
-        on_device.copy_(pinned, non_blocking=True)
-        torch.cuda.synchronize(device)
-
-    return 2 * nbytes / best_of(round_trip, repeats)
 
 
 def _phase_setter(tracker: Tracker, progress: Progress | None):

@@ -138,7 +138,7 @@ def measure_scratch(
         meter = ScratchMeter()
         held = lead_in(model, step, loss_fn, opt, loop).held
         with meter:
-            micro_batch(model, step, loss_fn, held)
+            micro_batch(model, step, loss_fn, held, keep_output=loop.keep_output)
             if opt is not None:
                 run_user_code("the optimizer step", opt.step)
         return {"ops": meter.ops, "scratch": meter.scratch}

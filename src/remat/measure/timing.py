@@ -177,9 +177,9 @@ def time_loop(
 
     def last_pass(mark: Callable[[], None]) -> None:
         for _ in range(loop.accumulate - 1):
-            micro_batch(model, step, loss_fn, held)
+            micro_batch(model, step, loss_fn, held, keep_output=loop.keep_output)
         mark()
-        micro_batch(model, step, loss_fn, held, mark)
+        micro_batch(model, step, loss_fn, held, mark, keep_output=loop.keep_output)
         if opt is not None:
             run_user_code("the optimizer step", opt.step)
         mark()
@@ -298,3 +298,17 @@ def best_of(run: Callable[[], object], repeats: int) -> float:
 def _micro(seconds: float) -> float:
     """Whole microseconds, at least 0: the noise of the measurement is about 1 us."""
     return max(0, round(seconds * 1e6)) / 1e6
+
+
+def host_bandwidth(device: torch.device, nbytes: int = 64 * 2**20, repeats: int = 3) -> float:
+    """Bytes per second of a pinned host<->device round trip (best of a few): what offloading costs."""
+    on_device = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    pinned = torch.empty(nbytes, dtype=torch.uint8, pin_memory=True)
+
+    def round_trip() -> None:
+        torch.cuda.synchronize(device)
+        pinned.copy_(on_device, non_blocking=True)
+        on_device.copy_(pinned, non_blocking=True)
+        torch.cuda.synchronize(device)
+
+    return 2 * nbytes / best_of(round_trip, repeats)

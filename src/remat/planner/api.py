@@ -255,16 +255,18 @@ def _needs_a_chain(solver: Solver) -> Iterator[None]:
 
 def _infeasible(profile: StepProfile, problem: Problem, solver: str, budget: int, time_limit_s: float) -> InfeasibleBudget:
     least = _min_bytes(problem, solver, time_limit_s)
-    fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes
+    workspaces = profile.at_peak.workspaces_bytes
+    fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes + workspaces
     share = fixed / least if least else 0.0
+    parts = "parameters + gradients + optimizer state" + (" + cuBLAS's workspaces" if workspaces else "")
     if share >= FIXED_DOMINATES:
         why = (
-            f"parameters + gradients + optimizer state are {fixed / MIB:,.1f} MiB of it ({share:.0%}): "
+            f"{parts} are {fixed / MIB:,.1f} MiB of it ({share:.0%}): "
             "checkpointing cannot go lower; see sharding, mixed precision or a smaller optimizer"
         )
     else:
         why = (
-            f"parameters + gradients + optimizer state are {fixed / MIB:,.1f} MiB of it ({share:.0%}); the rest is "
+            f"{parts} are {fixed / MIB:,.1f} MiB of it ({share:.0%}); the rest is "
             "what the least-memory plan still holds at its peak (block inputs, one block recomputed, the output)"
         )
     already = already_checkpointed_note(profile)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import textwrap
 from collections import Counter
 
 from rich import box
@@ -10,6 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from remat.types import BY_HAND, Plan
+from remat.types.capped import EXPANDABLE
 from remat.types.verification import GRAD_NOISE_FACTOR, PREDICTION_AGREES
 from remat.report.text import REPORT_WIDTH, fmt_bytes, fmt_timing
 
@@ -100,6 +102,42 @@ def _grad_expected(report) -> str:
     return f"<= {report.tolerance:g}"
 
 
+def _cuda_rows(table: Table, cuda) -> None:
+    """The CUDA runs of NOTE [The budget is the GPU's memory]: each run's allocated and reserved peaks."""
+    budget = fmt_bytes(cuda.budget_bytes, "auto") if cuda.budget_bytes is not None else "no budget"
+    runs = [("capped at the budget", cuda.capped), (EXPANDABLE + ", capped", cuda.expandable),
+            ("no cap", cuda.uncapped), ("without the plan, no cap", cuda.unplanned)]
+    for name, run in runs:
+        if run is None:
+            continue
+        capped = run.cap_bytes is not None
+        if not run.ran:
+            table.add_row(f"CUDA step, {name}", "out of memory", f"<= {budget}", "OVER" if capped else "")
+            continue
+        fits = cuda.budget_bytes is None or run.reserved_bytes <= cuda.budget_bytes
+        table.add_row(f"CUDA step, {name}: reserved", fmt_bytes(run.reserved_bytes, "auto"),
+                      f"<= {budget}" if capped else "", ok_word(fits) if capped else "")
+        table.add_row("  allocated (max_memory_allocated)", fmt_bytes(run.allocated_bytes, "auto"), "", "")
+
+
+def ok_word(flag: bool) -> str:
+    return "ok" if flag else "OVER"
+
+
+def _cuda_verdict(report) -> str:
+    """After the table: where the CUDA step ran, the verdict, torch's own words where it ran out, and the fix."""
+    cuda, verdict = report.cuda, report.cuda_verdict
+    if cuda is None:
+        return ""
+    lines = [f"CUDA, {cuda.where}" + (f" ({cuda.why_here})" if cuda.why_here else "") + f": {verdict.message}."]
+    for run in (cuda.capped, cuda.expandable):
+        if run is not None and not run.ran:
+            lines.append("torch: " + run.out_of_memory.split(" If reserved but unallocated")[0].strip())
+    if verdict.fix:
+        lines.append(f"Fix: {verdict.fix}.")
+    return "".join(textwrap.fill(line, REPORT_WIDTH) + "\n" for line in lines)
+
+
 def render_verify(report) -> str:
     """A `VerifyReport` as text: gradients, buffers, FLOPs and peak, each with its verdict."""
     out = io.StringIO()
@@ -135,6 +173,8 @@ def render_verify(report) -> str:
         )
     if report.budget_bytes is not None:
         table.add_row("budget", fmt_bytes(report.budget_bytes, "auto"), "", ok(report.fits_budget))
+    if report.cuda is not None:
+        _cuda_rows(table, report.cuda)
     if report.predicted_offload_bytes or report.measured_offload_bytes:
         table.add_row(
             "offloaded to CPU memory",
@@ -146,4 +186,4 @@ def render_verify(report) -> str:
     if report.timed:
         _time_rows(table, report)
     console.print(table)
-    return out.getvalue().rstrip() + "\n"
+    return out.getvalue().rstrip() + "\n" + _cuda_verdict(report)

@@ -31,6 +31,7 @@ _CATEGORY_LABELS = {
     "grads": "gradients",
     "optimizer": "optimizer state",
     "gathered": "gathered parameters (FSDP)",
+    "workspaces": "library workspaces (cuBLAS)",
     "activations": "activations (saved for backward)",
     "temporaries": "temporaries",
     "scratch": "kernel scratch (no tensor)",
@@ -175,7 +176,16 @@ def _header_lines(p: StepProfile) -> list[str]:
         work += f", step {fmt_ms(p.step_time_s)} ms ({fmt_timing(p.timing)})"
     elif p.step_s > 0:
         work += f", step {p.step_s:.2f} s (with tracking overhead)"
-    return [f"remat profile of {p.model}: {where}", peak, at, state, work]
+    return [f"remat profile of {p.model}: {where}", _loop_line(p), peak, at, state, work]
+
+
+def _loop_line(p: StepProfile) -> str:
+    """Which step of which loop the figures are (NOTE [The step that is measured])."""
+    step = "steady step (the optimizer's state resident)" if p.step == "steady" else "first step of the optimizer"
+    passes = f", {p.accumulate} micro-batches per optimizer step" if p.accumulate > 1 else ""
+    kept = ("the output kept until after backward" if p.keep_output
+            else "only the loss kept (the output let go before backward)")
+    return f"loop: {step}{passes}, {kept}"
 
 
 def _breakdown_table(at_peak: Breakdown, end_fwd: Breakdown) -> Table:
@@ -186,8 +196,8 @@ def _breakdown_table(at_peak: Breakdown, end_fwd: Breakdown) -> Table:
     peak_total, fwd_total = at_peak.total_bytes, end_fwd.total_bytes
     peak_parts, fwd_parts = at_peak.as_dict(), end_fwd.as_dict()
     for cat in CATEGORIES:
-        if cat == "gathered" and not (peak_parts[cat] or fwd_parts[cat]):
-            continue  # a row only where FSDP gathers
+        if cat in ("gathered", "workspaces") and not (peak_parts[cat] or fwd_parts[cat]):
+            continue  # a row only where FSDP gathers, or a GPU's libraries keep memory
         table.add_row(
             _CATEGORY_LABELS[cat],
             _amount(peak_parts[cat], peak_total),

@@ -15,18 +15,22 @@ from remat.types import _json
 from remat.types._text import render
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 5
+PROFILE_VERSION = 6
 """2: BlockProfile gained the selective, op-count, offload and container fields.
 3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
 4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
    `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`).
-5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs)."""
+5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs).
+6: `keep_output`, the loop measured (earlier profiles kept the output through backward), and
+   `Breakdown.workspaces_bytes` (cuBLAS's workspaces of a CUDA step)."""
 
 COMPILED_PEAK_MARGIN = 0.02
 """Two measurements of one compiled step by the process counter differed by up to 1.5% (tests/test_compile.py):
 a budget needs this margin over `compiled_peak_bytes` to count as met (NOTE [A compiled step's peak])."""
 PHASES = ("forward", "loss", "backward", "optimizer")
-CATEGORIES = ("params", "buffers", "inputs", "grads", "optimizer", "gathered", "activations", "temporaries", "scratch")
+CATEGORIES = (
+    "params", "buffers", "inputs", "grads", "optimizer", "gathered", "workspaces", "activations", "temporaries", "scratch"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +52,9 @@ class Breakdown:
     """Optimizer state (Adam's exp_avg / exp_avg_sq, momentum buffers, ...)."""
     gathered_bytes: int = 0
     """Parameters FSDP2 all-gathered for the units computing (and prefetched) then: 0 without FSDP."""
+    workspaces_bytes: int = 0
+    """Memory a GPU's libraries keep that is no tensor (cuBLAS's workspace per thread that ran a matmul,
+    NOTE [CUDA memory that is no tensor]): 0 on CPU."""
     activations_bytes: int = 0
     """Tensors made in forward or loss and saved by autograd for backward."""
     temporaries_bytes: int = 0
@@ -273,6 +280,9 @@ class StepProfile:
     state resident) or "first" (NOTE [The step that is measured] in `remat.measure.loop`)."""
     accumulate: int = 1
     """Forward/backward passes per optimizer step; the figures are those of the last pass and the optimizer step."""
+    keep_output: bool = True
+    """The loop measured keeps the model's output until after backward (True) or only the loss (False, Hugging Face's
+    Trainer) (NOTE [The step that is measured], Rule 6)."""
     first_step_peak_bytes: int | None = None
     """Peak live tensor bytes of the first step, metered before a steady-state measurement (None for step="first")."""
     parallel: str = ""
@@ -332,7 +342,7 @@ class StepProfile:
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
-            upgrades={2: _from_version_2, 3: _from_version_3, 4: _from_version_4},
+            upgrades={2: _from_version_2, 3: _from_version_3, 4: _from_version_4, 5: _from_version_5},
         )
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
@@ -361,4 +371,9 @@ def _from_version_3(data: dict) -> dict:
 
 def _from_version_4(data: dict) -> dict:
     """Version 4 profiles had no selective variants: their plans keep matmul-like outputs only."""
-    return data
+    return _from_version_5(data)
+
+
+def _from_version_5(data: dict) -> dict:
+    """Version 5 profiles measured a loop that keeps the output through backward."""
+    return {**data, "keep_output": True}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from remat.types._text import render
+from remat.types.capped import CapVerdict, CudaCheck
 
 
 PREDICTION_AGREES = 0.05
@@ -69,6 +70,14 @@ class VerifyReport:
     grad_noise: float = 0.0
     """On CUDA, the largest |difference| between the gradients of two runs of the unplanned step from the same RNG
     state (non-deterministic kernels); 0.0 on CPU, whose kernels are deterministic, and where it was not measured."""
+    cuda: CudaCheck | None = None
+    """On CUDA, the planned step run again in a process capped at the budget, with `max_memory_allocated` and
+    `max_memory_reserved` (NOTE [The budget is the GPU's memory] in `remat.verifier.verify`); None on CPU."""
+
+    @property
+    def cuda_verdict(self) -> CapVerdict | None:
+        """Whether the budget held on the GPU (the allocator's reserve, not the allocated peak); None on CPU."""
+        return None if self.cuda is None else self.cuda.verdict(self.measured_peak_bytes)
 
     @property
     def grad_tolerance(self) -> float:
@@ -127,7 +136,8 @@ class VerifyReport:
     @property
     def ok(self) -> bool:
         """Gradients and buffers equal, FLOPs as predicted, the tracked peak within 5% of the prediction and
-        within 3% of the independent counter, and the step within the plan's budget."""
+        within 3% of the independent counter, and the step within the plan's budget; on CUDA also the step run to
+        its end in a process capped at the budget, with the default allocator or with expandable segments."""
         return (
             self.grads_equal
             and self.buffers_equal
@@ -135,6 +145,7 @@ class VerifyReport:
             and abs(self.peak_error) <= PREDICTION_AGREES
             and self.counters_agree
             and self.fits_budget
+            and (self.cuda is None or self.cuda_verdict.ok)
         )
 
     def __str__(self) -> str:

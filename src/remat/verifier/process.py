@@ -22,10 +22,14 @@ NOTE [Measuring a step by the process]
           (`forked_peak_bytes`): the caller's model, optimizer and memory are untouched.  The copy
           runs on one thread: a forked process cannot use its parent's OpenMP threads.
   Rule 6. On CUDA the counter is the caching allocator's `max_memory_allocated()` over the measured
-          step, minus what was allocated before it, plus the step's resident tensors (`cuda_peak_bytes`).
+          step, minus what was allocated before it, plus the step's resident tensors and cuBLAS's
+          workspaces (as much of what was allocated before it beyond those tensors as two workspaces
+          take: the rest is other memory of this process; `cuda_peak_bytes`).
 
 `python -m remat.verifier.process TARGET [--plan F] [--optimizer adam|sgd|none] [--step steady|first]
-[--accumulate K]` runs the loop of a TARGET in this fresh process and prints `RESULT {json}`.
+[--accumulate K] [--loss-only]` runs the loop of a TARGET in this fresh process and prints `RESULT {json}`.
+On CUDA, `--device cuda [--budget-bytes N | --device-fraction F] [--alloc-conf S] [--saved F]` caps the caching
+allocator and measures its reserve too (NOTE [The budget is the GPU's memory] in `remat.verifier.verify`).
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from remat.procmem import (
     reset_high_water_mark,
     resident_bytes,
 )
+from remat.measure.cuda_workspaces import cublas_workspace_bytes, device_arch
 from remat.measure.loop import Loop, clear_grads, optimizer_step_of_loop, resident_tensors, storage_bytes, tensors_in
 from remat.measure.parallel import ddp_bucket_total
 from remat.measure.step import make_optimizer, normalize_inputs
@@ -71,27 +76,69 @@ class ProcessPeak:
     """Wall seconds of a step of the loop as it ran here: the fastest step timed after the first (which holds
     compilation and the optimizer state's creation), or the first when it is the only one.  A forked copy runs
     on one thread."""
+    allocated_peak_bytes: int = 0
+    """On CUDA, `torch.cuda.max_memory_allocated()` over the measured step: all of the process's allocations."""
+    reserved_peak_bytes: int = 0
+    """On CUDA, `torch.cuda.max_memory_reserved()` over the measured step: the caching allocator's segments."""
+    out_of_memory: str = ""
+    """On CUDA, the `torch.cuda.OutOfMemoryError` message where the loop ran out of memory (under a cap, NOTE [The
+    budget is the GPU's memory]); "" where it ran."""
 
 
 def step_peak_bytes(
-    target: str, plan_path: str | None = None, optimizer: str = "adam", step: str = "steady", accumulate: int = 1
+    target: str, plan_path: str | None = None, optimizer: str = "adam", step: str = "steady", accumulate: int = 1,
+    *, keep_output: bool = True, device: str | None = None, budget_bytes: int | None = None, alloc_conf: str | None = None,
 ) -> ProcessPeak:
     """Run the loop of `target` in a fresh interpreter (Rules 1 and 4) and return its measured step's peak.
 
     Example:
         >>> step_peak_bytes("remat.zoo:mlp_report000").peak_bytes
 
+    On CUDA (`device`), the process's caching allocator can be capped at `budget_bytes` and run with
+    PYTORCH_CUDA_ALLOC_CONF=`alloc_conf` (NOTE [The budget is the GPU's memory]).
+
     Known limitations: Linux only (/proc).
     """
     cmd = [sys.executable, "-m", "remat.verifier.process", target, "--optimizer", optimizer, "--step", step]
-    cmd += ["--accumulate", str(accumulate)]
+    cmd += ["--accumulate", str(accumulate)] + ([] if keep_output else ["--loss-only"])
     if plan_path is not None:
         cmd += ["--plan", str(plan_path)]
-    env = {**os.environ, **PROCESS_ENV}
+    cmd += device_options(device, budget_bytes, alloc_conf)
+    return run_measuring(cmd, {**os.environ, **PROCESS_ENV, **alloc_env(alloc_conf)})
+
+
+def device_options(device: str | None, budget_bytes: int | None, alloc_conf: str | None) -> list[str]:
+    """The runner's options for a CUDA step: where it runs, its cap, its allocator's settings."""
+    cmd = [] if device is None else ["--device", device]
+    cmd += [] if budget_bytes is None else ["--budget-bytes", str(budget_bytes)]
+    return cmd + ([] if alloc_conf is None else ["--alloc-conf", alloc_conf])
+
+
+def alloc_env(alloc_conf: str | None) -> dict[str, str]:
+    """The environment that sets the caching allocator's settings before torch is imported (both of the names
+    torch reads: PYTORCH_ALLOC_CONF, which newer releases read first, and PYTORCH_CUDA_ALLOC_CONF)."""
+    return {} if alloc_conf is None else {"PYTORCH_CUDA_ALLOC_CONF": alloc_conf, "PYTORCH_ALLOC_CONF": alloc_conf}
+
+
+UNLOADABLE_EXIT = 3
+"""The runner's exit status where the model saved for it (`--saved`) cannot be loaded in a fresh interpreter."""
+
+
+class Unloadable(Exception):
+    """The fresh interpreter could not load the saved model (its class is not importable there)."""
+
+
+def run_measuring(cmd: list[str], env: dict[str, str]) -> ProcessPeak:
+    """Run the runner's command line `cmd` and read its `RESULT`; its `remat:` error is raised as one."""
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     for line in done.stdout.splitlines():
         if line.startswith("RESULT "):
             return ProcessPeak(**json.loads(line[len("RESULT ") :]))
+    if done.returncode == UNLOADABLE_EXIT:
+        raise Unloadable(done.stderr.strip()[-2000:])
+    refused = [line for line in done.stderr.splitlines() if line.startswith("remat: ")]
+    if refused:
+        raise RematError(refused[-1])
     raise RuntimeError(f"the measuring process failed ({' '.join(cmd)}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
 
@@ -139,8 +186,17 @@ def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
         torch.cuda.synchronize()
         seconds.append(time.perf_counter() - start)
         if i == steps - 1:
-            peak = torch.cuda.max_memory_allocated() - before + resident
-    return ProcessPeak(peak, resident, min(seconds[1:] or seconds))
+            peak = torch.cuda.max_memory_allocated() - before + resident + _workspaces(before - resident, model)
+            allocated, reserved = torch.cuda.max_memory_allocated(), torch.cuda.max_memory_reserved()
+    return ProcessPeak(peak, resident, min(seconds[1:] or seconds), allocated, reserved)
+
+
+def _workspaces(untracked: int, model: nn.Module) -> int:
+    """Rule 6: of what the allocator held before the step beyond its resident tensors, the cuBLAS workspaces of
+    the two threads that run matmuls (NOTE [CUDA memory that is no tensor], Rule 1), which the step holds too;
+    the rest (another model, a snapshot of this one) is not the step's."""
+    device = next((p.device for p in model.parameters()), torch.device("cuda"))
+    return min(max(0, untracked), 2 * cublas_workspace_bytes(device_arch(device)))
 
 
 def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop, timed_steps: int = 0) -> ProcessPeak:
@@ -186,15 +242,44 @@ def _optimizer(name: str, model: torch.nn.Module) -> torch.optim.Optimizer | Non
     return None
 
 
-if __name__ == "__main__":
+def runner_parser() -> argparse.ArgumentParser:
+    from remat.verifier.cuda_cap import add_cuda_options  # it imports this module
+
     parser = argparse.ArgumentParser(prog="python -m remat.verifier.process")
-    parser.add_argument("target")
+    parser.add_argument("target", nargs="?")
     parser.add_argument("--plan", default=None)
     parser.add_argument("--optimizer", choices=("adam", "sgd", "none"), default="adam")
     parser.add_argument("--step", choices=tuple(Step), default=Step.STEADY)
     parser.add_argument("--accumulate", type=int, default=1)
-    args = parser.parse_args()
+    parser.add_argument("--loss-only", action="store_true")
+    add_cuda_options(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The runner: a TARGET's loop (or a saved model's, on CUDA) measured in this fresh process; `RESULT {json}`."""
+    from remat.verifier.cuda_cap import check_runner_args, measure_on_cuda, wants_restart
+
+    argv = sys.argv[1:] if argv is None else argv
+    args = runner_parser().parse_args(argv)
+    try:
+        check_runner_args(args, (args.device or "").startswith("cuda") and torch.cuda.is_available())
+    except RematError as e:
+        print(str(e), file=sys.stderr)
+        return 2
+    if wants_restart(args.alloc_conf):  # torch reads the allocator's settings from the environment at its start
+        env = {**os.environ, **alloc_env(args.alloc_conf)}
+        os.execve(sys.executable, [sys.executable, "-m", "remat.verifier.process", *argv], env)
     if os.environ.get("REMAT_THREADS"):
         torch.set_num_threads(int(os.environ["REMAT_THREADS"]))
-    result = _measure_here(args.target, args.plan, args.optimizer, Loop.of(args.step, args.accumulate))
+    loop = Loop.of(args.step, args.accumulate, not args.loss_only)
+    if args.device is not None and torch.device(args.device).type == "cuda":
+        result = measure_on_cuda(args, loop)
+    else:
+        result = _measure_here(args.target, args.plan, args.optimizer, loop)
     print("RESULT " + json.dumps(asdict(result)), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -14,6 +14,7 @@ import torch
 import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
+from remat._torch_compat import flop_formulas
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.applier.apply import applied, apply, remove
 from remat.applier.wrapping import offloaded_bytes
@@ -30,6 +31,7 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
+from remat.verifier.cuda_cap import cuda_check
 from remat.verifier.process import ProcessPeak, cuda_peak_bytes, forked_peak_bytes
 from remat.types import Plan, VerifyReport
 
@@ -47,7 +49,9 @@ def verify(
     *,
     step: str = "steady",
     accumulate: int = 1,
+    keep_output: bool = True,
     time_rounds: int | None = None,
+    target: str | None = None,
 ) -> VerifyReport:
     """Run the step without and with `plan` from the same RNG state and compare.
 
@@ -59,8 +63,9 @@ def verify(
     (bit-exact) for deterministic CPU kernels, plus 10x the step's own noise on CUDA (`_grad_noise`).  The planned
     step's peak is measured twice: by remat's tracker, and by a counter that is not remat's (NOTE [Measuring a step by
     the process]): on CPU the high-water mark of a forked copy of this process running the training loop (`step`,
-    `accumulate` as in `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the
+    `accumulate`, `keep_output` as in `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the
     tracker sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
+    On CUDA it also runs in a fresh process capped at the budget (`report.cuda`, NOTE [The budget is the GPU's memory]).
 
     The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
     with it, after a warm-up of each; the overhead is the median of the rounds' ratios, beside the plan's
@@ -72,21 +77,32 @@ def verify(
     compiled, model = model, uncompiled(check_model(model))  # the tracker runs the model inside (see uncompiled)
     if not isinstance(plan, Plan):
         raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
-    loop = Loop.of(step, accumulate)
+    loop = Loop.of(step, accumulate, keep_output)
     check_optimizer(optimizer, model)
     with _unplanned(compiled, plan):  # applied through the wrapper: a `compiler_budget` plan sets the compiled call
         base = _Measured.of(model, inputs, loss_fn, optimizer, loop)
         noise = _grad_noise(model, inputs, loss_fn, base.step.grads)
-        apply(compiled, plan)
-        try:
-            planned = _Measured.of(model, inputs, loss_fn, optimizer, loop)
-            independent, counter = independent_peak(compiled, inputs, loss_fn, optimizer, loop)
-        finally:
-            remove(compiled)
+        planned, independent = _planned(compiled, model, (inputs, loss_fn, optimizer), plan, loop)
         rounds = TIME_ROUNDS if time_rounds is None else time_rounds
         times = interleaved_times(compiled, (inputs, loss_fn, optimizer), plan, loop, rounds)
-    report = _report(plan, tolerance, base, planned, (independent, counter), loop, times=times)
+        report = _report(plan, tolerance, base, planned, independent, loop, times=times)
+        del base, planned  # their gradients, on a GPU, would count against a cap set in this process (NOTE below)
+        report = _with_cuda_check(report, compiled, (inputs, loss_fn, optimizer), plan, loop, target=target)
     return replace(report, compiled=is_compiled(compiled), grad_noise=noise)
+
+
+def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop):
+    """(the planned step tracked, (its peak by the process's counter, the counter's name)); the plan is applied to
+    `compiled` meanwhile.  On CUDA the counter's figure comes later, from the capped run (`_with_cuda_check`)."""
+    inputs, loss_fn, optimizer = step_args
+    apply(compiled, plan)
+    try:
+        planned = _Measured.of(model, inputs, loss_fn, optimizer, loop)
+        if any(p.is_cuda for p in model.parameters()):
+            return planned, (None, "")
+        return planned, independent_peak(compiled, inputs, loss_fn, optimizer, loop)
+    finally:
+        remove(compiled)
 
 
 def _grad_noise(model: nn.Module, inputs: Any, loss_fn, grads: dict[str, torch.Tensor]) -> float:
@@ -162,6 +178,38 @@ def interleaved_times(model: nn.Module, step_args: tuple, plan: Plan, loop: Loop
     return statistics.median(base), statistics.median(planned), statistics.median(p / b - 1 for b, p in pairs)
 
 
+# NOTE [The budget is the GPU's memory]
+# A budget is the memory the user's GPU has, and what runs out there is the caching allocator's reserve, not the
+# allocated peak.  On an H100 (2026-11-26) five plans remat made were run again with the process capped at their
+# own budget (`torch.cuda.set_per_process_memory_fraction(budget / total_memory)`): each fitted by
+# `max_memory_allocated`, and only one ran.  BERT's 65% plan, its allocated peak 17% under its budget, ran out of
+# memory asking for a 1.86 GiB block with 12.06 of its 12.41 GiB in use: fragmentation.  And the allocator's history
+# moves the peak: one plan measured 1,890 MiB in a fresh process and 2,049 MiB (+8%) after another model trained.
+#
+# Rule 1: on CUDA, `remat.verify` runs the planned step's loop (third step, steady) in a fresh process capped at
+#         `plan.budget_bytes / total_memory` (at most 1), and the unplanned loop in a fresh process without a cap,
+#         and reports `max_memory_allocated` and `max_memory_reserved` of the measured step (`report.cuda`).
+#         The fresh process builds the model from its TARGET (`target=`, as `remat plan --verify` passes it, with
+#         the command line's optimizer), else loads what `torch.save` wrote of it (its classes importable there):
+#         `python -m remat.verifier.process TARGET|--saved F ... --device cuda --budget-bytes N [--alloc-conf S]`.
+#         That run's Rule-6 peak (NOTE [Measuring a step by the process]) is `independent_peak_bytes`.
+# Rule 2: where neither can be done (a compiled model, a class in __main__, a lambda), the step runs in this
+#         process after `gc.collect()` and `torch.cuda.empty_cache()`, under the same cap plus what this process
+#         holds besides the step (remat's copies: taken off the figures again), the fraction set back to 1.0 after;
+#         the report says which ("fresh process" / "this process, after empty_cache").
+# Rule 3: where the capped step ran out of memory (or reserved over the budget), it runs once more in a fresh
+#         process with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (the user's settings kept): if that runs,
+#         the budget holds with it, and the fix is to set it before torch is imported.  This process cannot rerun
+#         it (torch read its allocator's settings when it started): there the fix says to try it.
+# Rule 4: where neither allocator held, the planned step runs once more without a cap: its reserved peak minus the
+#         budget is how much lower the budget must be (without that run, what the out-of-memory message says was
+#         reserved plus the block asked for, minus the budget: a least figure).
+# Rule 5: `report.ok` needs the capped step to have run to its end, with the default allocator or with expandable
+#         segments (`report.cuda_verdict.allocator` says which); the arithmetic is `remat.types.capped.judge_cap`.
+# Rule 6: a step that ran out because the GPU itself had less free than it asked for (other processes; the one
+#         that called verify keeps its model and inputs there meanwhile) is the GPU's failure, not the budget's:
+#         still not ok, and the report says so (`device_full`).  The saved model is written to a temporary file.
+
 PROCESS_COUNTER = "process's high-water mark"
 CUDA_COUNTER = "CUDA allocator's max_memory_allocated"
 COMPILED_STEP = " (compiled)"
@@ -189,6 +237,17 @@ def independent_step(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Lo
     if device.type == "cpu" and os.path.exists("/proc/self/clear_refs") and hasattr(os, "fork"):
         return forked_peak_bytes(model, inputs, loss_fn, optimizer, loop, timed_steps), PROCESS_COUNTER + compiled
     return None, ""
+
+
+def _with_cuda_check(report: VerifyReport, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *,
+                     target: str | None) -> VerifyReport:
+    """On CUDA, `report` with the capped runs of NOTE [The budget is the GPU's memory] and their Rule-6 peak as the
+    counter's; on CPU `report` as it is."""
+    if not any(p.is_cuda for p in model.parameters()):
+        return report
+    check, peak = cuda_check(model, step_args, plan, loop, target)
+    counter = f"{CUDA_COUNTER} ({check.where})" + (COMPILED_STEP if is_compiled(model) else "")
+    return replace(report, cuda=check, independent_peak_bytes=peak, independent_counter=counter if peak is not None else "")
 
 
 PLANNED_FIX = (
@@ -234,7 +293,8 @@ class _Measured:
     def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> "_Measured":
         step = _run(model, inputs, loss_fn)
         moved = offloaded_bytes(model)
-        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer, step=loop.step, accumulate=loop.accumulate)
+        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer, step=loop.step, accumulate=loop.accumulate,
+                       keep_output=loop.keep_output)
         return cls(step, prof.peak_bytes, moved)
 
 
@@ -248,7 +308,7 @@ def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:
     try:
         torch.manual_seed(0)
         planned, fix = (" with the plan applied", PLANNED_FIX) if applied(model) is not None else ("", RUN_FIX)
-        with FlopCounterMode(display=False) as counter:
+        with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as counter:  # GQA on torch < 2.12
             out = run_user_code(f"the model's forward{planned}", lambda: model(*step.args, **step.kwargs), fix)
             loss = run_user_code(f"the loss{planned}", lambda: compute_loss(out, loss_fn), fix)
             run_user_code(f"backward{planned}", loss.backward, fix)
