@@ -7,11 +7,14 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.flop_counter import FlopCounterMode
 
 import architectures
 import remat
 from remat import zoo
 from remat.applier.apply import applied
+from remat.module_tree import WRAPPED_MARK
+from remat.planner.budget import parse_budget
 
 
 def _hf():
@@ -215,8 +218,9 @@ def test_remat_checkpoint_marks_one_module():
     remat.checkpoint(block)
     prof = remat.profile(wrapped, x, blocks=["0"])
     assert prof.block("0").checkpointed and prof.recompute_flops == prof.block("0").recompute_flops > 0
-    with pytest.raises(remat.RematError, match=r"^remat: Sequential is already checkpointed by remat"):
-        remat.checkpoint(block)
+    assert prof.block("0").checkpoint_kind == "remat"  # remat's own, not the model's
+    info = block.__dict__[WRAPPED_MARK]
+    assert remat.checkpoint(block) is block and block.__dict__[WRAPPED_MARK] is info  # a flag: set twice is set
     remat.remove(wrapped)
     assert "forward" not in block.__dict__
 
@@ -255,11 +259,137 @@ def test_applying_twice_and_removing_from_an_unplanned_model():
         remat.remove("model")
     remat.apply(model, "every-block")
     before = _forwards(model)
-    with pytest.raises(remat.RematError, match=r"^remat: Sequential already follows a plan \(recipe 'every-block'\)"):
-        remat.apply(model, "every-block")
-    assert _forwards(model) == before
     with pytest.raises(remat.RematError, match=r"^remat: unknown recipe 'all'"):
-        remat.apply(zoo.chain_report001(width=8, blocks=2, batch=2)[0], "all")
+        remat.apply(model, "all")
+    assert _forwards(model) == before and applied(model) == "every-block"  # refused: the plan in force stays
+
+
+# -- a model remat planned already: apply replaces, auto plans the model as written, checkpoint adds ---------
+# (issue 37: the README's example applies, then auto, then a recipe, then marks a block, on one model)
+
+HF_BLAME = "Hugging Face gradient checkpointing, or torch.utils.checkpoint"
+
+
+def _small_gpt2():
+    return zoo.gpt2(n_layer=4, n_embd=64, n_head=2, seq=64, batch=2, vocab=256)
+
+
+def _wrapped(model) -> dict:
+    """{name: its WrapInfo} of every module remat wrapped."""
+    return {n: m.__dict__[WRAPPED_MARK] for n, m in model.named_modules() if WRAPPED_MARK in m.__dict__}
+
+
+def _step(model, inputs) -> tuple[dict[str, torch.Tensor], int]:
+    """Gradients of one forward and backward from a fixed RNG state, and its FLOPs."""
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(0)
+    with FlopCounterMode(display=False) as fc:
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+        (out.loss if isinstance(inputs, dict) else out.sum()).backward()
+    return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}, fc.get_total_flops()
+
+
+def _same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[n], b[n]) for n in a)
+
+
+def test_applying_a_second_plan_replaces_the_first_and_says_what_it_replaced():
+    model, inputs = _small_gpt2()
+    unplanned, _ = _step(model, inputs)
+    fresh, _ = _small_gpt2()
+    _, every_block_flops = _step(remat.apply(fresh, "every-block"), inputs)
+    remat.apply(model, "chen")  # two runs of two layers
+    assert sorted(len(info.segment) for info in _wrapped(model).values()) == [2, 2, 2, 2]
+    remat.checkpoint(model.transformer.h[1].mlp)
+    with pytest.warns(UserWarning, match=r"^remat: GPT2LMHeadModel followed recipe 'chen' and remat.checkpoint on "
+                      r"transformer.h.1.mlp; replaced by recipe 'every-block', not added to it \(one plan at a time; "
+                      r"remat.remove\(model\) undoes it\)\.$"):
+        remat.apply(model, "every-block")
+    wrapped = _wrapped(model)
+    assert sorted(wrapped) == [f"transformer.h.{i}" for i in range(4)] and applied(model) == "every-block"
+    assert all(info.segment == [model.get_submodule(n)] and info.role == "head" for n, info in wrapped.items())
+    grads, flops = _step(model, inputs)
+    assert _same(grads, unplanned) and flops == every_block_flops  # each layer recomputed once, nothing left over
+    remat.remove(model)
+    assert _wrapped(model) == {} and applied(model) is None
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_auto_on_a_planned_model_plans_the_model_as_written_and_replaces_the_plan():
+    model, x = zoo.gpt2(n_layer=4, n_embd=64, n_head=2, seq=128, batch=4, vocab=256)
+    unplanned, _ = _step(model, x)
+    before = remat.profile(model, x)
+    remat.apply(model, "every-block")
+    planned = remat.profile(model, x)  # the planned step: remat's checkpoints, said to be remat's
+    assert planned.peak_bytes < before.peak_bytes  # a share of it would be another budget
+    assert {b.checkpoint_kind for b in planned.blocks if b.checkpointed} == {"remat"}
+    assert any(n.startswith("remat's own checkpoints (remat.apply, remat.checkpoint) recompute") for n in planned.notes)
+    with pytest.raises(remat.InfeasibleBudget) as refused:
+        remat.plan(planned, 0.05)
+    assert HF_BLAME not in str(refused.value)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        plan = remat.auto(model, x, budget=0.7)
+    said = [str(w.message) for w in caught]
+    assert [m for m in said if m.startswith("remat: GPT2LMHeadModel followed recipe 'every-block'; replaced by a plan by ")]
+    assert not any(HF_BLAME in m for m in said + plan.notes)
+    assert plan.unplanned_peak_bytes == before.peak_bytes  # planned as written: a share of the unplanned peak
+    assert plan.budget_bytes == parse_budget(0.7, before.peak_bytes)
+    assert applied(model) is plan
+    assert sorted(_wrapped(model)) == sorted({n for seg in plan.segments for n in seg} | set(plan.selective))
+    assert remat.profile(model, x).peak_bytes <= plan.budget_bytes
+    assert _same(_step(model, x)[0], unplanned)
+
+    wrapped = _wrapped(model)
+    with pytest.raises(remat.InfeasibleBudget) as refused:  # nothing fits: the plan in force stays
+        remat.auto(model, x, budget=0.05)
+    assert HF_BLAME not in str(refused.value)
+    assert applied(model) is plan and _wrapped(model) == wrapped
+
+
+def test_checkpoint_inside_a_planned_model_adds_a_flag_and_is_a_no_op_where_the_plan_checkpoints():
+    model, inputs = _small_gpt2()
+    unplanned, _ = _step(model, inputs)
+    remat.apply(model, "chen")
+    wrapped = _wrapped(model)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no error, no warning
+        for i in range(4):  # heads and members of the plan's runs: checkpointed already
+            assert remat.checkpoint(model.transformer.h[i]) is model.transformer.h[i]
+    assert all(_wrapped(model)[n] is info for n, info in wrapped.items()) and len(_wrapped(model)) == len(wrapped)
+    remat.checkpoint(model.transformer.ln_f)  # outside the plan: added
+    remat.checkpoint(model.transformer.h[1].mlp)  # inside a run the plan checkpoints: nested in it
+    assert set(_wrapped(model)) == set(wrapped) | {"transformer.ln_f", "transformer.h.1.mlp"}
+    assert applied(model) == "chen"
+    with pytest.raises(remat.InfeasibleBudget):  # measured as written; nothing fits: the plan and marks put back
+        remat.auto(model, inputs, budget=0.01)
+    assert set(_wrapped(model)) == set(wrapped) | {"transformer.ln_f", "transformer.h.1.mlp"}
+    assert applied(model) == "chen"
+    assert _same(_step(model, inputs)[0], unplanned)
+    remat.remove(model)
+    assert _wrapped(model) == {} and applied(model) is None
+    remat.checkpoint(model.transformer.h[1].mlp)  # inside a block: the block re-runs ops too, by remat's checkpoint
+    prof = remat.profile(model, inputs)
+    assert [(b.name, b.checkpoint_kind) for b in prof.blocks if b.checkpointed] == [("transformer.h.1", "remat")]
+    assert not any(HF_BLAME in n for n in remat.plan(prof, 0.9).notes)
+    remat.remove(model)
+
+
+def test_checkpoint_of_a_module_the_plan_offloads_recomputes_it_instead():
+    model, inputs = _small_gpt2()
+    unplanned, _ = _step(model, inputs)
+    prof = remat.profile(model, inputs)
+    offload = dataclasses.replace(remat.plan(prof, prof.peak_bytes), offload=["transformer.h.2"])
+    with pytest.warns(UserWarning, match="is not on a GPU"):
+        remat.apply(model, offload)
+    assert _wrapped(model)["transformer.h.2"].role == "offload"
+    with pytest.warns(UserWarning, match=r"^remat: the plan offloaded this GPT2Block; remat.checkpoint recomputes it"):
+        remat.checkpoint(model.transformer.h[2])
+    assert _wrapped(model)["transformer.h.2"].role == "head"
+    assert _same(_step(model, inputs)[0], unplanned)
+    remat.remove(model)
+    assert _wrapped(model) == {}
 
 
 def test_a_plan_for_a_shallower_model_is_refused_naming_the_first_layer_it_never_saw():

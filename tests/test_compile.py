@@ -118,8 +118,10 @@ def test_a_plan_made_on_the_bare_model_applies_to_the_compiled_model_and_removes
     assert all(is_wrapped(dict(model.named_modules())[seg[0]]) for seg in plan.segments)
     for g, e in zip(_grads(model, lambda: compiled(x).sum()), expected):
         torch.testing.assert_close(g, e)
-    with pytest.raises(remat.RematError, match=r"^remat: Sequential already follows a plan"):
-        remat.apply(model, plan)  # the same model, unwrapped: applied once is enough
+    wrapped = sum(is_wrapped(m) for m in model.modules())
+    with pytest.warns(UserWarning, match=r"^remat: Sequential followed a plan by \w+ with \d+ checkpoints; replaced by"):
+        remat.apply(model, plan)  # the same model, unwrapped: one plan record, replaced, never checkpointed twice
+    assert applied(compiled) is plan is applied(model) and sum(is_wrapped(m) for m in model.modules()) == wrapped
     remat.remove(compiled)
     assert applied(model) is None and not any(is_wrapped(m) for m in model.modules())
 
@@ -295,8 +297,9 @@ def test_a_compiler_budget_plan_lowers_the_compiled_steps_peak_and_removes():
     back, _ = independent_peak(compiled, x, None, None, Loop())
     assert counter == "process's high-water mark (compiled)"
     assert lowered < unplanned * 0.85, (lowered, unplanned)  # seen: 118 MiB against 160 MiB with 6 blocks
-    # two copies of one step differ by a tensor or two (4 and 8 MiB seen): back is nearer the old peak than the new
-    assert lowered + (unplanned - lowered) / 2 < back <= unplanned * 1.05, (lowered, back, unplanned)
+    # two copies of one step differ by a tensor or two (4 and 8 MiB seen; one (1024, 2048) float32 tensor is 8 MiB):
+    # back is nearer the old peak than the new, and at most two such tensors above it
+    assert lowered + (unplanned - lowered) / 2 < back <= unplanned + 2 * 1024 * 2048 * 4, (lowered, back, unplanned)
 
 
 def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():

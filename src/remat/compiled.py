@@ -33,6 +33,7 @@ import torch.nn as nn
 
 from remat._torch_compat.distributed import is_compiled
 from remat.applier import apply, remove
+from remat.applier.apply import replace_plan, taken_off
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.measure import profile as measure_profile
 from remat.measure.loop import Loop
@@ -120,14 +121,20 @@ def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *,
     checkpoints and `trials` of torch.compile's own budget (NOTE [Plans for a compiled step]).
 
     Example: plan = remat.auto(model, batch, budget="6GiB", optimizer=opt)
+
+    On a model that follows a plan already (`remat.apply`, `remat.auto`, `remat.checkpoint` marks), it plans for
+    the model as written: remat's own checkpoints are not the model's, so they are off while it profiles and
+    searches (a budget given as a share is of the unplanned peak), and the new plan then replaces the old one,
+    with `remat.apply`'s warning naming it.  If no plan fits, the old one is left in force.
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
         raise RematError(f"remat: trials must be a whole number of candidate plans to compile, 1 or more; saw "
                          f"{trials!r}. Fix: pass trials={SEARCH_TRIALS} (the default) or more.")
-    prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
-    chosen = plan_for(model, (inputs, loss_fn, optimizer), prof, parse_budget(budget, prof.peak_bytes), trials,
-                      plan_options)
-    apply(model, chosen)
+    with taken_off(model):  # the model as written, remat's own checkpoints put back after (or if nothing fits)
+        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
+        chosen = plan_for(model, (inputs, loss_fn, optimizer), prof, parse_budget(budget, prof.peak_bytes), trials,
+                          plan_options)
+    replace_plan(model, chosen, stacklevel=3)  # in place of the old plan, if any, saying so
     return chosen
 
 

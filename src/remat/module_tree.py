@@ -17,6 +17,13 @@ OWN_CHECKPOINT_MARK = "_remat_checkpointed"
 """Attribute marking a function that one of remat's own checkpoints runs (a plan's, or a measurement's): never
 the model's (`remat.explainer.record`, Rule 6)."""
 
+CALLED_DIRECTLY = "Sequential (children called directly)"
+"""`BlockProfile.container` of a child of an nn.Sequential whose own forward the profiled step never ran: the
+model's code calls its children itself (`x = seq[1](seq[0](x))`, `for m in seq: x = m(x)`, checkpoint_sequential).
+Nothing may rest on the Sequential chaining them (NOTE [How a module is checkpointed in place], Rule 4): a run of
+them is one checkpoint as a run of nn.ModuleList entries is (NOTE [A run of nn.ModuleList entries as one
+checkpoint]), and such a Sequential is a block only where its children ran in turn (`remat.measure.chains`)."""
+
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 """Modules that hold blocks: their children are the natural units of checkpointing."""
 NO_FORWARD = (nn.ModuleList, nn.ModuleDict)
@@ -85,6 +92,11 @@ def runs_children_in_order(module: nn.Module | None) -> bool:
     """True for an nn.Sequential (or a subclass) whose forward is nn.Sequential's: its children run
     one after another, each on the previous one's output, so a run of them can be one checkpoint."""
     return isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward
+
+
+def children_of(name: str, module: nn.Module) -> list[str]:
+    """The dotted paths of `module`'s children, `module` being at `name`, in registration order."""
+    return [join(name, child) for child, _ in module.named_children()]
 
 
 def holds_runs(module: nn.Module | None) -> bool:

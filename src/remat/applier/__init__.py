@@ -1,5 +1,5 @@
 """Applying a plan: checkpoints and offload hooks installed on a model in place, and removed again."""
 
-from remat.applier.apply import applied, apply, checkpoint, remove
+from remat.applier.apply import applied, apply, checkpoint, remove, taken_off
 
-__all__ = ["applied", "apply", "auto", "checkpoint", "remove"]
+__all__ = ["applied", "apply", "auto", "checkpoint", "remove", "taken_off"]

@@ -3,30 +3,33 @@ first, is in remat/compiled.py)."""
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 
 import torch.nn as nn
 
 from remat._torch_compat import wrapped_module
 from remat.applier.compiler_budget import clear_compiler_budget, optimized_module, set_compiler_budget
-from remat.applier.runs import wrap_run
+from remat.applier.runs import run_of, wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
 from remat.hf import NoCacheInTraining, checkpointed_by_hf
 from remat.module_tree import (
+    WRAPPED_MARK,
     find_candidates,
     holds_runs,
     is_fsdp_unit,
     join,
     main_chain,
     parent_name,
-    runs_children_in_order,
 )
 from remat.planner.recipes import RECIPES
 from remat.types import Action, Plan, Recipe
 
 APPLIED = "_remat_applied"  # on the root model: the Plan (or recipe) applied to it
 NO_CACHE = "_remat_no_cache"  # on the root model: its NoCacheInTraining hook while a plan is applied
+MARKED = "_remat_marked"  # on a module remat.checkpoint wrapped (not the plan): said and put back as a mark
 RECIPE_NAMES = tuple(str(r) for r in Recipe)
 
 
@@ -43,6 +46,12 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
     tensors wait in pinned CPU memory between forward and backward; state dict keys do
     not change, and `remat.remove(model)` restores the original forwards.
 
+    One plan at a time: on a model that follows a plan already (from `remat.apply` or
+    `remat.auto`, with any `remat.checkpoint` marks), the new plan replaces it, never adds
+    to it (that would checkpoint twice): the old one is removed first, and a warning that
+    starts "remat:" names what was replaced.  A plan or recipe that does not fit the model
+    is refused before anything changes, the old plan still in force.
+
     `model` may be wrapped, before or after apply, in DistributedDataParallel or
     `torch.compile`: the plan names the modules of the model inside (`bare`), as a profile
     of the bare model does, and a class FSDP2's `fully_shard` renamed (FSDPGPT2Block)
@@ -52,32 +61,36 @@ def apply(model: nn.Module, plan: Plan | str) -> nn.Module:
     an nn.Sequential or entries of an nn.ModuleList; a module that Hugging Face gradient
     checkpointing already checkpoints is left to it.
     """
+    return replace_plan(model, plan, stacklevel=3)
+
+
+def replace_plan(model: nn.Module, plan: Plan | str, stacklevel: int = 2) -> nn.Module:
+    """`remat.apply`, for callers in remat too (`remat.auto`): its warnings name the line `stacklevel` frames up."""
     if not isinstance(model, nn.Module):
         raise RematError(f"remat: apply expects a torch.nn.Module, saw {type(model).__name__}. Fix: pass the model.")
     wrapper, model = model, bare(model)
-    if APPLIED in model.__dict__:
-        raise RematError(
-            f"remat: {type(model).__name__} already follows a plan ({_describe(model.__dict__[APPLIED])}); "
-            "applying a second one would checkpoint twice. Fix: call remat.remove(model) first."
-        )
-    segments, selective, offload = _what_to_wrap(model, plan)
+    segments, selective, offload = _what_to_wrap(model, plan)  # checked before anything changes
     compiler_budget = _compiler_budget(wrapper, plan)
+    replaced = _taken_off(model)
     if offload and not any(t.is_cuda for t in [*model.parameters(), *model.buffers()]):
         warnings.warn(
             f"remat: the plan offloads {listing(offload, 4)}, but {type(model).__name__} is not on a GPU: its saved "
             "tensors are copied within CPU memory, which saves nothing. Move the model to the GPU the plan was "
             "made for.",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
-    skipped = _wrap_all(model, segments, selective, offload)
+    skipped = _wrap_all(model, segments, selective, offload, frozenset(getattr(plan, "called_directly", ())))
     set_compiler_budget(wrapper, model, compiler_budget)
     object.__setattr__(model, APPLIED, plan)
     object.__setattr__(model, NO_CACHE, NoCacheInTraining(model))  # NOTE [The key/value cache in training]
+    if replaced:
+        warnings.warn(f"remat: {type(model).__name__} followed {replaced}; replaced by {_describe(plan)}, not added to "
+                      "it (one plan at a time; remat.remove(model) undoes it).", stacklevel=stacklevel)
     if skipped:
         warnings.warn(
             f"remat: {listing(skipped, 4)} already checkpointed by Hugging Face gradient checkpointing: left to it, "
             "not checkpointed twice.",
-            stacklevel=2,
+            stacklevel=stacklevel,
         )
     return wrapper
 
@@ -134,6 +147,7 @@ def remove(model: nn.Module) -> nn.Module:
     wrapper, model = model, bare(model)
     for m in [m for m in model.modules() if is_wrapped(m)]:
         unwrap(m)
+        m.__dict__.pop(MARKED, None)
     clear_compiler_budget(model)
     model.__dict__.pop(APPLIED, None)
     if NO_CACHE in model.__dict__:
@@ -145,13 +159,60 @@ def checkpoint(module: nn.Module) -> nn.Module:
     """Mark one module for checkpointing, the one-flag way: it is recomputed in backward from now on.
 
     Example: remat.checkpoint(model.encoder.layer[3]); remat.remove(model) undoes it.
+
+    A flag: on a module remat checkpoints already (marked before, or checkpointed by the plan its model
+    follows, alone, in a run of several or selectively) it is a no-op, and raises nothing.  Inside a model
+    that follows a plan, it adds to the plan: on a module the plan offloads, the checkpoint takes the
+    offload's place (a warning says so); `remat.apply` replaces the marks with the plan, and
+    `remat.remove(model)` undoes both.  A module inside one that is checkpointed already gets a checkpoint
+    nested in that one: the same gradients, one more forward of it in backward.
     """
     if not isinstance(module, nn.Module):
         raise RematError(f"remat: checkpoint expects a torch.nn.Module, saw {type(module).__name__}. Fix: pass a module.")
+    if is_wrapped(module) and module.__dict__[WRAPPED_MARK].role != "offload":
+        return module  # checkpointed already: the flag is set
     if is_wrapped(module):
-        raise RematError(f"remat: {type(module).__name__} is already checkpointed by remat. Fix: mark it once.")
+        unwrap(module)
+        warnings.warn(f"remat: the plan offloaded this {type(module).__name__}; remat.checkpoint recomputes it "
+                      "instead (a checkpoint keeps only its inputs, nothing left to offload).", stacklevel=2)
     wrap_segment([module])
+    object.__setattr__(module, MARKED, True)
     return module
+
+
+@contextlib.contextmanager
+def taken_off(model: nn.Module) -> Iterator[None]:
+    """remat's own checkpoints and offloads off `model` meanwhile, so that its step is the model as written (as
+    `remat.auto` measures it); put back as they were afterwards, also when the body raises."""
+    inner = bare(model)
+    before, marks = _state(inner)
+    modules = dict(inner.named_modules())
+    remove(inner)
+    try:
+        yield
+    finally:
+        remove(inner)  # anything a measurement left
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # said when they were first applied
+            if before is not None:
+                replace_plan(model, before)
+            for name in marks:
+                checkpoint(modules[name])
+
+
+def _state(model: nn.Module) -> tuple[Plan | str | None, list[str]]:
+    """The plan or recipe the bare `model` follows, and the modules `remat.checkpoint` marked (outside it)."""
+    return model.__dict__.get(APPLIED), [n for n, m in model.named_modules() if is_wrapped(m) and MARKED in m.__dict__]
+
+
+def _taken_off(model: nn.Module) -> str:
+    """remat's checkpoints removed from the bare `model`; what they were, in words ("" for none)."""
+    before, marks = _state(model)
+    if before is None and not marks:
+        return ""
+    remove(model)
+    parts = [_describe(before)] if before is not None else []
+    return " and ".join(parts + ([f"remat.checkpoint on {listing(marks, 4)}"] if marks else []))
 
 
 # -- plans and recipes ------------------------------------------------------------------------
@@ -172,7 +233,8 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
     changed = [f"{b.name} ({b.type} in the plan, {type(modules[b.name]).__name__} here)" for b in plan.blocks
                if b.type not in {c.__name__ for c in type(modules[b.name]).__mro__}]  # FSDP2: FSDPGPT2Block
     planned = {b.name for b in plan.blocks}
-    changed += [f"{n} (here, not in the plan)" for n in main_chain(find_candidates(model)) if n not in planned]
+    changed += [f"{n} (here, not in the plan)" for n in main_chain(find_candidates(model))
+                if n not in planned and n not in plan.called_directly]  # never called: its children are planned
     if changed:
         raise RematError(
             f"remat: the plan was made for a different model: {listing(changed, 4)}. "
@@ -230,7 +292,8 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     return [blocks[first : last + 1] for first, last in segments]
 
 
-def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, list[str]], offload: list[str]) -> list[str]:
+def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, list[str]], offload: list[str],
+              called_directly: frozenset[str] = frozenset()) -> list[str]:
     modules = dict(model.named_modules())
     skipped = []
     jobs = [(s, Action.RECOMPUTE) for s in segments] + [([n], Action.SELECTIVE) for n in selective]
@@ -242,8 +305,8 @@ def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, 
             continue
         if action == Action.OFFLOAD:
             wrap_offload(mods[0])
-        elif len(mods) > 1 and not runs_children_in_order(modules.get(parent_name(seg[0]))):
-            wrap_run(mods, seg)  # entries of an nn.ModuleList, called by the model's loop
+        elif action == Action.RECOMPUTE and (run := run_of(modules, seg, called_directly)) is not None:
+            wrap_run(*run)  # entries the model's own code calls: of an nn.ModuleList, or of a Sequential it never calls
         else:
             wrap_segment(mods, selective=action == Action.SELECTIVE, keeps=selective.get(seg[0], []))
     return skipped
@@ -255,7 +318,7 @@ def _describe(what) -> str:
     if what.compiler_budget < 1.0:
         return f"torch.compile's activation memory budget {what.compiler_budget:g}"
     extra = f" and {len(what.offload)} offloaded modules" if what.offload else ""
-    return f"a {what.solver} plan with {len(what.segments) + len(what.selective)} checkpoints{extra}"
+    return f"a plan by {what.solver} with {len(what.segments) + len(what.selective)} checkpoints{extra}"
 
 
 def applied(model: nn.Module) -> Plan | str | None:

@@ -12,8 +12,9 @@ NOTE [A run of nn.ModuleList entries as one checkpoint]
           first entry's inputs, an output of an earlier entry of the run, or a tensor that
           needs no gradient from elsewhere (a mask, rotary embeddings), which the record
           keeps.  In backward the recomputation calls the entries' forwards again in order,
-          each on the recomputed tensors in place of the first ones.  The record holds no
-          output: an output is recognised by identity while the loop still holds it.
+          each on the recomputed tensors in place of the first ones, holding an entry's
+          output only until the last entry that takes it has been called.  The record holds
+          no output: an output is recognised by identity while the loop still holds it.
   Rule 3. The loop's code between two entries must save nothing for backward, and the next
           entry must not take a tensor that needs a gradient and comes from anywhere else:
           the recomputation does not run that code.  Either is a `remat:` error at that
@@ -50,11 +51,32 @@ from remat._torch_compat import in_backward, open_checkpoint, tensor_leaves, tre
 from remat.applier.rng import seen_by_torch
 from remat.applier.wrapping import OWN, _batchnorm_stats_kept, _current_forward, _install, hf_checkpoints
 from remat.errors import RematError
-from remat.module_tree import is_fsdp_unit
+from remat.module_tree import children_of, is_fsdp_unit, parent_name, runs_children_in_order
 
 Ref = tuple  # ("in", leaf index) | ("out", entry, tensor index) | ("keep", object)
 _OPEN: list[_Run] = []
 """Runs whose checkpoint is open now (waiting for their next layer), innermost last."""
+
+
+def run_of(modules: dict[str, nn.Module], seg: list[str], called_directly: frozenset[str]) -> tuple[list, list] | None:
+    """(entries, names) of the run of entries a checkpoint over `seg` is, or None where it is one module the model
+    calls, or consecutive children an nn.Sequential's forward chains (NOTE [How a module is checkpointed in place],
+    Rule 4).  A segment of an nn.ModuleList's entries is one; so is one of the children of an nn.Sequential the
+    model never calls (`called_directly`, from the profile), and such a Sequential in `seg` stands for its children
+    (NOTE [An nn.Sequential the model never calls])."""
+    names = [n for name in seg for n in _called(name, modules, called_directly)]
+    parent = parent_name(seg[0])
+    chained = parent not in called_directly and runs_children_in_order(modules.get(parent))
+    if names == list(seg) and (len(seg) == 1 or chained):
+        return None
+    return [modules[n] for n in names], names
+
+
+def _called(name: str, modules: dict[str, nn.Module], called_directly: frozenset[str]) -> list[str]:
+    """`name`, or the modules the model calls in its place: the children of a Sequential it never calls."""
+    if name not in called_directly:
+        return [name]
+    return [n for child in children_of(name, modules[name]) for n in _called(child, modules, called_directly)]
 
 
 def wrap_run(entries: list[nn.Module], names: list[str]) -> None:
@@ -185,20 +207,24 @@ class _Run:
 
         def replay(*args, **kwargs):  # Rule 2: the recomputation, on detached copies of the first inputs
             first = tree_flatten((args, kwargs))[0]
+            last_use = {r[1]: k for k, (_, refs) in enumerate(calls, start=1) for r in refs if r[0] == "out"}
             with _batchnorm_stats_kept(entries):
                 out = originals[0](*args, **kwargs)
-                outs = [tensor_leaves(out)]
+                outs = {0: tensor_leaves(out)} if 0 in last_use else {}
                 for k, (spec, refs) in enumerate(calls, start=1):
                     a, kw = tree_unflatten([_resolve(r, first, outs) for r in refs], spec)
+                    for j in [j for j, last in last_use.items() if last == k]:
+                        del outs[j]  # no later entry takes it: not held while the others re-run
                     out = originals[k](*a, **kw)
-                    outs.append(tensor_leaves(out))
+                    if k in last_use:
+                        outs[k] = tensor_leaves(out)
             return out
 
         setattr(replay, OWN, True)
         return replay
 
 
-def _resolve(ref: Ref, first: list, outs: list[list[torch.Tensor]]):
+def _resolve(ref: Ref, first: list, outs: dict[int, list[torch.Tensor]]):
     kind = ref[0]
     if kind == "in":
         return first[ref[1]]

@@ -25,7 +25,10 @@ NOTE [How a module is checkpointed in place]
           stops the recomputation early.
   Rule 4. A segment of several consecutive children of an `nn.Sequential` is one
           checkpoint: the first child's forward runs the whole segment, and the others
-          pass their input through for that one call of the parent.
+          pass their input through for that one call of the parent.  Only where the
+          Sequential's own forward runs: the children of one the model never calls (its
+          code calls them, `Plan.called_directly`) are a run of entries (`remat.applier.runs`,
+          NOTE [An nn.Sequential the model never calls]).
   Rule 5. A selective checkpoint is the same checkpoint with torch's selective policy:
           outputs of SAVE_OPS (matmuls, convolutions, attention) are kept, every other
           op is recomputed; or, when the plan names them (`Plan.selective_keeps`), the

@@ -1,15 +1,19 @@
 """The advice findings of `remat.explain` (severity ADVICE): a memory figure read from the wrong
-counter (measured-with-reserved-memory), a model without checkpoints (no-checkpointing), and memory
-that torch.compile's fused kernels would give back for less time than eager recomputation
-(compiler-fuses-it).
+counter (measured-with-reserved-memory), a model without checkpoints (no-checkpointing), a model
+that follows remat's own plan (remat-plan), and memory that torch.compile's fused kernels would give
+back for less time than eager recomputation (compiler-fuses-it).
 """
 
 from __future__ import annotations
 
+import torch.nn as nn
+
+from remat.applier.apply import applied
+from remat.applier.wrapping import MARK
 from remat.explainer.evidence import Evidence, _b, _gflop
 from remat.planner.problem import Problem
 from remat.report.text import summarize_profile
-from remat.types import PLAN_FAILED, Action, Finding, Severity
+from remat.types import PLAN_FAILED, Action, Finding, Plan, Severity
 
 RESERVE_MARGIN = 0.10
 """An observed figure this much above the measured peak looks like reserved memory."""
@@ -44,9 +48,54 @@ def _peak(ev: Evidence) -> int:
     return ev.written.peak_bytes if ev.written is not None else ev.plain.peak_bytes
 
 
+def remat_plan(ev: Evidence) -> list[Finding]:
+    """The model follows remat's own plan (remat.apply, remat.auto) or carries remat.checkpoint marks: not checkpointing
+    of the model's own, which explain is about, so the step was measured without them (NOTE [How explain gets its
+    numbers]); this says so, with what the plan was made to do."""
+    plan, counts = _own_checkpoints(ev.modules)
+    if not counts[0] + counts[2]:
+        return []
+    what = (f"a plan by {plan.solver}" if isinstance(plan, Plan) else f"the recipe {plan!r}" if plan is not None
+            else "remat.checkpoint marks")
+    offloaded = f", {counts[2]} offloaded" if counts[2] else ""
+    message = (
+        f"The model follows remat's own plan ({what}: {_count(counts[0], 'checkpoint')} over "
+        f"{_count(counts[1], 'module')}{offloaded}). "
+        "It is not checkpointing of the model's own, which is what explain looks at: the step was measured without "
+        f"it, peak {_b(ev.plain.peak_bytes)} (measured), and the plan was put back after."
+    )
+    saved = 0
+    if isinstance(plan, Plan):
+        saved = max(0, plan.unplanned_peak_bytes - plan.peak_bytes)
+        message += (f" When it was made, the plan predicted a peak of {_b(plan.peak_bytes)}, {_b(saved)} below the "
+                    f"{_b(plan.unplanned_peak_bytes)} without it, for {_gflop(plan.recompute_flops)} recomputed.")
+    fix = (
+        "To measure the plan on this step (gradients, FLOPs and peak with it and without it): remat.verify(model, "
+        "inputs, plan). To explain or profile the model without it for good: remat.remove(model) first."
+    )
+    return [Finding("remat-plan", "", message, saved, fix, Severity.ADVICE,
+                    dict(checkpoints=counts[0], modules=counts[1], offloaded=counts[2], peak_bytes=ev.plain.peak_bytes))]
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def _own_checkpoints(modules: dict[str, nn.Module]) -> tuple[object, tuple[int, int, int]]:
+    """The plan or recipe the model follows (None for none), and (checkpoints, modules checkpointed, modules
+    offloaded): the plan's own counts, or, for a recipe and remat.checkpoint marks, those of the wrapped modules."""
+    plan = applied(modules[""])
+    if isinstance(plan, Plan):
+        names = {n for seg in plan.segments for n in seg} | set(plan.selective)
+        return plan, (len(plan.segments) + len(plan.selective), len(names), len(plan.offload))
+    roles = [m.__dict__[MARK].role for m in modules.values() if MARK in m.__dict__]
+    return plan, (roles.count("head"), sum(r != "offload" for r in roles), roles.count("offload"))
+
+
 def no_checkpointing(ev: Evidence) -> list[Finding]:
-    """No checkpoint in the model: the profile in plain words and the plan that would help."""
-    if ev.regions or ev.plain.recompute_flops:
+    """No checkpoint in the model (nor remat's own: `remat_plan`): the profile in plain words and the plan that
+    would help."""
+    if ev.regions or ev.plain.recompute_flops or remat_plan(ev):
         return []
     summary = " ".join(summarize_profile(ev.plain).split())
     saved = ev.plain.peak_bytes - ev.plan.peak_bytes

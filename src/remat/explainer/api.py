@@ -112,7 +112,7 @@ def _seen_run(step: "_Step", plain: StepProfile, plan: Plan) -> Plan:
     if not (plan.segments or plan.selective or plan.offload):
         return plan
     try:
-        with hf_checkpointing_off(step.model) as hf_was_on:  # the plan replaces it, as in `plain`
+        with hf_checkpointing_off(step.model) as hf_was_on, applier.taken_off(step.model):  # the plan replaces it
             applier.apply(step.model, plan)
             try:
                 seen = step.run(lambda i: False, as_written=False)[0]
@@ -155,7 +155,8 @@ class _Step:
         trains under checkpointing (NOTE [The key/value cache in training])."""
         recorder = Recorder(self.model, policy)
         cache = cache_as_configured() if as_written else contextlib.nullcontext()
-        with recorder.active(), _input_grads_kept(self.inputs), cache:
+        own = applier.taken_off(self.model) if as_written else contextlib.nullcontext()  # remat's plan: not the model's
+        with own, recorder.active(), _input_grads_kept(self.inputs), cache:
             prof = profile(self.model, self.inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         return prof, recorder
 
@@ -164,7 +165,7 @@ class _Step:
         gradient is a finding, not an error, so it comes back as (None, recorder, error)."""
         recorder = Recorder(self.model, lambda i: True)
         try:
-            with recorder.active(), _input_grads_kept(self.inputs), cache_as_configured():
+            with applier.taken_off(self.model), recorder.active(), _input_grads_kept(self.inputs), cache_as_configured():
                 prof = profile(self.model, self.inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         except RematError as e:
             if not any(c.site.reentrant and not c.site.input_requires_grad for c in recorder.calls):

@@ -10,7 +10,7 @@ The rules live by severity: `memory_rules`, `correctness_rules`, `advice_rules`.
 
 from __future__ import annotations
 
-from remat.explainer.advice_rules import compiler_fuses_it, measured_with_reserved_memory, no_checkpointing
+from remat.explainer.advice_rules import compiler_fuses_it, measured_with_reserved_memory, no_checkpointing, remat_plan
 from remat.explainer.correctness_rules import (
     batchnorm_recomputed,
     reentrant_no_grad_input,
@@ -39,6 +39,7 @@ RULES = (
     batchnorm_recomputed,
     measured_with_reserved_memory,
     kv_cache_in_training,
+    remat_plan,
     no_checkpointing,
     compiler_fuses_it,
 )

@@ -15,9 +15,12 @@ import torch.nn as nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
 
 from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
+from remat.measure.chains import uncalled_chains, with_chains
 from remat.measure.selective import selective_variants
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
-from remat.module_tree import class_name, enclosing, find_extras, parent_name, runs_children_in_order, within
+from remat.hf import checkpointed_by_hf
+from remat.module_tree import WRAPPED_MARK, class_name, enclosing, find_extras, parent_name, runs_children_in_order
+from remat.module_tree import CALLED_DIRECTLY, within
 from remat.ops import RANDOM_OPS, SAVE_OPS
 from remat.types import BlockProfile, SelectiveVariant
 
@@ -34,6 +37,10 @@ class BlockIO:
         self.by_module = {id(mods[n]): n for n in candidates}
         self.modules = {n: mods[n] for n in candidates}
         self.containers = {n: mods.get(parent_name(n)) for n in candidates}
+        self.remat_checkpointed = [n for n, m in mods.items() if _remat_checkpoints(m)]
+        """Modules remat.apply or remat.checkpoint wrapped in a checkpoint (not those it offloads)."""
+        self.forward_ran: set[int] = set()
+        """id() of every module whose forward ran in forward (NOTE [An nn.Sequential the model never calls])."""
         self.order: list[str] = []
         self.calls: dict[str, int] = {}
         self.inputs: dict[str, list[StorageRecord]] = {}
@@ -59,8 +66,11 @@ class BlockIO:
         return list(recs.values())
 
     def _pre(self, mod, args):
+        if in_backward():
+            return
+        self.forward_ran.add(id(mod))
         name = self.by_module.get(id(mod))
-        if name is None or in_backward():
+        if name is None:
             return
         if name not in self.calls:
             self.order.append(name)
@@ -83,8 +93,10 @@ def _flatten_output(out):
 
 
 def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[BlockProfile]:
-    """One BlockProfile per candidate that ran, in the order their forwards first started."""
-    ran = list(io.order)
+    """One BlockProfile per candidate that ran, in the order their forwards first started; an nn.Sequential the
+    model never called whose children ran in turn counts as run by them (NOTE [An nn.Sequential the model never
+    calls])."""
+    ran = with_chains(io.order, uncalled_chains(tracker, io), io)
     parents = {n: enclosing(n, ran) for n in ran}
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
     keys = {id(r): k for k, r in enumerate(tracker.records)}
@@ -98,6 +110,12 @@ def _previous_forward_end(block: "_Block", blocks: dict[str, "_Block"]) -> int |
     k = same.index(block.name)
     previous = blocks[same[k - 1]].fwd_k if k > 0 else []
     return previous[-1] if previous else None
+
+
+def _remat_checkpoints(module: nn.Module) -> bool:
+    """remat.apply or remat.checkpoint wrapped `module` in a checkpoint (its undo record, `WrapInfo`, says how)."""
+    info = module.__dict__.get(WRAPPED_MARK)
+    return info is not None and getattr(info, "role", "") != "offload"
 
 
 @dataclass
@@ -141,7 +159,8 @@ class _Block:
             checkpointed=bool(kind), checkpoint_kind=kind,
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
             has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
-            container=_container_kind(self.io.containers.get(self.name)), extra=self.name in self.io.extras,
+            container=_container_kind(self.io.containers.get(self.name), self.io.forward_ran),
+            extra=self.name in self.io.extras,
             grad_ops_before=self._grad_ops_before(previous_end), selective_variants=self.variants,
         )
 
@@ -171,9 +190,14 @@ class _Block:
 
     def _checkpoint_kind(self) -> str:
         """How the step checkpoints this module: "" when its forward did not run again in backward (also a
-        checkpoint wrapper whose checkpoint is turned off, as `remat.explain` does)."""
+        checkpoint wrapper whose checkpoint is turned off, as `remat.explain` does); "remat" when what re-runs is
+        remat's own checkpoints (remat.apply, remat.checkpoint, around it or inside it), not the model's."""
         if not self.recomputed:
             return ""
+        ours = self.io.remat_checkpointed
+        if ours and not checkpointed_by_hf(self.module) and all(any(within(op.module, w) for w in ours)
+                                                                for op in self.recomputed):
+            return "remat"  # every op re-run is inside one of remat's checkpoints (around it, or inside it)
         wrapper = checkpoint_wrapper_type()
         return "checkpoint_wrapper" if wrapper is not None and isinstance(self.module, wrapper) else "recomputed"
 
@@ -278,12 +302,13 @@ def _kept_by(records: list[StorageRecord], siblings: list[str]) -> list[str]:
     return sorted(found)
 
 
-def _container_kind(parent: nn.Module | None) -> str:
-    """"Sequential" when the parent runs its children in order (a subclass too), else its class name."""
+def _container_kind(parent: nn.Module | None, forward_ran: set[int]) -> str:
+    """"Sequential" when the parent runs its children in order (a subclass too) and its forward ran, CALLED_DIRECTLY
+    when it never did (the model calls them), else its class name."""
     if parent is None:
         return ""
     if runs_children_in_order(parent):
-        return "Sequential"
+        return "Sequential" if id(parent) in forward_ran else CALLED_DIRECTLY
     return "ModuleList" if isinstance(parent, nn.ModuleList) else type(parent).__name__
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from remat.errors import RematError
+from remat.errors import RematError, listing
 from remat.measure.blocks import BlockIO, block_profiles
 from remat.measure.roofline import Hardware
 from remat.measure.tracker import Tracker
@@ -72,13 +72,23 @@ def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, 
         backward_flops=sum(op.flops for op in ops if op.phase == "backward" and not op.recompute),
         recompute_flops=sum(op.flops for op in ops if op.recompute),
         step_s=step_s,
-        blocks=block_profiles(tracker, io, live),
+        blocks=(blocks := block_profiles(tracker, io, live)),
         timeline=_timeline(tracker, live),
         torch_version=torch.__version__,
         allocation_rounding_bytes=setup.rounding,
         simulated_device=setup.simulated,
-        notes=setup.notes,
+        notes=[*setup.notes, *own] if (own := _own_checkpoints_note(blocks)) else setup.notes,
     )
+
+
+def _own_checkpoints_note(blocks) -> list[str]:
+    """The blocks remat's own checkpoints re-run in the step (remat.apply, remat.checkpoint): not the model's."""
+    ours = [b.name for b in blocks if b.checkpoint_kind == "remat"]
+    if not ours:
+        return []
+    return [f"remat's own checkpoints (remat.apply, remat.checkpoint) recompute {listing(ours, 3)} in this step: "
+            "this is the planned step. A plan made from this profile plans around them, and remat.apply replaces "
+            "them; to plan the model as written, remat.remove(model) and profile again (remat.auto does this itself)."]
 
 
 def _timeline(tracker: Tracker, live: list[int]) -> Timeline:

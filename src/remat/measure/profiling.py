@@ -41,7 +41,7 @@ from remat.types import Mode, Step, StepProfile
 CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator's block granularity
 SIMULATED_NOTE = (
     "CUDA target simulated on CPU: storages rounded to 512 bytes like the CUDA caching allocator; "
-    "optimizer, autocast and attention run as on CUDA (NOTE [A CUDA step simulated on CPU])."
+    "optimizer, autocast, attention, dropout and cuBLAS/cuDNN workspaces as on CUDA (docs/validation.md §4.1)."
 )
 COMPILED_NOTE = (
     "torch.compile: the model inside it was profiled, eagerly (block names are its own, so a plan applies to "
@@ -246,6 +246,7 @@ class _Run:
         notes += par.notes() if self.setup.mode == Mode.REAL else []  # a prediction says so itself
         prof = dataclasses.replace(
             prof, step=str(self.loop.step), accumulate=self.loop.accumulate, keep_output=self.loop.keep_output,
+            optimizer=type(opt).__name__ if opt is not None else "",
             first_step_peak_bytes=first_peak,
             notes=prof.notes + notes, parallel=par.kind, world_size=par.world_size, rank=par.rank,
             **timing,

@@ -167,5 +167,5 @@ def prediction_note(world_size: int, wrap: Any, inputs: Any) -> str:
     rows = [t.shape[0] for t in tensor_leaves(inputs) if t.dim()]
     batch = f"rank 0's share of the batch ({rows[0] // world_size} of {rows[0]} rows)" if rows else "the inputs"
     how = "the bare model's step and DDP's buckets" if wrap == "ddp" else f"{wrap_label(wrap)}, a fake process group"
-    return f"predicted for one rank of {world_size}: {how}, {batch} (NOTE [N ranks from one process])."
+    return f"predicted for one rank of {world_size}: {how}, {batch} (docs/many-gpus.md)."
 

@@ -114,7 +114,7 @@ def hardware(name: str | None, target: torch.device) -> tuple[Hardware, str]:
             f"Expected a GPU name ({', '.join(GPUS)}) with device='cuda', or 'cpu' with device='cpu'. "
             f"Fix: pass device='{'cuda' if hw.gpu else 'cpu'}', or another hardware."
         )
-    note = f"Seconds predicted by the roofline of {hw.describe()} (NOTE [An op's seconds, predicted])"
+    note = f"Seconds predicted by the roofline of {hw.describe()} (docs/validation.md §5)"
     if guessed:
         note += f". No GPU named here: pass hardware= ({', '.join(GPUS)}) for yours"
     return hw, note + "."

@@ -95,7 +95,7 @@ def unestimated_notes(device: str) -> list[str]:
     shipped = sorted({d for d, _ in SCRATCH_MODELS}) or ["no device"]
     return [
         f"Kernel scratch on {device} is not estimated in fake mode (remat ships measurements for "
-        f"{', '.join(shipped)}; NOTE [Kernel scratch], Rule 3): the peak may miss cuBLAS/cuDNN workspaces. "
+        f"{', '.join(shipped)}): the peak may miss cuBLAS/cuDNN workspaces. "
         "A real-mode profile on the device measures them."
     ]
 
@@ -103,7 +103,7 @@ def unestimated_notes(device: str) -> list[str]:
 def mismatch_note(lost: int) -> str:
     return (
         f"Kernel scratch: {lost} bytes measured in the copy of this process fell on ops the tracked step did not "
-        "run, and are not counted (NOTE [Kernel scratch], Rule 4)."
+        "run, and are not counted."
     )
 
 

@@ -30,9 +30,13 @@ NOTE [The memory model of a plan]
             Rule 2; it costs `selective_recompute_flops`.  Of a block's selective units,
             one costlier than another must free max(4 KiB, 0.1% of internal bytes) more.
     Rule 5. Solvers only use units that remat.apply can build (a run of several blocks
-            only inside an nn.Sequential, or an nn.ModuleList whose loop calls them in
-            turn: NOTE [A run of nn.ModuleList entries as one checkpoint]) and that free
-            bytes at some moment.
+            only of consecutive children, in the order they are registered, of an
+            nn.Sequential whose forward chains them, or of an nn.ModuleList or an
+            nn.Sequential the model never calls whose children its code calls in turn:
+            NOTE [A run of nn.ModuleList entries as one checkpoint], NOTE [An nn.Sequential
+            the model never calls]) and that free bytes at some moment.  Such a never-called
+            Sequential, a block standing for the run of its children, is only recomputed:
+            a selective checkpoint or an offload acts on a forward, and its forward never runs.
     Rule 6. An *offload* unit (one block; only for a CUDA step, with a host bandwidth B
             and a device FLOP rate F) copies what the block's ops save to CPU memory in
             forward and back in backward: it frees the bytes of Rule 1 over the same
@@ -57,7 +61,7 @@ from functools import cached_property
 
 import numpy as np
 
-from remat.module_tree import main_chain, parent_name, within
+from remat.module_tree import CALLED_DIRECTLY, main_chain, parent_name, within
 from remat.planner import holds as held
 from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
 from remat.planner.holds import unit_holds
@@ -65,7 +69,7 @@ from remat.planner.units import Group, Unit  # the solvers import them from here
 from remat.types import Action, BlockProfile, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
-RUN_CONTAINERS = ("Sequential", "ModuleList")
+RUN_CONTAINERS = ("Sequential", "ModuleList", CALLED_DIRECTLY)
 """Containers in which remat.apply wraps a run of several siblings as one checkpoint (Rule 5)."""
 
 
@@ -125,12 +129,16 @@ class Problem:
         nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
         units: list[Unit] = []
         per_op = (prof.checkpoint_op_s, prof.selective_op_s)
+        uncalled = set(called_directly(prof))  # Rule 5: recomputed only
         for group, names in groups.items():
             for i in range(len(names)):
                 units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op)
+                if names[i] in uncalled:
+                    continue
                 units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed)
                 if offload is not None:
                     units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
+        units = [u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))]
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         extras = frozenset(b.name for b in blocks if b.extra)
         return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras, timed=prof.timed)
@@ -261,6 +269,29 @@ class Problem:
         return True
 
 
+def _whole_uncalled(unit: Unit, groups: dict[Group, list[str]], blocks: set[str]) -> bool:
+    """A run of all the children of a never-called nn.Sequential that is a block itself: the unit of that block is
+    the same checkpoint (NOTE [An nn.Sequential the model never calls], Rule 2), and plans name it."""
+    container = unit.group.container
+    return container in blocks and len(unit.blocks) > 1 and len(unit.blocks) == len(groups[unit.group])
+
+
+def called_directly(prof: StepProfile) -> list[str]:
+    """The nn.Sequential modules whose forward the profiled step never ran, their children called by the model's
+    code (NOTE [An nn.Sequential the model never calls] in `remat.measure.chains`), in order: `Plan.called_directly`."""
+    return list(dict.fromkeys(parent_name(b.name) for b in prof.blocks if b.container == CALLED_DIRECTLY))
+
+
+def in_turn(names: list[str]) -> bool:
+    """Rule 5: `names`, children of one container in the order the step called them, are consecutive in the order
+    they are registered (positions 3, 4, 5; a loop over `reversed(layers)` or `layers[::2]` is not).  Children
+    registered by name (an nn.Sequential built from an OrderedDict) are taken to be, as remat.apply checks."""
+    ends = [n.rsplit(".", 1)[-1] for n in names]
+    if not all(e.isdigit() for e in ends):
+        return True
+    return all(int(b) == int(a) + 1 for a, b in zip(ends, ends[1:]))
+
+
 def chain_group(problem: Problem) -> Group:
     """The group of the chain (`remat.module_tree.main_chain` of the problem's blocks): what `dp` and
     the hand recipes plan."""
@@ -286,7 +317,7 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
     joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
     for j in range(i, stop):
         last = by_name[names[j]]
-        joined = joined and (j == i or not last.grad_ops_before)
+        joined = joined and (j == i or (not last.grad_ops_before and in_turn([names[j - 1], last.name])))
         covers = covers | nested[last.name]
         end = last.backward_start_op
         m = j - i + 1

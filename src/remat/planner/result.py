@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from remat.errors import listing
-from remat.planner.problem import Problem, Unit
+from remat.planner.problem import Problem, Unit, called_directly
 from remat.types import KEEP_ALL_SOLVER, Action, Plan, PlannedBlock, StepProfile
 
 BATCHNORM_NOTE = "a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact"
@@ -38,6 +38,7 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
         unplanned_peak_bytes=profile.peak_bytes,
         budget_bytes=budget,
         blocks=[PlannedBlock(b.name, b.type) for b in profile.blocks],
+        called_directly=called_directly(profile),
         step_flops=profile.forward_flops + profile.backward_flops,
         step_time_s=profile.step_time_s,
         timing=profile.timing,
@@ -47,7 +48,7 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
 
 def already_checkpointed_note(profile: StepProfile) -> str | None:
     """What the plan leaves to checkpointing the model does itself, and what a budget is a share of then."""
-    done = [b.name for b in profile.blocks if b.checkpointed]
+    done = [b.name for b in profile.blocks if b.checkpointed and b.checkpoint_kind != "remat"]  # remat's: not the model's
     if not done:
         return None
     return (

@@ -47,7 +47,10 @@ def _header(expl: Explanation) -> list[str]:
     p, w, n = expl.profile, expl.written_profile, len(expl.checkpoints)
     device = f"{p.device} (simulated on CPU)" if p.simulated_device else p.device
     calls = f"{n} checkpoint call{'s' if n != 1 else ''}"
-    if not n:
+    if not n and "remat-plan" in expl.codes():  # remat's own checkpoints are not the model's: see that finding
+        second = (f"no torch.utils.checkpoint call of the model's own; peak {_exact(p.peak_bytes)} in {p.peak_phase} "
+                  "(measured without remat's own plan, which the model follows)")
+    elif not n:
         second = f"no torch.utils.checkpoint call; peak {_exact(p.peak_bytes)} in {p.peak_phase} (measured)"
     elif w is None:
         second = f"{calls}; the step as written does not run; without the checkpoints: peak {_exact(p.peak_bytes)}"

@@ -180,8 +180,14 @@ def _header_lines(p: StepProfile) -> list[str]:
 
 
 def _loop_line(p: StepProfile) -> str:
-    """Which step of which loop the figures are (NOTE [The step that is measured])."""
-    step = "steady step (the optimizer's state resident)" if p.step == "steady" else "first step of the optimizer"
+    """Which step of which loop the figures are, with which optimizer (NOTE [The step that is measured])."""
+    which = p.optimizer or "the optimizer"  # a profile written before the field (version 5) has no name
+    if not p.optimizer and not p.optimizer_bytes:
+        step = f"{'steady' if p.step == 'steady' else 'first'} step, no optimizer (none of its state counted)"
+    elif p.step == "steady":
+        step = f"steady step with {which} (its state resident)"
+    else:
+        step = f"first step of {which} (its state made during the step)"
     passes = f", {p.accumulate} micro-batches per optimizer step" if p.accumulate > 1 else ""
     kept = ("the output kept until after backward" if p.keep_output
             else "only the loss kept (the output let go before backward)")

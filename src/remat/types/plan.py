@@ -15,7 +15,8 @@ BY_HAND = ("by hand only: a checkpoint around several layers that are not childr
 """The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
 
 PLAN_FORMAT = "remat.Plan"
-PLAN_VERSION = 2  # 2: PlannedBlock lost `output_bytes`, which nothing read; version 1 files still load
+PLAN_VERSION = 3
+"""2: PlannedBlock lost `output_bytes`, which nothing read.  3: `called_directly`.  Version 1 and 2 files still load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +84,11 @@ class Plan:
     measured_step_s: float = 0.0
     """Seconds of the compiled step under this plan, as the copy that measured `measured_peak_bytes` timed it
     (one thread on CPU); 0.0 when not measured."""
+    called_directly: list[str] = field(default_factory=list)
+    """nn.Sequential modules whose forward the profiled step never ran, the model's code calling their children
+    (`x = seq[1](seq[0](x))`, `for m in seq: x = m(x)`): `remat.apply` checkpoints a segment of their children, or
+    one of them (a block standing for its children), as a run of entries the model calls, never through their
+    forward (NOTE [An nn.Sequential the model never calls])."""
 
     @property
     def extra_s(self) -> float:
@@ -109,7 +115,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         data = _json.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again",
-                          upgrades={1: _from_version_1})
+                          upgrades={1: _from_version_1, 2: dict})
 
         def make() -> Plan:
             data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
@@ -122,7 +128,7 @@ class Plan:
 
 
 def _from_version_1(data: dict) -> dict:
-    """A version 1 plan's fields as version 2 has them: blocks without `output_bytes`."""
+    """A version 1 plan's fields as versions 2 and 3 have them: blocks without `output_bytes`."""
     for b in data.get("blocks", []):
         b.pop("output_bytes", None)
     return data

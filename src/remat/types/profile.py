@@ -21,7 +21,7 @@ PROFILE_VERSION = 6
 4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
    `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`).
 5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs).
-6: `keep_output`, the loop measured (earlier profiles kept the output through backward), and
+6: `keep_output`, the loop measured (earlier profiles kept the output through backward), `optimizer`, and
    `Breakdown.workspaces_bytes` (cuBLAS's workspaces of a CUDA step)."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -155,7 +155,8 @@ class BlockProfile:
     checkpointed: bool
     """True if the step checkpoints it already: its forward ran again in backward."""
     checkpoint_kind: str = ""
-    """How: "checkpoint_wrapper", "recomputed" (torch.utils.checkpoint or similar in the user's code), or ""."""
+    """How: "checkpoint_wrapper", "recomputed" (torch.utils.checkpoint or similar in the user's code), "remat"
+    (remat's own: every op re-run is inside a module remat.apply or remat.checkpoint wrapped), or ""."""
     has_dropout: bool = False
     """A random op (dropout, ...) ran inside it."""
     has_batchnorm: bool = False
@@ -280,6 +281,8 @@ class StepProfile:
     state resident) or "first" (NOTE [The step that is measured] in `remat.measure.loop`)."""
     accumulate: int = 1
     """Forward/backward passes per optimizer step; the figures are those of the last pass and the optimizer step."""
+    optimizer: str = ""
+    """The class of the optimizer whose step (and state) the profile counts ("Adam"), "" for none."""
     keep_output: bool = True
     """The loop measured keeps the model's output until after backward (True) or only the loss (False, Hugging Face's
     Trainer) (NOTE [The step that is measured], Rule 6)."""

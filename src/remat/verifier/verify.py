@@ -16,7 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from remat._torch_compat import flop_formulas
 from remat._torch_compat.distributed import is_compiled, uncompiled
-from remat.applier.apply import applied, apply, remove
+from remat.applier.apply import applied, apply, remove, taken_off
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
 from remat.measure import profile
@@ -258,19 +258,14 @@ PLANNED_FIX = (
 
 @contextlib.contextmanager
 def _unplanned(model: nn.Module, plan: Plan) -> Iterator[None]:
-    """The model without `plan` meanwhile (if it follows it), as it was afterwards."""
+    """The model without `plan` meanwhile (if it follows it), nor any `remat.checkpoint` mark; as it was afterwards."""
     before = applied(model)
     if before is not None and before is not plan:
         raise RematError(
             f"remat: {type(model).__name__} already follows another plan. Fix: remat.remove(model), then verify."
         )
-    if before is not None:
-        remove(model)
-    try:
+    with taken_off(model):
         yield
-    finally:
-        if before is not None:
-            apply(model, plan)
 
 
 @dataclass
