@@ -40,9 +40,9 @@ import re
 
 import torch
 
-from remat._torch_compat import op_name, tree_flatten
+from remat._torch_compat import op_name, tensor_leaves
 from remat.measure.fake import host_step_counters
-from remat.measure.tracker import StorageRecord, Tracker
+from remat.measure.tracker import StorageRecord, Tracker, rounded_bytes
 
 ARCH = {"H100": "sm90", "H200": "sm90", "A100": "sm80", "L4": "sm89"}
 CUBLAS_WORKSPACE_BYTES = {"sm90": 32 << 20, "other": (4096 * 2 + 16 * 8) << 10}
@@ -123,7 +123,7 @@ def op_workspace_bytes(name: str, args, kwargs) -> int:
     """Bytes an op of `name` takes beyond its outputs on CUDA, for these arguments (Rules 2-5)."""
     extra = 0
     if name in DENSE_OPS:  # attention reads a broadcast mask as it is: only its output gradient is copied
-        dense = args[:1] if name in ATTENTION_BACKWARDS else _tensors(args, kwargs)
+        dense = args[:1] if name in ATTENTION_BACKWARDS else tensor_leaves((args, kwargs))
         extra += sum(_rounded(_dense_bytes(t)) for t in dense if _expanded(t))
     if name == "convolution":
         extra += _conv_forward(args)
@@ -182,10 +182,6 @@ def _embedding_backward(args) -> int:
     return _rounded(indices.numel() * width * 4) + _rounded(indices.numel() * EMBEDDING_BYTES_PER_INDEX)
 
 
-def _tensors(args, kwargs) -> list[torch.Tensor]:
-    return [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
-
-
 def _expanded(t: torch.Tensor) -> bool:
     """Rule 2: a dimension of more than one element at stride 0 (an expanded tensor)."""
     return any(st == 0 and size > 1 for size, st in zip(t.shape, t.stride()))
@@ -196,4 +192,4 @@ def _dense_bytes(t: torch.Tensor) -> int:
 
 
 def _rounded(n: int) -> int:
-    return (n + ROUNDING - 1) // ROUNDING * ROUNDING
+    return rounded_bytes(n, ROUNDING)
