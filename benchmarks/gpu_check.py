@@ -368,9 +368,11 @@ def measure_one(args) -> dict:
     plan = None if args.plan == "none" else remat.load_plan(args.plan)
     budget = None if plan is None else (plan.budget_bytes or plan.peak_bytes)
     r = {"model": args.one, "label": args.label, "plan_file": args.plan, "budget_bytes": budget,
-         "device": args.device, "torch": torch.__version__, "keep_output": bool(profile_options())}
+         "device": args.device, "torch": torch.__version__, "keep_output": bool(profile_options()),
+         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     try:
-        r.update(_cap(args.device, budget))
+        if not args.no_cap:
+            r.update(_cap(args.device, budget))
         model, inputs, loss_fn = build(args.one, args.size, args.device)
         if plan is not None:
             model = remat.apply(model, plan)
@@ -404,6 +406,8 @@ class RunOptions:
     """Measurements at once: 1 on the GPU (timings undisturbed); the CPU smoke test runs 2."""
     fork: bool = False
     """Measuring processes forked from this one (--smoke) rather than new interpreters (the GPU run)."""
+    cap: bool = True
+    """Planned steps under the budget's memory fraction (--no-cap: uncapped, to see their own peaks)."""
 
 
 @dataclass(frozen=True)
@@ -429,7 +433,7 @@ def jobs_for(name: str, made: dict, opts: RunOptions, tmp: Path) -> list[Job]:
 def _child_argv(job: Job, opts: RunOptions) -> list[str]:
     argv = ["--one", job.model, "--label", job.label, "--plan", str(job.plan_path or "none"), "--out", str(job.out),
             "--grads", str(job.grads), "--device", opts.device, "--size", opts.size]
-    return argv + (["--real-profile"] if job.real_profile else [])
+    return argv + (["--real-profile"] if job.real_profile else []) + ([] if opts.cap else ["--no-cap"])
 
 
 class _Forked:
@@ -549,7 +553,8 @@ def run_all(opts: RunOptions) -> dict:
     if made["size"] != opts.size:
         raise SystemExit(f"remat: the plans in {opts.plans_dir} are for size {made['size']!r}, this run is "
                          f"{opts.size!r}. Fix: python benchmarks/gpu_check.py --make-plans first.")
-    res = {"date": utc_now(), "command": opts.command, "budget_s": opts.budget_s, "made": made, "models": {}}
+    res = {"date": utc_now(), "command": opts.command, "budget_s": opts.budget_s, "made": made, "models": {},
+           "cap": opts.cap, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for name in opts.names:
             res["models"][name] = run_model(name, made, opts, T0 + opts.budget_s, Path(tmp))
@@ -637,9 +642,11 @@ def _failures(res: dict) -> list[str]:
 
 def render(res: dict) -> str:
     """The dated section: what ran where, the table, and every measurement that did not finish."""
-    made = res["made"]
+    made, capped = res["made"], res.get("cap", True)
+    allocator = f"`PYTORCH_CUDA_ALLOC_CONF={res['alloc_conf']}`" if res.get("alloc_conf") else "the default allocator"
     lines = [f"Run {res['date']} on **{res['device']}**, torch {res['torch']}, transformers {res['transformers']}: "
-             f"`{res['command']}` ({res['elapsed_s']:.0f} s of a {res['budget_s']:.0f} s budget).  Plans made "
+             f"`{res['command']}` ({res['elapsed_s']:.0f} s of a {res['budget_s']:.0f} s budget), {allocator}, "
+             f"{'planned steps capped at their budget' if capped else 'planned steps not capped (--no-cap)'}.  Plans made "
              f"{made['date']} by `{made['command']}` on {made['machine'].get('cpu', '?')} (torch {made['torch']}, "
              f"transformers {made['transformers']}, remat {made['remat_commit'][:10]}"
              f"{' + uncommitted src/ changes' if made.get('src_dirty') else ''}): fake mode, `device="
@@ -654,8 +661,8 @@ def render(res: dict) -> str:
     failures = _failures(res)
     lines += ["", "Every measurement ran to the end." if not failures else "Measurements that did not finish:",
               *failures, "", "Error: (predicted - measured) / measured.  Each row a fresh process, the third step "
-              "of the loop with Adam; a plan's step under `torch.cuda.set_per_process_memory_fraction(budget / "
-              "total memory)`.  Gradients: the first step's, max |difference| from the unplanned run's, against "
+              "of the loop with Adam" + ("; a plan's step under `torch.cuda.set_per_process_memory_fraction(budget / "
+              "total memory)`" if capped else "; no step capped") + ".  Gradients: the first step's, max |difference| from the unplanned run's, against "
               f"{NOISE_FACTOR}x that of a second unplanned run (the noise).  Raw results: `{res['results_file']}`."]
     return "\n".join(lines) + "\n"
 
@@ -686,13 +693,13 @@ def write_results(res: dict, opts: RunOptions) -> None:
     res["results_file"] = _in_tree(out, res["device"])
     opts.out_dir.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1) + "\n")
-    publish(res, opts.docs)
+    publish(res, docs=opts.docs)
     print(f"wrote {out} and the section of {opts.docs}", flush=True)
 
 
-def publish(res: dict, docs: Path) -> None:
-    """The table printed and written to the section of `docs`."""
-    body = render(res)
+def publish(*runs: dict, docs: Path) -> None:
+    """The tables of one run or more (--from-json A,B,...), printed and written to the section of `docs`."""
+    body = "\n".join(render(res) for res in runs)
     write_section(docs, body)
     print(body, flush=True)
 
@@ -706,7 +713,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     what.add_argument("--make-plans", action="store_true", help="profile and plan here, in fake mode (no GPU)")
     what.add_argument("--run", action="store_true", help="measure on the GPU (the default)")
     what.add_argument("--smoke", action="store_true", help="the whole pipeline on the CPU at tiny sizes")
-    what.add_argument("--from-json", metavar="F", help="the docs section again from a run's raw results")
+    what.add_argument("--from-json", metavar="F[,F]", help="the docs section again from runs' raw results")
     what.add_argument("--one", metavar="MODEL", help="(internal) one measurement in this process")
     ap.add_argument("--models", default=",".join(MODELS), help="comma-separated, of: " + ", ".join(MODELS))
     ap.add_argument("--budget-s", type=float, default=330.0, help="the whole run's seconds; what is left is skipped")
@@ -718,6 +725,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     for internal in ("--label", "--plan", "--out", "--grads", "--device", "--size"):
         ap.add_argument(internal, help=argparse.SUPPRESS)
     ap.add_argument("--real-profile", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--no-cap", action="store_true", help="planned steps without the budget's memory cap")
     return ap.parse_args(argv)
 
 
@@ -729,11 +737,11 @@ def _run_options(args, argv: list[str], names: list[str]) -> RunOptions:
         if DOCS.exists() and not docs.exists():
             shutil.copy(DOCS, docs)  # the real section replaced in a copy: docs/validation.md is not touched
         return RunOptions("cpu", "smoke", out_dir, out_dir, docs, names, _cmdline(argv), args.budget_s,
-                          args.timeout_s, args.jobs or 2, fork=True)
+                          args.timeout_s, args.jobs or 2, fork=True, cap=not args.no_cap)
     plans_dir = Path(args.plans_dir)
     return RunOptions("cuda", "full", plans_dir, Path(args.out_dir) if args.out_dir else plans_dir,
                       Path(args.docs) if args.docs else DOCS, names, _cmdline(argv), args.budget_s, args.timeout_s,
-                      args.jobs or 1)
+                      args.jobs or 1, cap=not args.no_cap)
 
 
 def _cmdline(argv: list[str]) -> str:
@@ -752,8 +760,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"remat: unknown models {unknown}; expected some of {list(MODELS)}.", file=sys.stderr)
         return 2
     if args.from_json:
-        path, res = Path(args.from_json), json.loads(Path(args.from_json).read_text())
-        publish(dict(res, results_file=_in_tree(path, res["device"])), Path(args.docs) if args.docs else DOCS)
+        runs = [(Path(f), json.loads(Path(f).read_text())) for f in args.from_json.split(",")]
+        publish(*(dict(res, results_file=_in_tree(path, res["device"])) for path, res in runs),
+                docs=Path(args.docs) if args.docs else DOCS)
         return 0
     if args.make_plans:
         make_plans("full", Path(args.plans_dir), names, _cmdline(argv))

@@ -1,0 +1,129 @@
+"""What is live at a training step's CUDA peak, by the allocator's own trace (issue 34's follow-up).
+
+    python benchmarks/gpu_snapshot.py --out F.json [--cases resmlp,resmlp:least,unet_bn,bert]
+
+Each case runs in a fresh process: the gpu_check model built on the GPU, Adam, the plain loop of
+`gpu_check.train_loop` (the output kept through backward), `torch.cuda.memory._record_memory_history` from
+before the model is built, and after the third step the allocator's trace replayed: every block live when
+the third step's allocated bytes were highest, its size and the Python frames that allocated it, grouped.
+That list is what a fake-mode prediction is compared with, block by block, to find the bytes it misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import gpu_check  # noqa: E402  (its model builders, loop and import paths)
+import torch  # noqa: E402
+
+import remat  # noqa: E402
+
+MiB = 2**20
+STEPS = 3
+
+
+def _frames(event: dict, keep: int = 5) -> str:
+    """The innermost `keep` Python frames outside torch's own files, as 'file:line name' joined by ' < '."""
+    out = []
+    for f in event.get("frames", []):
+        name = f.get("filename", "")
+        if "/torch/" in name and "/nn/modules/" not in name and "utils/checkpoint" not in name:
+            continue
+        out.append(f"{Path(name).name}:{f.get('line')} {f.get('name')}")
+        if len(out) == keep:
+            break
+    return " < ".join(out)
+
+
+def live_at_peak(trace: list[dict], start: int = 0) -> dict:
+    """Replays `trace` (one device's events, in order): the allocated bytes over time, and the blocks live when
+    they were highest at or after event `start`.  An alloc adds its block; its free (free_completed, or
+    free_requested if the trace has no completion) removes it."""
+    live, cur, best, best_live, best_at = {}, 0, -1, {}, None
+    for i, ev in enumerate(trace):
+        action, addr = ev.get("action"), ev.get("addr")
+        if action == "alloc":
+            live[addr] = ev
+            cur += ev["size"]
+        elif action in ("free_completed", "free_requested") and addr in live:
+            cur -= live.pop(addr)["size"]
+        if i >= start and cur > best:
+            best, best_live, best_at = cur, dict(live), i
+    groups = defaultdict(lambda: [0, 0])
+    for ev in best_live.values():
+        g = groups[_frames(ev) or f"(no Python frame: autograd's thread) block of {ev['size']} B"]
+        g[0] += ev["size"]
+        g[1] += 1
+    rows = sorted(({"bytes": b, "blocks": n, "frames": k} for k, (b, n) in groups.items()), key=lambda r: -r["bytes"])
+    return {"peak_bytes": best, "event": best_at, "action_at_peak": trace[best_at].get("action") if best_at is not None else None,
+            "frames_at_peak": _frames(trace[best_at], 8) if best_at is not None else "", "live": rows}
+
+
+def one_case(case: str) -> dict:
+    """One model (and plan kind) in this process: the loop of gpu_check, the trace read after the third step."""
+    name, _, kind = case.partition(":")
+    torch.cuda.memory._record_memory_history(max_entries=400_000, stacks="python")
+    model, inputs, loss_fn = gpu_check.build(name, "full", "cuda")
+    if kind:
+        made = json.loads((gpu_check.RESULTS / "made.json").read_text())
+        model = remat.apply(model, remat.load_plan(gpu_check.RESULTS / made["models"][name]["plans"][kind]["file"]))
+    opt = gpu_check.adam(model.parameters())
+    torch.manual_seed(1234)
+    out = loss = None
+    start = 0
+    for i in range(STEPS):
+        if i == STEPS - 1:
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = len(torch.cuda.memory._snapshot()["device_traces"][0])
+        out = gpu_check.call(model, inputs)
+        loss = gpu_check.loss_of(out, loss_fn)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    torch.cuda.synchronize()
+    snap = torch.cuda.memory._snapshot()
+    trace = snap["device_traces"][0]
+    res = live_at_peak(trace, start)
+    res.update(case=case, max_memory_allocated=torch.cuda.max_memory_allocated(),
+               max_memory_reserved=torch.cuda.max_memory_reserved(), events=len(trace), first_event=start,
+               device=torch.cuda.get_device_name(), torch=torch.__version__)
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--cases", default="resmlp,resmlp:least,unet_bn,bert")
+    ap.add_argument("--one", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.one:
+        Path(args.out).write_text(json.dumps(one_case(args.one)))
+        return 0
+    results = []
+    for case in args.cases.split(","):
+        part = Path(args.out).with_suffix(f".{case.replace(':', '_')}.part")
+        try:
+            subprocess.run([sys.executable, __file__, "--one", case, "--out", str(part)], timeout=100, check=True)
+            results.append(json.loads(part.read_text()))
+            part.unlink()
+        except Exception as e:  # one case's failure is reported, the others still run
+            results.append({"case": case, "error": f"{type(e).__name__}: {e}"})
+        r = results[-1]
+        print(case, {k: r.get(k) for k in ("peak_bytes", "max_memory_allocated", "error")}, flush=True)
+        for row in r.get("live", [])[:12]:
+            print(f"   {row['bytes'] / MiB:9.1f} MiB {row['blocks']:4d}  {row['frames'][:160]}")
+    Path(args.out).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
