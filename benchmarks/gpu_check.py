@@ -6,8 +6,11 @@
 
 --make-plans profiles each model with `remat.profile(..., mode="fake", device="cuda", hardware="H100")`
 (Adam, the steady step, the output kept through backward) and writes, to benchmarks/results/gpu_check/,
-`<model>.plan65.json` (a plan at 65% of the predicted unplanned peak), `<model>.least.json` (the least-memory
-plan) and `made.json` (the predictions, date, machine, torch and transformers versions, remat's commit).
+`<model>.plan65.json` (a plan for 65% of what the unplanned step is predicted to reserve on the GPU),
+`<model>.least.json` (the least-memory plan, for the least budget its predicted reserve fits) and `made.json`
+(the predictions, date, machine, torch and transformers versions, remat's commit).  Both plans are made as
+`remat plan TARGET --budget B` makes them: fitted to the caching allocator's replayed reserve (NOTE [A plan fits
+the GPU's reserve]); a plan that needs `expandable_segments:True` is measured with it.
 The GPU run loads those files and never plans again, so it checks what a laptop user gets.
 
 On the GPU each measurement is a fresh process (`--one MODEL --plan FILE --out F.json`): the model built on
@@ -50,7 +53,8 @@ MiB = 2**20
 PLAN_FRACTION = 0.65
 NOISE_FACTOR = 10
 KINDS = ("plan65", "least")
-"""The plans of each model: at PLAN_FRACTION of the predicted unplanned peak, and the least-memory plan."""
+"""The plans of each model: for PLAN_FRACTION of the unplanned step's predicted GPU reserve, and the least-memory
+plan for the least budget it fits."""
 MIN_LEFT_S = 20.0
 """A measurement starts only with at least this many seconds of --budget-s left."""
 PLANNED_FOR = {"full": {"device": "cuda", "hardware": "H100"}, "smoke": {"device": "cpu", "hardware": "cpu"}}
@@ -221,9 +225,37 @@ def utc_now() -> str:
 
 
 def _plan_summary(plan, path: Path) -> dict:
+    reserve = plan.gpu_reserve
     return {"file": path.name, "peak_bytes": plan.peak_bytes, "budget_bytes": plan.budget_bytes,
             "segments": len(plan.segments), "selective": len(plan.selective), "offload": len(plan.offload),
-            "recompute_fraction": plan.recompute_fraction, "solver": plan.solver}
+            "recompute_fraction": plan.recompute_fraction, "solver": plan.solver, "allocator": plan.allocator,
+            "reserved_bytes": reserve.reserved_bytes if reserve else None,
+            "expandable_reserved_bytes": reserve.expandable_reserved_bytes if reserve else None}
+
+
+def _makers(model, inputs, loss_fn, prof) -> dict[str, Callable]:
+    """The two plans, as `remat plan TARGET --budget B` makes them: for a CUDA step fitted to the replayed GPU
+    reserve (NOTE [A plan fits the GPU's reserve]).  plan65: for PLAN_FRACTION of what the unplanned step reserves
+    (of its tensors on the CPU); least: the least-memory plan, for the least budget whose reserve it fits."""
+    from remat.gpu_fit import fit_gpu
+
+    def fitted(budget: int):
+        first = remat.plan(prof, budget)
+        if prof.gpu_reserve is None:
+            return first
+        return fit_gpu(model, (inputs, loss_fn, adam), prof, first, None, profile_options() | {"hardware": "H100"})
+
+    def least():
+        fewest = remat.frontier(prof, max_points=2)[-1]
+        if prof.gpu_reserve is None:
+            return fewest
+        try:
+            return fitted(fewest.peak_bytes)
+        except remat.InfeasibleBudget as e:  # the least budget the GPU's reserve fits
+            return fitted(e.min_bytes)
+
+    unplanned = prof.gpu_reserve.reserved_bytes if prof.gpu_reserve else prof.peak_bytes
+    return {"plan65": lambda: fitted(int(PLAN_FRACTION * unplanned)), "least": least}
 
 
 def plan_model(name: str, size: str, plans_dir: Path) -> dict:
@@ -233,13 +265,13 @@ def plan_model(name: str, size: str, plans_dir: Path) -> dict:
     model, inputs, loss_fn = build(name, size, "cpu", autocast_device=target["device"])
     t0 = time.perf_counter()
     prof = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=adam, mode="fake", **target, **profile_options())
+    reserve = prof.gpu_reserve
     row = {"title": MODELS[name].title, "size": MODELS[name].sizes[size],
            "params": sum(p.numel() for p in model.parameters()), "unplanned_peak_bytes": prof.peak_bytes,
+           "unplanned_reserved_bytes": reserve.reserved_bytes if reserve else None,
            "profile_s": round(time.perf_counter() - t0, 1), "plans": {}}
     t0 = time.perf_counter()
-    makers = {"plan65": lambda: remat.plan(prof, int(PLAN_FRACTION * prof.peak_bytes)),
-              "least": lambda: remat.frontier(prof, max_points=2)[-1]}
-    for kind, make in makers.items():
+    for kind, make in _makers(model, inputs, loss_fn, prof).items():
         try:
             plan = make()
         except remat.RematError as e:  # an infeasible budget is a result: the GPU run skips that plan
@@ -419,15 +451,17 @@ class Job:
     out: Path
     grads: Path
     real_profile: bool = False
+    alloc_conf: str = ""
+    """PYTORCH_CUDA_ALLOC_CONF the plan needs (`Plan.allocator`): set in its measuring process's environment."""
 
 
 def jobs_for(name: str, made: dict, opts: RunOptions, tmp: Path) -> list[Job]:
-    def job(label, plan_path=None, real=False):
-        return Job(name, label, plan_path, tmp / f"{name}.{label}.json", tmp / f"{name}.{label}.pt", real)
+    def job(label, plan_path=None, real=False, alloc_conf=""):
+        return Job(name, label, plan_path, tmp / f"{name}.{label}.json", tmp / f"{name}.{label}.pt", real, alloc_conf)
 
     plans = made["models"][name]["plans"]
-    return [job("unplanned", real=True), *(job(k, opts.plans_dir / plans[k]["file"]) for k in KINDS
-                                           if "file" in plans.get(k, {})), job("noise")]
+    return [job("unplanned", real=True), *(job(k, opts.plans_dir / plans[k]["file"], alloc_conf=plans[k].get(
+        "allocator", "")) for k in KINDS if "file" in plans.get(k, {})), job("noise")]
 
 
 def _child_argv(job: Job, opts: RunOptions) -> list[str]:
@@ -467,9 +501,10 @@ def _launch(job: Job, opts: RunOptions):
     log = job.out.with_suffix(".log")
     if opts.fork:
         return _Forked(_child_argv(job, opts), log)
+    env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=job.alloc_conf) if job.alloc_conf else None
     with open(log, "w") as f:
         return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *_child_argv(job, opts)],
-                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)
+                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
 
 
 def _outcome(job: Job, code: int | None, limit_s: float) -> dict:
@@ -617,8 +652,9 @@ def _plan_row(name: str, kind: str, m: dict) -> str:
     if kind not in m["runs"]:
         return f"| {name} | {kind}: no plan | {' '.join(p.get('error', '?').split())[:200]} |" + " |" * 9
     r = m["runs"][kind]
-    what = f"{kind}: {p['segments']} ckpt + {p['selective']} selective" + (f" + {p['offload']} offload"
-                                                                           if p.get("offload") else "")
+    what = (f"{kind}: {p['segments']} ckpt + {p['selective']} selective"
+            + (f" + {p['offload']} offload" if p.get("offload") else "")
+            + (f", {p['allocator']}" if p.get("allocator") else ""))
     return (f"| {name} | {what} | {_mib(p['peak_bytes'])} | {_mib_or_na(r.get('peak_allocated_bytes'))} | "
             f"{_err(p['peak_bytes'], r.get('peak_allocated_bytes'))} | {_mib_or_na(r.get('peak_reserved_bytes'))} | "
             f"{_mib(r.get('budget_bytes') or p['budget_bytes'] or p['peak_bytes'])} | {_status(r)} | "

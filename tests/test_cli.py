@@ -404,7 +404,7 @@ def test_plan_offloads_on_a_fake_gpu_step_when_told_the_link_speed(capsys):
     assert code == 0
     assert "(offload: saved tensors in CPU memory until backward)" in out
     assert "offloaded to CPU memory and back" in out
-    code, out, _ = run(capsys, *args)
+    code, out, _ = run(capsys, *args[:-1], "0.8")  # at 0.7 no plan's replayed GPU reserve fits (test_gpu_reserve)
     assert code == 0 and "offload" not in out.split("note:")[0]
     assert "note: offload not weighed: give offload_bandwidth" in out
     code, _, err = run(capsys, *args, "--offload-bandwidth", "16GB", "--device-flops", "1TFLOPs/s")

@@ -296,7 +296,7 @@ def test_plan_saves_and_loads(tmp_path, chain_profile):
     p.save(tmp_path / "plan.json")
     assert remat.load_plan(tmp_path / "plan.json") == p
     (tmp_path / "bad.json").write_text('{"format": "remat.Plan", "version": 99}')
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 3 document"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 4 document"):
         remat.load_plan(tmp_path / "bad.json")
     with pytest.raises(remat.RematError, match=r"^remat: no plan file at"):
         remat.load_plan(tmp_path / "missing.json")
@@ -387,19 +387,22 @@ def test_hand_recipes_remat_cannot_apply_are_marked_by_hand():
 
 
 def test_a_version_1_plan_file_still_loads(tmp_path):
-    """Plan JSON version 2 dropped PlannedBlock.output_bytes (read by nothing), version 3 added `called_directly`;
-    version 1 and 2 files load as before (no nn.Sequential called directly)."""
+    """Plan JSON version 2 dropped PlannedBlock.output_bytes (read by nothing), version 3 added `called_directly`,
+    version 4 `gpu_reserve` and `allocator`; version 1 to 3 files load as before (no nn.Sequential called directly,
+    no GPU reserve checked)."""
     old = Path(__file__).parent / "golden" / "plan_version1.json"
     assert '"version": 1' in old.read_text() and "output_bytes" in old.read_text()
     plan = remat.load_plan(old)
     assert plan.solver == "dp" and [b.name for b in plan.blocks] == [f"transformer.h.{i}" for i in range(4)]
-    assert plan.called_directly == []
+    assert plan.called_directly == [] and plan.gpu_reserve is None and plan.allocator == ""
     again = remat.Plan.from_json(plan.to_json())
-    assert again == plan and '"version": 3' in plan.to_json() and "output_bytes" not in plan.to_json()
-    version2 = json.loads(plan.to_json())
-    del version2["called_directly"]
-    assert remat.Plan.from_json(json.dumps({**version2, "version": 2})) == plan
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 3 document, saw \('remat.Plan', 0\)"):
+    assert again == plan and '"version": 4' in plan.to_json() and "output_bytes" not in plan.to_json()
+    version3 = json.loads(plan.to_json())
+    del version3["gpu_reserve"], version3["allocator"]
+    assert remat.Plan.from_json(json.dumps({**version3, "version": 3})) == plan
+    del version3["called_directly"]
+    assert remat.Plan.from_json(json.dumps({**version3, "version": 2})) == plan
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 4 document, saw \('remat.Plan', 0\)"):
         remat.Plan.from_json(old.read_text().replace('"version": 1', '"version": 0'))
 
 

@@ -264,18 +264,18 @@ def test_a_version_2_profile_file_loads_as_a_first_step():
     assert prof.peak_bytes == 2996 and prof.peak_phase == "optimizer"
     assert prof.timing == ("tracked" if prof.step_s else "")  # version 3 and before: op times of the tracked step
     again = remat.StepProfile.from_json(prof.to_json())
-    assert again == prof and '"version": 6' in prof.to_json()
+    assert again == prof and '"version": 7' in prof.to_json()
 
 
 def test_from_json_rejects_other_documents():
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 6 document, saw \('other', None\)"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 7 document, saw \('other', None\)"):
         remat.StepProfile.from_json('{"format": "other"}')
     with pytest.raises(remat.RematError, match=r"saw \('remat.StepProfile', 1\)\. Fix: .* with this version of remat"):
         remat.StepProfile.from_json('{"format": "remat.StepProfile", "version": 1}')  # written before the fields grew
     doc = json.loads(remat.profile(*zoo.chain_report001(width=8, blocks=2, batch=2)).to_json())
     del doc["blocks"][0]["container"]
     doc["blocks"][0]["unknown"] = 1
-    with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 6 document"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 7 document"):
         remat.StepProfile.from_json(json.dumps(doc))
     with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"):
         remat.StepProfile.from_json("not json")

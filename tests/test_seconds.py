@@ -130,7 +130,7 @@ def test_hardware_is_checked():
 def test_a_version_3_profile_reads_as_timed_by_its_tracked_step_or_not_at_all():
     model, x = _chain()
     for prof, expected in ((remat.profile(model, x), "tracked"), (remat.profile(model, x, mode="fake"), "")):
-        text = prof.to_json().replace('"version": 6', '"version": 3')
+        text = prof.to_json().replace('"version": 7', '"version": 3')
         assert StepProfile.from_json(text).timing == expected
 
 

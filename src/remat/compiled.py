@@ -35,6 +35,7 @@ from remat._torch_compat.distributed import is_compiled
 from remat.applier import apply, remove
 from remat.applier.apply import replace_plan, taken_off
 from remat.errors import InfeasibleBudget, RematError, listing
+from remat.gpu_fit import fit_gpu
 from remat.measure import profile as measure_profile
 from remat.measure.loop import Loop
 from remat.planner import plan
@@ -134,6 +135,8 @@ def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *,
         prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
         chosen = plan_for(model, (inputs, loss_fn, optimizer), prof, parse_budget(budget, prof.peak_bytes), trials,
                           plan_options)
+        if chosen.compiler_budget == 1.0 and not chosen.measured_peak_bytes:  # an eager plan, on CUDA checked
+            chosen = fit_gpu(model, (inputs, loss_fn, optimizer), prof, chosen, plan_options)
     replace_plan(model, chosen, stacklevel=3)  # in place of the old plan, if any, saying so
     return chosen
 

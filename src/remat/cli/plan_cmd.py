@@ -21,6 +21,7 @@ from remat.cli.common import (
     write,
 )
 from remat.errors import RematError
+from remat.gpu_fit import fit_gpu
 from remat.planner import baseline_plans
 from remat.planner.api import SOLVERS
 from remat.planner.budget import parse_budget
@@ -89,6 +90,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     if args.budget is not None:
         with spinner("planning"):
             plan = remat.plan(prof, args.budget, solver=args.solver, **_solver_options(args))
+        if built is not None and prof.gpu_reserve is not None:  # NOTE [A plan fits the GPU's reserve]
+            with spinner("replaying the planned step through the GPU's caching allocator"):
+                plan = fit_gpu(built.model, (built.inputs, built.loss_fn, OPTIMIZERS[args.optimizer]), prof, plan,
+                               {"solver": args.solver, **_solver_options(args)}, profile_options(args))
         print(render_plan(plan, baselines=report_baselines(baselines, plan.budget_bytes)), end="")
     if args.frontier or args.plot is not None:
         with spinner("computing the frontier"):

@@ -45,6 +45,8 @@ class BlockIO:
         self.calls: dict[str, int] = {}
         self.inputs: dict[str, list[StorageRecord]] = {}
         self.outputs: dict[str, list[StorageRecord]] = {}
+        self.grad_inputs: dict[str, list[StorageRecord]] = {}
+        """Of each block's inputs, those that require grad."""
 
     @contextlib.contextmanager
     def hooks(self):
@@ -81,6 +83,8 @@ class BlockIO:
         if name is None or in_backward():
             return
         self.inputs[name] = self._records((args, kwargs))
+        self.grad_inputs[name] = self._records([t for t in tree_flatten((args, kwargs))[0]
+                                                if isinstance(t, torch.Tensor) and t.requires_grad])
         self.outputs[name] = self._records(_flatten_output(out))
 
 
@@ -101,15 +105,14 @@ def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[Block
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
     keys = {id(r): k for k, r in enumerate(tracker.records)}
     blocks = {name: _Block(tracker, io, name, parents, siblings[name], keys) for name in ran}
-    return [b.profile(i, live, _previous_forward_end(b, blocks)) for i, b in enumerate(blocks.values())]
+    return [b.profile(i, live, _previous(b, blocks)) for i, b in enumerate(blocks.values())]
 
 
-def _previous_forward_end(block: "_Block", blocks: dict[str, "_Block"]) -> int | None:
-    """The last forward op of the module of the same container that ran just before `block`, if any."""
+def _previous(block: "_Block", blocks: dict[str, "_Block"]) -> "_Block | None":
+    """The module of the same container that ran just before `block`, if any."""
     same = [m for m in block.siblings if parent_name(m) == parent_name(block.name)]
     k = same.index(block.name)
-    previous = blocks[same[k - 1]].fwd_k if k > 0 else []
-    return previous[-1] if previous else None
+    return blocks[same[k - 1]] if k > 0 else None
 
 
 def _remat_checkpoints(module: nn.Module) -> bool:
@@ -150,8 +153,9 @@ class _Block:
         self.module = self.io.modules[self.name]
         self.variants = self._selective_variants(mine_records)
 
-    def profile(self, index: int, live: list[int], previous_end: int | None) -> BlockProfile:
+    def profile(self, index: int, live: list[int], previous: "_Block | None") -> BlockProfile:
         kind = self._checkpoint_kind()
+        previous_end = previous.fwd_k[-1] if previous is not None and previous.fwd_k else None
         return BlockProfile(
             name=self.name, type=class_name(self.module), index=index, depth=self._depth(),
             parent=self.parents[self.name], calls=self.io.calls[self.name], **self._bytes(),
@@ -162,7 +166,15 @@ class _Block:
             container=_container_kind(self.io.containers.get(self.name), self.io.forward_ran),
             extra=self.name in self.io.extras,
             grad_ops_before=self._grad_ops_before(previous_end), selective_variants=self.variants,
+            foreign_grad_inputs=self._foreign_grad_inputs(previous),
         )
+
+    def _foreign_grad_inputs(self, previous: "_Block | None") -> int:
+        """Inputs that require grad and did not come from, or through, the previous sibling (0 for a first one)."""
+        if previous is None:
+            return 0
+        theirs = {id(r) for r in (*previous.inputs, *previous.outputs)}
+        return sum(id(r) not in theirs for r in self.io.grad_inputs.get(self.name, []))
 
     def _last_rerun(self) -> int:
         """Timeline index of the last op a checkpoint around the block re-runs (-1: none)."""

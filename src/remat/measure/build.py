@@ -13,6 +13,7 @@ import torch
 
 from remat.errors import RematError, listing
 from remat.measure.blocks import BlockIO, block_profiles
+from remat.measure.cuda_allocator import gpu_reserve
 from remat.measure.roofline import Hardware
 from remat.measure.tracker import Tracker
 from remat.types import Breakdown, Mode, StepProfile, Timeline
@@ -78,6 +79,8 @@ def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, 
         allocation_rounding_bytes=setup.rounding,
         simulated_device=setup.simulated,
         notes=[*setup.notes, *own] if (own := _own_checkpoints_note(blocks)) else setup.notes,
+        gpu_reserve=(gpu_reserve(tracker.records, tracker.scratch, [op.phase for op in ops])
+                     if setup.target.type == "cuda" else None),
     )
 
 

@@ -38,6 +38,8 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from remat.types.reserve import GpuReserve
+
 MiB = 1 << 20
 ROUND = 512
 SMALL_SIZE = 1 * MiB
@@ -45,7 +47,6 @@ SMALL_BUFFER = 2 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
 LARGE_BUFFER = 20 * MiB
 ROUND_LARGE = 2 * MiB
-EXPANDABLE = "expandable_segments:True"
 
 
 class OutOfMemory(Exception):
@@ -339,6 +340,13 @@ def _one_step(allocator: CachingAllocator, live: dict, by_op: tuple, carry: dict
         if scratch[k]:
             allocator.free(allocator.malloc(scratch[k]))
     return live
+
+
+def gpu_reserve(records, scratch: list[int], phases: list[str]) -> GpuReserve:
+    """A tracked CUDA step replayed with the default allocator and with expandable segments (Rule 6)."""
+    default = replay(records, scratch, phases, CachingAllocator())
+    expandable = replay(records, scratch, phases, ExpandableAllocator())
+    return GpuReserve(default.allocated_bytes, default.reserved_bytes, expandable.reserved_bytes)
 
 
 def least_cap(run, low: int, high: int, step: int = ROUND_LARGE) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import dataclasses
 import gc
 from collections.abc import Iterator
 
@@ -88,14 +89,31 @@ def plan(
     problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)  # before the budget test: an unknown solver is an error either way
     if budget_bytes >= profile.peak_bytes:
-        return keep_all(profile, budget_bytes, "the budget is at or above the unplanned peak: nothing to recompute")
+        return with_tensors_note(profile, keep_all(profile, budget_bytes, KEEP_ALL))
     if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:  # NOTE [A compiled step's peak]
         return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
                         f"the {profile.compiled_counter}, within the budget: nothing to recompute")
     chosen = _solve(problem, name, budget_bytes, time_limit_s)
     if chosen is None or problem.peak(chosen) > budget_bytes:
         raise _infeasible(profile, problem, name, budget_bytes, time_limit_s)
-    return make_plan(profile, problem, chosen, name, budget_bytes)
+    return with_tensors_note(profile, make_plan(profile, problem, chosen, name, budget_bytes))
+
+
+TENSORS_NOTE = "This plan counts live tensors;"
+KEEP_ALL = "the budget is at or above the unplanned peak: nothing to recompute"
+
+
+def with_tensors_note(profile: StepProfile, plan: Plan) -> Plan:
+    """A plan of a CUDA profile, made without the model, says what the GPU's allocator reserves beyond tensors."""
+    r = profile.gpu_reserve
+    if r is None:
+        return plan
+    note = (f"{TENSORS_NOTE} on the GPU the caching allocator reserves more: for the unplanned step "
+            f"{r.reserved_bytes / MIB:,.1f} MiB where its tensors peak at {profile.peak_bytes / MIB:,.1f} MiB "
+            f"({r.expandable_reserved_bytes / MIB:,.1f} MiB with expandable_segments:True). remat.auto and "
+            "`remat plan TARGET` check the planned step's reserve against the budget (NOTE [A plan fits the GPU's "
+            "reserve] in remat.gpu_fit).")
+    return dataclasses.replace(plan, notes=[*plan.notes, note])
 
 
 @_without_cycle_collection

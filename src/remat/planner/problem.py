@@ -317,7 +317,8 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
     joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
     for j in range(i, stop):
         last = by_name[names[j]]
-        joined = joined and (j == i or (not last.grad_ops_before and in_turn([names[j - 1], last.name])))
+        joined = joined and (j == i or (not last.grad_ops_before and not last.foreign_grad_inputs
+                                         and in_turn([names[j - 1], last.name])))
         covers = covers | nested[last.name]
         end = last.backward_start_op
         m = j - i + 1

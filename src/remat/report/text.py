@@ -176,7 +176,15 @@ def _header_lines(p: StepProfile) -> list[str]:
         work += f", step {fmt_ms(p.step_time_s)} ms ({fmt_timing(p.timing)})"
     elif p.step_s > 0:
         work += f", step {p.step_s:.2f} s (with tracking overhead)"
-    return [f"remat profile of {p.model}: {where}", _loop_line(p), peak, at, state, work]
+    lines = [f"remat profile of {p.model}: {where}", _loop_line(p), peak, at, state, work]
+    return lines + ([_reserve_line(p.gpu_reserve)] if p.gpu_reserve is not None else [])
+
+
+def _reserve_line(r) -> str:
+    """What the GPU's caching allocator would hold (NOTE [The caching allocator's reserve])."""
+    return (f"on the GPU (the caching allocator replayed): max_memory_allocated {fmt_bytes(r.allocated_bytes)}, "
+            f"reserved {fmt_bytes(r.reserved_bytes)}; with expandable_segments:True reserved "
+            f"{fmt_bytes(r.expandable_reserved_bytes)}")
 
 
 def _loop_line(p: StepProfile) -> str:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-EXPANDABLE = "expandable_segments:True"
-"""The caching allocator's setting that grows one segment per stream instead of caching fixed blocks."""
+from remat.types.reserve import EXPANDABLE
+
 EXPANDABLE_FIX = "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch is imported"
 FRESH_PROCESS = "fresh process"
 THIS_PROCESS = "this process, after empty_cache"

@@ -9,14 +9,16 @@ from remat.errors import RematError
 from remat.types import _json
 from remat.types._text import render
 from remat.types.kinds import Action
+from remat.types.reserve import GpuReserve
 
 BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
            "or nn.ModuleList needs a function that calls them in turn; remat.apply wraps such layers one by one")
 """The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
 
 PLAN_FORMAT = "remat.Plan"
-PLAN_VERSION = 3
-"""2: PlannedBlock lost `output_bytes`, which nothing read.  3: `called_directly`.  Version 1 and 2 files still load."""
+PLAN_VERSION = 4
+"""2: PlannedBlock lost `output_bytes`, which nothing read.  3: `called_directly`.  4: `gpu_reserve`, `allocator`.
+Version 1 to 3 files still load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +91,12 @@ class Plan:
     (`x = seq[1](seq[0](x))`, `for m in seq: x = m(x)`): `remat.apply` checkpoints a segment of their children, or
     one of them (a block standing for its children), as a run of entries the model calls, never through their
     forward (NOTE [An nn.Sequential the model never calls])."""
+    gpu_reserve: GpuReserve | None = None
+    """Of a CUDA plan that `remat.auto` or `remat plan TARGET` checked: the planned step, profiled and replayed
+    through the caching allocator (NOTE [A plan fits the GPU's reserve] in `remat.gpu_fit`); None otherwise."""
+    allocator: str = ""
+    """The PYTORCH_CUDA_ALLOC_CONF the budget needs: "" (the default allocator's reserve fits) or
+    "expandable_segments:True" (only that setting's does)."""
 
     @property
     def extra_s(self) -> float:
@@ -115,10 +123,11 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         data = _json.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again",
-                          upgrades={1: _from_version_1, 2: dict})
+                          upgrades={1: _from_version_1, 2: dict, 3: dict})
 
         def make() -> Plan:
             data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]
+            data["gpu_reserve"] = GpuReserve(**data["gpu_reserve"]) if data.get("gpu_reserve") else None
             return cls(**data)
 
         return _json.build(PLAN_FORMAT, PLAN_VERSION, make, "plan")
@@ -128,7 +137,7 @@ class Plan:
 
 
 def _from_version_1(data: dict) -> dict:
-    """A version 1 plan's fields as versions 2 and 3 have them: blocks without `output_bytes`."""
+    """A version 1 plan's fields as later versions have them: blocks without `output_bytes`."""
     for b in data.get("blocks", []):
         b.pop("output_bytes", None)
     return data

@@ -13,16 +13,18 @@ from dataclasses import dataclass, field
 from remat.errors import RematError, listing
 from remat.types import _json
 from remat.types._text import render
+from remat.types.reserve import GpuReserve
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 6
+PROFILE_VERSION = 7
 """2: BlockProfile gained the selective, op-count, offload and container fields.
 3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
 4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
    `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`).
 5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs).
 6: `keep_output`, the loop measured (earlier profiles kept the output through backward), `optimizer`, and
-   `Breakdown.workspaces_bytes` (cuBLAS's workspaces of a CUDA step)."""
+   `Breakdown.workspaces_bytes` (cuBLAS's workspaces of a CUDA step).  7: `gpu_reserve`,
+   `BlockProfile.foreign_grad_inputs`."""
 
 COMPILED_PEAK_MARGIN = 0.02
 """Two measurements of one compiled step by the process counter differed by up to 1.5% (tests/test_compile.py):
@@ -194,6 +196,9 @@ class BlockProfile:
     """Forward ops that ran between the previous sibling's forward and this one's and read a tensor that
     requires grad (loop code between nn.ModuleList entries, another module): one checkpoint cannot run both
     siblings (NOTE [A run of nn.ModuleList entries as one checkpoint])."""
+    foreign_grad_inputs: int = 0
+    """Inputs that require grad and are neither an input nor an output of the previous sibling (the encoder's
+    states T5's decoder block passes to its cross-attention layer): one checkpoint cannot run both siblings."""
     selective_stranded_bytes: int = 0
     """Part of `selective_extra_bytes` made after the last op a checkpoint re-runs: the recomputation
     stops before it takes them out of the cache, which holds them until the block's backward is over."""
@@ -317,6 +322,9 @@ class StepProfile:
     compiled_step_s: float = 0.0
     """Seconds of one compiled step, as the copy that measured `compiled_peak_bytes` timed it (on CPU a forked
     copy on one thread); 0.0 otherwise."""
+    gpu_reserve: GpuReserve | None = None
+    """Of a CUDA step, what the caching allocator would allocate and reserve for it, replayed (NOTE [The caching
+    allocator's reserve] in `remat.measure.cuda_allocator`); None on CPU."""
 
     @property
     def timed(self) -> bool:
@@ -345,13 +353,14 @@ class StepProfile:
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
-            upgrades={2: _from_version_2, 3: _from_version_3, 4: _from_version_4, 5: _from_version_5},
+            upgrades={2: _from_version_2, 3: _from_version_3, 4: _from_version_4, 5: _from_version_5, 6: dict},
         )
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
             data["end_of_forward"] = Breakdown(**data["end_of_forward"])
             data["blocks"] = [_block(b) for b in data["blocks"]]
             data["timeline"] = Timeline(**data["timeline"])
+            data["gpu_reserve"] = GpuReserve(**data["gpu_reserve"]) if data.get("gpu_reserve") else None
             return cls(**data)
 
         return _json.build(PROFILE_FORMAT, PROFILE_VERSION, make, "profile")
