@@ -1,6 +1,7 @@
 """What is live at a training step's CUDA peak, by the allocator's own trace (issue 34's follow-up).
 
     python benchmarks/gpu_snapshot.py --out F.json [--cases resmlp,resmlp:least,unet_bn,bert]
+    python benchmarks/gpu_snapshot.py --out F.json --kernels [--cases t5,bert]   # which attention kernels ran
 
 Each case runs in a fresh process: the gpu_check model built on the GPU, Adam, the plain loop of
 `gpu_check.train_loop` (the output kept through backward), `torch.cuda.memory._record_memory_history` from
@@ -41,6 +42,36 @@ def _frames(event: dict, keep: int = 5) -> str:
         if len(out) == keep:
             break
     return " < ".join(out)
+
+
+ATTENTION_OPS = ("_scaled_dot_product", "_efficient_attention", "_flash_attention", "_cudnn_attention", "_softmax",
+                 "bmm", "native_dropout", "baddbmm")
+
+
+def kernel_counts(case: str, size: str = "full") -> dict:
+    """The attention-related aten ops one forward and backward of `case`'s model ran (which SDPA kernel CUDA
+    picked: T5's fake step misses 868 MiB, docs/validation.md section 6.2), by a dispatch mode that counts."""
+    from collections import Counter
+
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = func.__name__
+            if any(k in name for k in ATTENTION_OPS):
+                self.seen[name] += 1
+            return func(*args, **(kwargs or {}))
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    model, inputs, loss_fn = gpu_check.build(case, size, device)
+    with Count() as counter:
+        gpu_check.loss_of(gpu_check.call(model, inputs), loss_fn).backward()
+    return {"case": case, "device": torch.cuda.get_device_name() if device == "cuda" else "CPU",
+            "torch": torch.__version__, "ops": dict(counter.seen.most_common())}
 
 
 def live_at_peak(trace: list[dict], start: int = 0) -> dict:
@@ -104,7 +135,15 @@ def main() -> int:
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="resmlp,resmlp:least,unet_bn,bert")
     ap.add_argument("--one", help=argparse.SUPPRESS)
+    ap.add_argument("--kernels", action="store_true", help="count the attention kernels each case's step ran")
+    ap.add_argument("--size", default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.kernels:
+        found = [kernel_counts(case, args.size) for case in args.cases.split(",")]
+        Path(args.out).write_text(json.dumps(found, indent=1))
+        for r in found:
+            print(r["case"], r["ops"], flush=True)
+        return 0
     if args.one:
         Path(args.out).write_text(json.dumps(one_case(args.one)))
         return 0
