@@ -2,7 +2,7 @@
 
     python benchmarks/cuda_reserve.py [--models bert,llama_gqa,t5,unet_bn,resmlp]
 
-For each model of benchmarks/gpu_check.py, unplanned and under its two committed plans: the step profiled here in
+For each model of benchmarks/gpu_check.py, unplanned and under the two plans the H200 ran (tests/gpu_facts/h200/plans): the step profiled here in
 fake mode for an H100 (`remat.profile(..., mode="fake", device="cuda")`, the planned model with the plan applied),
 its `gpu_reserve` (the third step replayed through the default allocator and with expandable segments), and the
 H200's own `max_memory_allocated` / `max_memory_reserved` of the same step (tests/gpu_facts/h200/gpu_check_steps.json,
@@ -10,7 +10,7 @@ H200's own `max_memory_allocated` / `max_memory_reserved` of the same step (test
 
     python benchmarks/cuda_reserve.py --fit [--models bert,llama_gqa]
 
-For the budgets of the committed plans (the ones the H200 ran out of memory under), the plan `remat.gpu_fit.fit_gpu`
+For the budgets of the plans the H200 ran out of memory under (tests/gpu_facts/h200/plans), the plan `remat.gpu_fit.fit_gpu`
 makes instead (NOTE [A plan fits the GPU's reserve]): its tensors, its replayed reserve and the allocator setting
 it needs, or why none fits.
 """
@@ -31,6 +31,8 @@ import remat  # noqa: E402
 import torch  # noqa: E402
 
 TRUTH = HERE.parent / "tests" / "gpu_facts" / "h200" / "gpu_check_steps.json"
+PLANS = TRUTH.parent / "plans"
+"""The plans the H200 ran (made at 8c15f99, as committed then in benchmarks/results/gpu_check/), with made.json."""
 MiB = 2**20
 
 
@@ -38,8 +40,8 @@ def predicted(name: str, kind: str) -> remat.StepProfile:
     """The fake-mode profile of `name`'s step, unplanned or under its committed plan `kind`."""
     model, inputs, loss_fn = gpu_check.build(name, "full", "cpu", autocast_device="cuda")
     if kind != "unplanned":
-        made = json.loads((gpu_check.RESULTS / "made.json").read_text())
-        model = remat.apply(model, remat.load_plan(gpu_check.RESULTS / made["models"][name]["plans"][kind]["file"]))
+        made = json.loads((PLANS / "made.json").read_text())
+        model = remat.apply(model, remat.load_plan(PLANS / made["models"][name]["plans"][kind]["file"]))
     return remat.profile(model, inputs, loss_fn, gpu_check.adam, mode="fake", device="cuda", hardware="H100",
                          keep_output=True)
 
@@ -62,7 +64,7 @@ def fit_row(name: str, kind: str) -> str:
     """The plan fitted to the GPU reserve for the budget of `name`'s committed plan `kind`."""
     from remat.gpu_fit import fit_gpu
 
-    made = json.loads((gpu_check.RESULTS / "made.json").read_text())["models"][name]["plans"][kind]
+    made = json.loads((PLANS / "made.json").read_text())["models"][name]["plans"][kind]
     budget = made["budget_bytes"] or made["peak_bytes"]
     model, inputs, loss_fn = gpu_check.build(name, "full", "cpu", autocast_device="cuda")
     options = {"hardware": "H100", "keep_output": True}
