@@ -268,3 +268,25 @@ def test_a_layer_that_takes_the_encoders_states_does_not_join_its_predecessors_c
     least = remat.frontier(prof)[-1]
     report = remat.verify(model, (src, tgt), least, optimizer=torch.optim.Adam)
     assert report.grads_equal and max(report.grad_max_abs_diff.values()) == 0.0, str(report)
+
+
+def test_auto_warns_when_its_plan_needs_an_allocator_setting_this_process_lacks(monkeypatch):
+    """remat.auto applies the plan in a process whose allocator is set already: it says what to set, and where."""
+    import dataclasses
+
+    import remat.compiled
+
+    monkeypatch.setattr(remat.compiled, "fit_gpu", lambda m, s, p, plan, o: dataclasses.replace(plan, allocator=EXPANDABLE))
+    monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
+    model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)))
+    x = torch.randn(512, 64)
+    with pytest.warns(UserWarning, match=rf"^remat: this plan fits the budget only with PYTORCH_CUDA_ALLOC_CONF="
+                                         rf"{EXPANDABLE}, and this process runs without it"):
+        remat.auto(model, x, budget=0.9)
+    remat.remove(model)
+    monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        remat.auto(model, x, budget=0.9)

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import warnings
 from typing import Any
 
 import torch.nn as nn
@@ -137,6 +139,10 @@ def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *,
                           plan_options)
         if chosen.compiler_budget == 1.0 and not chosen.measured_peak_bytes:  # an eager plan, on CUDA checked
             chosen = fit_gpu(model, (inputs, loss_fn, optimizer), prof, chosen, plan_options)
+    if chosen.allocator and chosen.allocator not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", ""):
+        warnings.warn(f"remat: this plan fits the budget only with PYTORCH_CUDA_ALLOC_CONF={chosen.allocator}, and "
+                      "this process runs without it. Fix: set it before torch is imported (in the shell, or first "
+                      "thing in the script), and run again.", stacklevel=2)
     replace_plan(model, chosen, stacklevel=3)  # in place of the old plan, if any, saying so
     return chosen
 

@@ -30,7 +30,8 @@ from remat.types.reserve import EXPANDABLE, GpuReserve
 #         what any plan reaches, the least-memory plan, then no more), at most TRIALS plans in all; the first that
 #         fits is the plan.
 # Rule 3: if none fits, the checked plan of least cost whose reserve with expandable segments fits is the plan,
-#         `plan.allocator` says the setting it needs, and a note says to set it before torch is imported.
+#         `plan.allocator` says the setting it needs, and a note says to set it before torch is imported
+#         (`remat.auto`, which applies the plan in a process whose allocator is set already, warns where it is not).
 # Rule 4: if none fits either way, remat.InfeasibleBudget, with the least budget the plans seen would fit.
 # Rule 5: where CUDA is simulated on the CPU, a plan that may offload (offload rates given) is not checked, and says
 #         so: its planned step's saved tensors would go to "host" memory that is the CPU's own.
