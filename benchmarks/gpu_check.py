@@ -233,7 +233,7 @@ def _plan_summary(plan, path: Path) -> dict:
             "expandable_reserved_bytes": reserve.expandable_reserved_bytes if reserve else None}
 
 
-def _makers(model, inputs, loss_fn, prof) -> dict[str, Callable]:
+def _makers(model, inputs, loss_fn, prof, hardware: str) -> dict[str, Callable]:
     """The two plans, as `remat plan TARGET --budget B` makes them: for a CUDA step fitted to the replayed GPU
     reserve (NOTE [A plan fits the GPU's reserve]).  plan65: for PLAN_FRACTION of what the unplanned step reserves
     (of its tensors on the CPU); least: the least-memory plan, for the least budget whose reserve it fits."""
@@ -243,7 +243,7 @@ def _makers(model, inputs, loss_fn, prof) -> dict[str, Callable]:
         first = remat.plan(prof, budget)
         if prof.gpu_reserve is None:
             return first
-        return fit_gpu(model, (inputs, loss_fn, adam), prof, first, None, profile_options() | {"hardware": "H100"})
+        return fit_gpu(model, (inputs, loss_fn, adam), prof, first, None, profile_options() | {"hardware": hardware})
 
     def least():
         fewest = remat.frontier(prof, max_points=2)[-1]
@@ -271,7 +271,7 @@ def plan_model(name: str, size: str, plans_dir: Path) -> dict:
            "unplanned_reserved_bytes": reserve.reserved_bytes if reserve else None,
            "profile_s": round(time.perf_counter() - t0, 1), "plans": {}}
     t0 = time.perf_counter()
-    for kind, make in _makers(model, inputs, loss_fn, prof).items():
+    for kind, make in _makers(model, inputs, loss_fn, prof, target["hardware"]).items():
         try:
             plan = make()
         except remat.RematError as e:  # an infeasible budget is a result: the GPU run skips that plan

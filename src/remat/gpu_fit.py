@@ -128,7 +128,15 @@ def fit_gpu(model: nn.Module, step: tuple, prof: StepProfile, first: Plan, plan_
     def replan(target: int) -> Plan:
         return dataclasses.replace(make_plan(prof, target, **(plan_options or {})), budget_bytes=first.budget_bytes)
 
-    return fit_reserve(first, first.budget_bytes, replan, lambda p: planned_reserve(model, step, prof, p, options))
+    seen: dict[tuple, GpuReserve] = {}  # a lower target often gives a plan checked already: profile it once
+
+    def reserve_of(plan: Plan) -> GpuReserve:
+        key = (repr(plan.segments), repr(plan.selective), repr(plan.offload), repr(plan.selective_keeps))
+        if key not in seen:
+            seen[key] = planned_reserve(model, step, prof, plan, options)
+        return seen[key]
+
+    return fit_reserve(first, first.budget_bytes, replan, reserve_of)
 
 
 def planned_reserve(model: nn.Module, step: tuple, prof: StepProfile, plan: Plan, options: dict[str, Any]) -> GpuReserve:

@@ -38,10 +38,12 @@ import bisect
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from remat.measure.tracker import rounded_bytes
 from remat.types.reserve import GpuReserve
 
 MiB = 1 << 20
 ROUND = 512
+"""The allocator's block granularity: every request is rounded up to it (remat's tracker rounds CUDA storages so)."""
 SMALL_SIZE = 1 * MiB
 SMALL_BUFFER = 2 * MiB
 MIN_LARGE_ALLOC = 10 * MiB
@@ -54,7 +56,8 @@ class OutOfMemory(Exception):
 
 
 def rounded(n: int) -> int:
-    return max(ROUND, (n + ROUND - 1) // ROUND * ROUND)
+    """Rule 1: a request as the allocator sizes it (an empty tensor still takes one block)."""
+    return max(ROUND, rounded_bytes(n, ROUND))
 
 
 def segment_size(size: int) -> int:
@@ -106,8 +109,6 @@ class _Pool:
 class CachingAllocator:
     """Rules 1-3 and 5, the default settings: `malloc(n) -> block`, `free(block)`; `allocated`, `reserved` and
     their peaks in bytes.  `cap`: the most it may reserve (None: no cap)."""
-
-    expandable = False
 
     def __init__(self, cap: int | None = None):
         self.cap = cap
@@ -203,8 +204,6 @@ UNBOUNDED = 1 << 60
 
 class ExpandableAllocator(CachingAllocator):
     """Rule 4 (and 5): each pool one address range, mapped in pages; blocks split down to 512 bytes."""
-
-    expandable = True
 
     def __init__(self, cap: int | None = None):
         super().__init__(cap)
@@ -347,16 +346,3 @@ def gpu_reserve(records, scratch: list[int], phases: list[str]) -> GpuReserve:
     default = replay(records, scratch, phases, CachingAllocator())
     expandable = replay(records, scratch, phases, ExpandableAllocator())
     return GpuReserve(default.allocated_bytes, default.reserved_bytes, expandable.reserved_bytes)
-
-
-def least_cap(run, low: int, high: int, step: int = ROUND_LARGE) -> int:
-    """The least cap, in `step`s between `low` and `high`, under which `run(cap)` (a Replayed) does not run out;
-    `high` if none below it (bisection: more room never makes the replay run out sooner, as far as it matters)."""
-    lo, hi = low // step, -(-high // step)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if run(mid * step).out_of_memory:
-            lo = mid + 1
-        else:
-            hi = mid
-    return hi * step

@@ -42,6 +42,7 @@ import torch
 
 from remat._torch_compat import op_name, tensor_leaves
 from remat.measure.fake import host_step_counters
+from remat.measure.cuda_allocator import ROUND
 from remat.measure.tracker import StorageRecord, Tracker, rounded_bytes
 
 ARCH = {"H100": "sm90", "H200": "sm90", "A100": "sm80", "L4": "sm89"}
@@ -54,7 +55,6 @@ CONV_BACKWARD_EXTRA_BYTES = 2 << 20
 """Rule 3: measured 2.0-2.1 MiB beyond twice the output gradient (float32 and bfloat16)."""
 EMBEDDING_BYTES_PER_INDEX = 689
 """Rule 5: 5,644,288 bytes of index buffers for 8,192 indices."""
-ROUNDING = 512
 
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"})
 ATTENTION_BACKWARDS = {
@@ -192,4 +192,4 @@ def _dense_bytes(t: torch.Tensor) -> int:
 
 
 def _rounded(n: int) -> int:
-    return rounded_bytes(n, ROUNDING)
+    return rounded_bytes(n, ROUND)

@@ -19,6 +19,7 @@ from remat import procmem
 from remat.measure import cuda_kernels, cuda_workspaces, fake, roofline, scratch
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile
+from remat.measure.cuda_allocator import ROUND
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
 from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
 from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note
@@ -38,7 +39,6 @@ from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
 from remat.types import Mode, Step, StepProfile
 
-CUDA_ROUNDING_BYTES = 512  # the CUDA caching allocator's block granularity
 SIMULATED_NOTE = (
     "CUDA target simulated on CPU: storages rounded to 512 bytes like the CUDA caching allocator; "
     "optimizer, autocast, attention, dropout and cuBLAS/cuDNN workspaces as on CUDA (docs/validation.md §4.1)."
@@ -163,7 +163,7 @@ def _setup(model: nn.Module, mode: str, device: str | torch.device | None, hardw
             "timed as it runs. Fix: leave hardware out, or predict with mode='fake'."
         )
     simulated = mode == Mode.FAKE and target.type == "cuda" and not torch.cuda.is_available()
-    rounding = CUDA_ROUNDING_BYTES if target.type == "cuda" else 1
+    rounding = ROUND if target.type == "cuda" else 1
     hw, note = roofline.hardware(hardware, target) if mode == Mode.FAKE else (None, None)
     notes = ([SIMULATED_NOTE] if simulated else []) + ([note] if note else [])
     return Setup(Mode(mode), target, rounding, simulated, notes, hw)
