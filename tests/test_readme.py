@@ -67,8 +67,10 @@ def test_the_readme_python_block_runs_as_written(capsys):
     model, prof, plan = ns["model"], ns["prof"], ns["plan"]
     messages = [str(w.message) for w in caught]
 
-    # remat.plan and remat.verify: the plan for 400 MiB keeps the gradients
-    assert isinstance(plan, remat.Plan) and plan.budget_bytes == 400 * 2**20 and plan.segments
+    # remat.plan and remat.verify: the plan for 400 MiB recomputes (whole modules, or selectively: which one wins
+    # depends on this machine's measured seconds, issue 37), fits, and keeps the gradients
+    assert isinstance(plan, remat.Plan) and plan.budget_bytes == 400 * 2**20 and (plan.segments or plan.selective)
+    assert plan.peak_bytes <= plan.budget_bytes
     assert re.search(r"gradients \(max \|diff\|\)\s+0\s+<= 0\s+ok", out)
 
     # remat.auto planned the model as written, and its plan was in force until the recipe replaced it
