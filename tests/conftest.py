@@ -5,6 +5,7 @@ On the 2-core machines this project runs on, two intra-op threads make small ste
 """
 
 import importlib
+import os
 
 import torch
 
@@ -14,6 +15,9 @@ torch.set_num_threads(1)
 # steps per profile and per verify (users get REPEATS = 3 and TIME_ROUNDS = 5); test_seconds.py passes its own.
 importlib.import_module("remat.measure.timing").REPEATS = 1
 importlib.import_module("remat.verifier.verify").TIME_ROUNDS = 1
+# The command line's progress lines on stderr (a line per phase where stderr is no terminal, as under pytest) off:
+# tests read its messages; test_cli.py turns them on where it checks them.
+os.environ["REMAT_PROGRESS"] = "off"
 
 
 import pytest  # noqa: E402

@@ -13,6 +13,7 @@ import datetime
 import faulthandler
 import hashlib
 import json
+import warnings
 import os
 import sys
 
@@ -88,7 +89,10 @@ def main(out: str) -> None:
     remat.apply(before, plan)  # plan, then wrap
     planned_before = _grads(DistributedDataParallel(before), inputs)
     after = DistributedDataParallel(copy.deepcopy(model))
-    remat.apply(after, plan)  # wrap, then plan: the names are `module.…` here
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        remat.apply(after, plan)  # wrap, then plan: the names are `module.…` here
+    buckets_warned = [str(w.message) for w in seen if "gradient buckets" in str(w.message)]
     planned_after = _grads(after, inputs)
     applied_after = applied(after) is plan
     remat.remove(after)
@@ -106,6 +110,7 @@ def main(out: str) -> None:
         "applied_after": applied_after,
         "removed": _diff(reference, plain_again),
         "synced": sums[0] == sums[1],  # DDP averaged the two ranks' gradients
+        "buckets_warned": buckets_warned,
     }
     _finish(out, result)
 
@@ -152,6 +157,11 @@ def main_fsdp(out: str) -> None:
         run_refused = ""
     except remat.RematError as e:
         run_refused = str(e)
+    try:  # the chen recipe's runs over FSDP units: refused too (it used to fail inside the step, DTensor mixed)
+        remat.apply(after, "chen")
+        recipe_refused = ""
+    except remat.RematError as e:
+        recipe_refused = str(e)
     result = {
         "rank": rank,
         "segments": [list(s) for s in plan.segments] + [[n] for n in plan.selective],
@@ -159,6 +169,7 @@ def main_fsdp(out: str) -> None:
         "before": _diff(reference, planned_before),
         "after": _diff(reference, planned_after),
         "run_refused": run_refused,
+        "recipe_refused": recipe_refused,
     }
     _finish(out, result)
 

@@ -127,7 +127,8 @@ def test_world_size_predicts_one_rank_and_plans_it(capsys):
     assert code == 0, err
     assert "sharded with FSDP2: each checkpoint wraps one module" in out
     code, out, err = run(capsys, "profile", "remat.zoo:gpt2", "--world-size", "4")
-    assert code == 2 and err.startswith("remat: world_size=4 predicts one rank of 4 in fake mode; saw mode='real'.")
+    assert code == 2 and err.startswith("remat: --world-size 4 predicts one rank of 4 in fake mode; saw --mode real. "
+                                        "Fix: pass --mode fake")  # the library's words as the CLI's flags
 
 
 def test_profile_json_round_trips(capsys, target_file, tmp_path):
@@ -408,7 +409,7 @@ def test_plan_offloads_on_a_fake_gpu_step_when_told_the_link_speed(capsys):
     assert code == 0 and "offload" not in out.split("note:")[0]
     assert "note: offload not weighed: give offload_bandwidth" in out
     code, _, err = run(capsys, *args, "--offload-bandwidth", "16GB", "--device-flops", "1TFLOPs/s")
-    assert code == 2 and err.startswith("remat: cannot read offload_bandwidth='16GB'")
+    assert code == 2 and err.startswith("remat: cannot read --offload-bandwidth 16GB;")  # in the CLI's words
 
 
 def test_max_segment_limits_the_modules_one_checkpoint_wraps(capsys, target_file, tmp_path):

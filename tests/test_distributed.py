@@ -62,6 +62,10 @@ def test_a_plan_made_on_the_bare_model_trains_under_ddp_before_or_after_wrapping
         assert r["segments"] and r["same_plan_on_every_rank"] and r["synced"]
         assert r["before"] == 0.0 and r["after"] == 0.0 and r["removed"] == 0.0
         assert r["applied_after"]
+        # a plan of the bare model put on the DDP model: warned that DDP's buckets are in no such profile
+        [warned] = r["buckets_warned"]
+        assert warned.startswith("remat: the plan was made from a profile of GPT2LMHeadModel in one process")
+        assert "Fix: plan from a profile of the wrapped model" in warned
 
 
 def test_a_plan_made_on_the_bare_model_trains_under_fsdp2_before_or_after_sharding(tmp_path):
@@ -75,6 +79,9 @@ def test_a_plan_made_on_the_bare_model_trains_under_fsdp2_before_or_after_shardi
         assert r["run_refused"].startswith(
             "remat: the plan checkpoints transformer.h.0 .. transformer.h.2 as one run, but transformer.h.0, "
         ) and "Fix: plan with max_segment=1" in r["run_refused"]
+        assert r["recipe_refused"].startswith("remat: the 'chen' recipe checkpoints runs of several blocks as one, "
+                                              "but transformer.h.")
+        assert "Fix: remat.apply(model, 'every-block')" in r["recipe_refused"]
 
 
 def _predicted_plan(tmp_path: Path, wrap: str):

@@ -245,7 +245,7 @@ def test_infeasible_budget_names_the_least_budget_and_that_one_fits(chain_profil
     with pytest.raises(remat.InfeasibleBudget, match=r"^remat: no plan fits the budget of 1\.0 MiB") as info:
         remat.plan(prof, "1MiB")
     least = info.value.min_bytes
-    assert f"the least any dp plan reaches is {least / MIB:,.1f} MiB ({least} bytes)" in str(info.value)
+    assert f"the least any plan reaches is {least / MIB:,.1f} MiB ({least} bytes)" in str(info.value)
     assert remat.plan(prof, least).peak_bytes <= least
 
 
@@ -296,7 +296,7 @@ def test_plan_saves_and_loads(tmp_path, chain_profile):
     p.save(tmp_path / "plan.json")
     assert remat.load_plan(tmp_path / "plan.json") == p
     (tmp_path / "bad.json").write_text('{"format": "remat.Plan", "version": 99}')
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 4 document"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 5 document"):
         remat.load_plan(tmp_path / "bad.json")
     with pytest.raises(remat.RematError, match=r"^remat: no plan file at"):
         remat.load_plan(tmp_path / "missing.json")
@@ -396,13 +396,13 @@ def test_a_version_1_plan_file_still_loads(tmp_path):
     assert plan.solver == "dp" and [b.name for b in plan.blocks] == [f"transformer.h.{i}" for i in range(4)]
     assert plan.called_directly == [] and plan.gpu_reserve is None and plan.allocator == ""
     again = remat.Plan.from_json(plan.to_json())
-    assert again == plan and '"version": 4' in plan.to_json() and "output_bytes" not in plan.to_json()
+    assert again == plan and '"version": 5' in plan.to_json() and "output_bytes" not in plan.to_json()
     version3 = json.loads(plan.to_json())
     del version3["gpu_reserve"], version3["allocator"]
     assert remat.Plan.from_json(json.dumps({**version3, "version": 3})) == plan
     del version3["called_directly"]
     assert remat.Plan.from_json(json.dumps({**version3, "version": 2})) == plan
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 4 document, saw \('remat.Plan', 0\)"):
+    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 5 document, saw \('remat.Plan', 0\)"):
         remat.Plan.from_json(old.read_text().replace('"version": 1', '"version": 0'))
 
 

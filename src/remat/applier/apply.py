@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import torch.nn as nn
 
 from remat._torch_compat import wrapped_module
+from remat._torch_compat.distributed import DDP, is_a
 from remat.applier.compiler_budget import clear_compiler_budget, optimized_module, set_compiler_budget
 from remat.applier.runs import run_of, wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
@@ -79,6 +80,7 @@ def replace_plan(model: nn.Module, plan: Plan | str, stacklevel: int = 2) -> nn.
             "made for.",
             stacklevel=stacklevel,
         )
+    _warn_ddp_buckets(wrapper, model, plan, stacklevel + 1)
     skipped = _wrap_all(model, segments, selective, offload, frozenset(getattr(plan, "called_directly", ())))
     set_compiler_budget(wrapper, model, compiler_budget)
     object.__setattr__(model, APPLIED, plan)
@@ -93,6 +95,27 @@ def replace_plan(model: nn.Module, plan: Plan | str, stacklevel: int = 2) -> nn.
             stacklevel=stacklevel,
         )
     return wrapper
+
+
+def _warn_ddp_buckets(wrapper: nn.Module, model: nn.Module, plan: Plan | str, stacklevel: int) -> None:
+    """A plan made for one process, put on a model DistributedDataParallel runs: its gradient buckets (a copy of
+    the gradients unless `gradient_as_bucket_view`) are in no profile of the bare model, and the step peaks that
+    much over the plan's budget (a 504 MiB plan trained at 529 MiB per rank)."""
+    ddp = wrapper
+    while ddp is not None and not is_a(ddp, DDP):
+        ddp = wrapped_module(ddp)
+    if ddp is None or not isinstance(plan, Plan) or plan.parallel == "ddp" or ddp.gradient_as_bucket_view:
+        return
+    buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    warnings.warn(
+        f"remat: the plan was made from a profile of {type(model).__name__} in one process, and it runs under "
+        f"DistributedDataParallel, whose gradient buckets (about {buckets / 2**20:,.1f} MiB, a copy of the "
+        "gradients) that profile did not count: each rank's step may peak that much above the plan's budget. "
+        "Fix: plan from a profile of the wrapped model, remat.profile(ddp_model, batch) in each rank, or from a "
+        "prediction, remat.profile(model, global_batch, mode='fake', world_size=N, wrap='ddp'); or "
+        "DistributedDataParallel(..., gradient_as_bucket_view=True), which keeps no copy.",
+        stacklevel=stacklevel,
+    )
 
 
 def bare(model: nn.Module) -> nn.Module:
@@ -289,7 +312,17 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
             f"inside an nn.Sequential or an nn.ModuleList; {parent or type(model).__name__} is a "
             f"{type(container).__name__}. Fix: use 'every-block', or remat.plan for a plan that fits a budget."
         )
-    return [blocks[first : last + 1] for first, last in segments]
+    runs = [blocks[first : last + 1] for first, last in segments]
+    modules = dict(model.named_modules())
+    sharded = [n for run in runs if len(run) > 1 for n in run if is_fsdp_unit(modules[n])]
+    if sharded:
+        raise RematError(
+            f"remat: the {recipe!r} recipe checkpoints runs of several blocks as one, but {listing(sharded, 3)} "
+            "are FSDP units (fully_shard): each gathers its parameters in its own forward hooks, which recomputing "
+            "a run would not call. Expected one block per checkpoint on a sharded model. Fix: "
+            "remat.apply(model, 'every-block'), or a plan from remat.plan (it checkpoints sharded blocks one by one)."
+        )
+    return runs
 
 
 def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, list[str]], offload: list[str],

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import re
 import sys
 from collections.abc import Iterator
 
@@ -43,11 +44,21 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return args.command(args)
         except RematError as e:
-            print(str(e), file=sys.stderr)
+            print(in_cli_words(str(e)), file=sys.stderr)
             return EXIT_ERROR
         except KeyboardInterrupt:
             print("remat: interrupted.", file=sys.stderr)
             return EXIT_INTERRUPTED
+
+
+_KEYWORD = re.compile(r"\b(budget|offload_bandwidth|device_flops|max_segment|solver|mode|device|world_size|hardware)="
+                      r"(['\"]?)([^'\"\s,;)]+)\2")
+
+
+def in_cli_words(message: str) -> str:
+    """A library error's message as the command line says it: the keyword arguments its fixes name (`budget="6GiB"`,
+    `max_segment=1`, `mode='fake'`) written as the flags that set them (`--budget 6GiB`, `--max-segment 1`)."""
+    return _KEYWORD.sub(lambda m: f"--{m.group(1).replace('_', '-')} {m.group(3)}", message)
 
 
 def build_parser() -> argparse.ArgumentParser:

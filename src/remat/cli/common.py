@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -15,6 +17,7 @@ from rich.status import Status
 import remat
 from remat.errors import RematError
 from remat.measure.roofline import NAMES
+from remat.progress import PhaseLines
 from remat.report.plot import plot_timeline
 from remat.target import Target, load_target
 from remat.types import StepProfile
@@ -134,18 +137,64 @@ def _build_device(mode: str, device: str | None) -> str | None:
     return None
 
 
-def _progress(status: Status) -> Callable[[str, int], None]:
+def _progress(status: "Status | _Lines") -> Callable[[str, int], None]:
     def report(phase: str, ops: int) -> None:
-        status.update(f"running the step: {phase} ({ops} ops)")
+        status.update(f"running the step: {phase} ({ops} ops)", phase=phase)
 
     return report
 
 
+def progress_of(status: "Status | _Lines", what: str) -> Callable[[str, int], None]:
+    """A `progress=` callable for remat.verify (or any call) that shows its phases under `spinner`'s status."""
+    return lambda phase, done: status.update(f"{what}: {phase}", phase=phase)
+
+
+class _Lines:
+    """`spinner` where stderr is no terminal (a pipe, a log): a line per phase, with the seconds since the start."""
+
+    def __init__(self, text: str):
+        self.lines = PhaseLines(text)
+        print(f"remat: {text} ...", file=sys.stderr, flush=True)
+
+    def update(self, text: str, phase: str | None = None) -> None:
+        self.lines(phase or text)
+
+
+class _Silent:
+    def update(self, text: str, phase: str | None = None) -> None:
+        pass
+
+
+class _Status:
+    """rich's spinner, its `update` taking the phase `_Lines` keys on."""
+
+    def __init__(self, status: Status):
+        self.status = status
+
+    def update(self, text: str, phase: str | None = None) -> None:
+        self.status.update(text)
+
+
+PROGRESS_ENV = "REMAT_PROGRESS"
+"""`off`: no progress on stderr at all; `lines`: a line per phase even in a terminal; else (`auto`, unset) a spinner
+in a terminal and lines elsewhere."""
+
+
 @contextlib.contextmanager
-def spinner(text: str) -> Iterator[Status]:
-    """A rich status spinner on stderr (shows nothing when stderr is not a terminal)."""
-    with Console(stderr=True).status(text) as status:
-        yield status
+def spinner(text: str) -> Iterator["_Status | _Lines | _Silent"]:
+    """What runs now, on stderr: a rich spinner in a terminal, else a line per phase (`remat: <text>: <phase>
+    (<s> s)`), so a piped or logged command shows its progress too (PROGRESS_ENV says otherwise)."""
+    console, setting = Console(stderr=True), os.environ.get(PROGRESS_ENV, "auto").lower()
+    if setting == "off":
+        yield _Silent()
+        return
+    if setting == "lines" or not console.is_terminal:
+        lines = _Lines(text)
+        yield lines
+        lines.update("done")
+        return
+    with console.status(text) as status:
+        yield _Status(status)
 
 
 # -- writing files ----------------------------------------------------------------------------

@@ -7,10 +7,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import remat
-from remat.cli.common import EXIT_OK, adam, add_outputs, load, profile_built, spinner, write_outputs
+from remat.cli.common import EXIT_OK, adam, add_outputs, load, profile_built, progress_of, spinner, write_outputs
 from remat.cli.plan_cmd import chain_baselines, report_baselines
 from remat.errors import InfeasibleBudget
-from remat.report.plan_text import render_plan
+from remat.report.plan_text import render_plan, verdict
 from remat.report.text import render_profile, summarize_profile
 from remat.target import Target
 from remat.types import Plan, StepProfile
@@ -63,11 +63,11 @@ def _demo_plan(run: DemoRun) -> None:
 
 def _demo_verify(run: DemoRun) -> None:
     """Apply the plan and check it: same gradients and buffers, FLOPs and peak as predicted."""
-    with spinner("running the step with and without the plan"):
-        report = remat.verify(run.target.model, run.target.inputs, run.plan, run.target.loss_fn, optimizer=adam)
+    with spinner("verify") as status:
+        report = remat.verify(run.target.model, run.target.inputs, run.plan, run.target.loss_fn, optimizer=adam,
+                              progress=progress_of(status, "verify"))
     print(str(report), end="")
-    verdict = "nothing but memory and time changed" if report.ok else "the plan does NOT hold: see MISMATCH above"
-    print(f"Verdict: {verdict}.")
+    print(verdict(report))
 
 
 def _demo_outputs(run: DemoRun) -> None:

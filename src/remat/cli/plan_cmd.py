@@ -15,6 +15,7 @@ from remat.cli.common import (
     add_step_options,
     load,
     loop_options,
+    progress_of,
     profile_options,
     profile_built,
     spinner,
@@ -27,7 +28,7 @@ from remat.planner.api import SOLVERS
 from remat.planner.budget import parse_budget
 from remat.planner.problem import MAX_SEGMENT, NotAChain
 from remat.report.frontier_text import render_frontier
-from remat.report.plan_text import render_plan
+from remat.report.plan_text import render_plan, verdict
 from remat.report.plot import plot_frontier
 from remat.target import Target
 from remat.types import Plan, StepProfile
@@ -108,12 +109,13 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         write(args.out, "the plan as JSON", plan.save)
     if args.verify:
         print()
-        with spinner("running the step with and without the plan"):
+        with spinner("verify") as status:
             report = remat.verify(
                 built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer], **loop_options(args),
-                target=args.target,
+                target=args.target, progress=progress_of(status, "verify"),
             )
         print(str(report), end="")
+        print(verdict(report))
         return EXIT_OK if report.ok else EXIT_ERROR
     return EXIT_OK
 

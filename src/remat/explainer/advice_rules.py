@@ -28,6 +28,12 @@ def measured_with_reserved_memory(ev: Evidence) -> list[Finding]:
         seen, source = ev.reserved_bytes, "The caching allocator reserved"
     if not seen or seen < (1 + RESERVE_MARGIN) * peak:
         return []
+    message, fix = _not_tensors_cpu(source, seen, peak) if _device(ev) == "cpu" else _not_tensors_cuda(source, seen, peak)
+    return [Finding("measured-with-reserved-memory", "", message, seen - peak, fix, Severity.ADVICE,
+                    dict(seen_bytes=seen, peak_bytes=peak))]
+
+
+def _not_tensors_cuda(source: str, seen: int, peak: int) -> tuple[str, str]:
     message = (
         f"{source} {_b(seen)}; the step's tensors peak at {_b(peak)} (measured: what torch.cuda.max_memory_allocated() "
         f"reports). The other {_b(seen - peak)} is not tensors: the CUDA caching allocator keeps freed blocks "
@@ -39,8 +45,27 @@ def measured_with_reserved_memory(ev: Evidence) -> list[Finding]:
         "torch.cuda.max_memory_allocated() after it; not nvidia-smi or memory_reserved() (the reserve), and not "
         "memory_allocated() after the step (what is left then, not the peak)."
     )
-    return [Finding("measured-with-reserved-memory", "", message, seen - peak, fix, Severity.ADVICE,
-                    dict(seen_bytes=seen, peak_bytes=peak))]
+    return message, fix
+
+
+def _not_tensors_cpu(source: str, seen: int, peak: int) -> tuple[str, str]:
+    """The same finding for a step on the CPU, where no caching allocator is involved: a process's memory."""
+    message = (
+        f"{source} {_b(seen)}; the step's tensors peak at {_b(peak)} (measured on the CPU). The other "
+        f"{_b(seen - peak)} is not the step's tensors: a process's resident memory (what top, ps or a memory "
+        "monitor show) also holds Python, torch's libraries (hundreds of MiB), the data and what the C allocator "
+        "keeps after frees. Checkpointing frees only tensors, so such figures move less than the step's peak."
+    )
+    fix = (
+        "Measure the step's own peak: remat.profile(model, inputs), or the process's high-water mark (VmHWM in "
+        "/proc/self/status) less its resident memory just before the step; remat.verify reports both."
+    )
+    return message, fix
+
+
+def _device(ev: Evidence) -> str:
+    prof = ev.written if ev.written is not None else ev.plain
+    return prof.device
 
 
 def _peak(ev: Evidence) -> int:

@@ -35,6 +35,8 @@ class Setup:
     notes: list[str] = field(default_factory=list)
     hardware: Hardware | None = None
     """The roofline a fake step's op seconds are predicted by (NOTE [An op's seconds, predicted]); None in real mode."""
+    timed: bool = True
+    """A real step's seconds measured (NOTE [The seconds of a step]); False where only its memory is wanted."""
 
     @property
     def cuda_real(self) -> bool:

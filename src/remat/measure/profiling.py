@@ -37,6 +37,7 @@ from remat.measure.step import (
 from remat.measure.timing import StepTimes, host_bandwidth, identity, settle, time_loop
 from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
+from remat.progress import Progress, resolve, say
 from remat.types import Mode, Step, StepProfile
 
 SIMULATED_NOTE = (
@@ -48,7 +49,6 @@ COMPILED_NOTE = (
     "the compiled model and to the bare one); the compiled step's own peak is what "
     "remat.verify(compiled_model, inputs, plan) measures by the process counter (docs/compile.md)."
 )
-Progress = Callable[[str, int], None]
 
 
 def profile(
@@ -60,13 +60,14 @@ def profile(
     *,
     device: str | torch.device | None = None,
     blocks: list[str] | None = None,
-    progress: Progress | None = None,
+    progress: bool | Progress | None = None,
     step: str = "steady",
     accumulate: int = 1,
     world_size: int = 1,
     wrap: Any = "fsdp",
     hardware: str | None = None,
     keep_output: bool = True,
+    timed: bool = True,
 ) -> StepProfile:
     """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
 
@@ -74,31 +75,30 @@ def profile(
         >>> prof = remat.profile(model, torch.randn(8, 1024), optimizer=torch.optim.Adam(model.parameters()))
         >>> prof.peak_bytes, prof.peak_phase, prof.blocks[0].saved_bytes
 
-    `mode="real"` runs the step on the model's device and counts live tensor storages; `mode="fake"` predicts
-    the same figures with fake tensors, allocating nothing, also for a `device="cuda"` this machine does not
-    have, its seconds by the roofline of `hardware` ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of
-    a step]).  The model, its optimizer and the RNG are left as they were.
+    `mode="real"` runs the step on the model's device and counts live tensor storages; `mode="fake"` predicts the
+    same figures with fake tensors, allocating nothing, also for a `device="cuda"` this machine does not have, its
+    seconds by the roofline of `hardware` ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of a step]).
+    The model, its optimizer and the RNG are left as they were.
 
-    `step="steady"` (the default) measures the step a training loop repeats, with the optimizer's state
-    resident from its start; `step="first"` the first step of the optimizer as given.  `accumulate=K` runs K
-    forward/backward passes per optimizer step.  `keep_output=True` (the default) is a loop that keeps the
-    output until after backward (`out = model(**b); out.loss.backward()`), `False` one that keeps only the loss
-    (Hugging Face's Trainer).  See NOTE [The step that is measured].
+    `step="steady"` (the default) measures the step a training loop repeats, with the optimizer's state resident
+    from its start; `step="first"` the first step of the optimizer as given.  `accumulate=K` runs K forward/backward
+    passes per optimizer step.  `keep_output=True` (the default) is a loop that keeps the output until after
+    backward (`out = model(**b); out.loss.backward()`), `False` only the loss (Hugging Face's Trainer); NOTE [The
+    step that is measured].  `timed=False`: a real step's seconds not measured (as `remat.verify` needs).
 
-    A model wrapped in DistributedDataParallel or sharded with FSDP2 is profiled as the
-    rank this runs in sees its step (NOTE [A rank's step]).  `world_size=N` with
-    `mode="fake"` predicts one rank of N from this process, with no process group: the
-    inputs are the global batch, and `wrap` says how the job shares the model: "fsdp"
-    (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model`
-    (NOTE [N ranks from one process]).  Of a compiled model: the model inside, eagerly, and the compiled
-    step's peak by the process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
+    A model wrapped in DistributedDataParallel or sharded with FSDP2 is profiled as the rank this runs in sees
+    its step (NOTE [A rank's step]).  `world_size=N` with `mode="fake"` predicts one rank of N from this process,
+    with no process group: the inputs are the global batch, and `wrap` says how the job shares the model:
+    "fsdp" (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model` (NOTE [N ranks
+    from one process]).  Of a compiled model: the model inside, eagerly, and the compiled step's peak by the
+    process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
 
-    Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run, and CUDA's
-    workspaces are modelled from H100 measurements (NOTE [CUDA memory that is no tensor])."""
+    Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; CUDA's workspaces are
+    modelled from H100 measurements (NOTE [CUDA memory that is no tensor])."""
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
-    options = _Options(mode, device, blocks, progress, Loop.of(step, accumulate, keep_output), hardware)
-    args = (model, inputs, loss_fn, optimizer, options)
+    loop, say_phase = Loop.of(step, accumulate, keep_output), resolve(progress, "profile")
+    args = (model, inputs, loss_fn, optimizer, _Options(mode, device, blocks, say_phase, loop, hardware, timed))
     prof = _profile(*args) if world_size == 1 else _predict_ranks(*args, (world_size, wrap))
     return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if is_compiled(compiled) else prof
 
@@ -111,6 +111,7 @@ class _Options:
     progress: Progress | None
     loop: Loop
     hardware: str | None = None
+    timed: bool = True
 
 
 def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options, ranks: tuple[int, Any]) -> StepProfile:
@@ -132,7 +133,7 @@ def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Par
     """`profile` of one process's step; `parallel` says how a prediction spreads it (else found on the model)."""
     model, found = parallel_of(model)  # NOTE [A rank's step]
     step_inputs = normalize_inputs(inputs)
-    setup = _setup(model, options.mode, options.device, options.hardware)
+    setup = dataclasses.replace(_setup(model, options.mode, options.device, options.hardware), timed=options.timed)
     check_optimizer(optimizer, model)
     candidates = find_candidates(model, options.blocks)
     run = _Run(model, loss_fn, candidates, setup, options.progress, options.loop, parallel or found)
@@ -218,7 +219,8 @@ class _Run:
         """The profile of the step; `restore()` puts the model and optimizer back as before it (real mode)."""
         cuda_real = self.setup.cuda_real
         sync = torch.cuda.synchronize if cuda_real else None
-        timed = self.setup.mode == Mode.REAL and not self.parallel.kind  # NOTE [The seconds of a step], Rule 4
+        # NOTE [The seconds of a step], Rule 4
+        timed = self.setup.mode == Mode.REAL and self.setup.timed and not self.parallel.kind
         tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed, sync,
                           skip_host=cuda_real)  # NOTE [What counts as live memory], Rule 8
         tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
@@ -234,10 +236,13 @@ class _Run:
         self._as_the_device_holds_it(tracker, opt, base_allocated)
         if cache.turned_off:
             self.setup.notes.append(CACHE_NOTE)
+        if timed:
+            say(self.progress, "timing the step")
         timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt),
                         io.modules)
         prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
         if restore is not None and self._measures_scratch(prof):
+            say(self.progress, "kernel scratch, in a copy of the process")
             tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
             prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
         first_peak = lead.first_peak

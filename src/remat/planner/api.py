@@ -153,7 +153,7 @@ def frontier(
         if p.peak_bytes >= plans[-1].peak_bytes:
             break
         cost = (problem.cost(chosen), problem.tie(chosen))
-        if cost <= costs[-1] and len(plans) > 1:
+        if len(plans) > 1 and _no_dearer(cost, costs[-1], problem.cost_slack):
             plans.pop()  # the new plan needs less memory for no more cost: the last one is dominated
             costs.pop()
         plans.append(p)
@@ -162,18 +162,29 @@ def frontier(
     least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
     if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
         least_cost = (problem.cost(least), problem.tie(least))
-        _end_with(plans, costs, make_plan(profile, problem, least, name, None), least_cost, max_points, step)
+        _end_with(plans, costs, make_plan(profile, problem, least, name, None), least_cost, max_points, step,
+                  slack=problem.cost_slack)
     return plans
 
 
-def _end_with(plans: list[Plan], costs: list, least: Plan, cost: tuple, max_points: int, step: int) -> None:
+def _end_with(plans: list[Plan], costs: list, least: Plan, cost: tuple, max_points: int, step: int, *,
+              slack: int) -> None:
     """Put the least-memory plan last, in place of the points it dominates, is too near, or needs room from."""
     while len(plans) > 1 and (
-        len(plans) >= max_points or costs[-1] >= cost or plans[-1].peak_bytes - least.peak_bytes < step
+        len(plans) >= max_points or _no_dearer(cost, costs[-1], slack)
+        or plans[-1].peak_bytes - least.peak_bytes < step
     ):
         plans.pop()
         costs.pop()
     plans.append(least)
+
+
+def _no_dearer(cost: tuple[int, int], other: tuple[int, int], slack: int) -> bool:
+    """(cost, tie-break) `cost` is no dearer than `other`: costs within `slack` of each other count as equal and
+    the tie-breaks decide (NOTE [The memory model of a plan], Rule 8); with no slack, the order of the pairs."""
+    if abs(cost[0] - other[0]) <= slack:
+        return cost[1] <= other[1]
+    return cost[0] < other[0]
 
 
 def offload_rates(profile: StepProfile, bandwidth, device_flops) -> tuple[float, float] | None:
@@ -271,6 +282,12 @@ def _needs_a_chain(solver: Solver) -> Iterator[None]:
         ) from e
 
 
+def _by(solver: str) -> str:
+    """" made by Chen's sqrt(n) segments" where the solver was told to use only those; else nothing: "any plan"
+    is what remat can do."""
+    return " made by Chen's sqrt(n) segments" if solver == "chen" else ""
+
+
 def _infeasible(profile: StepProfile, problem: Problem, solver: str, budget: int, time_limit_s: float) -> InfeasibleBudget:
     least = _min_bytes(problem, solver, time_limit_s)
     workspaces = profile.at_peak.workspaces_bytes
@@ -290,7 +307,7 @@ def _infeasible(profile: StepProfile, problem: Problem, solver: str, budget: int
     already = already_checkpointed_note(profile)
     return InfeasibleBudget(
         f"remat: no plan fits the budget of {budget / MIB:,.1f} MiB ({budget} bytes); the least any "
-        f"{solver} plan reaches is {least / MIB:,.1f} MiB ({least} bytes) — {why}. "
+        f"plan{_by(solver)} reaches is {least / MIB:,.1f} MiB ({least} bytes) — {why}. "
         + (f"Note: {already}. " if already else "")
         + f"Fix: give a budget of at least {least} bytes, or a smaller batch.",
         min_bytes=least,

@@ -49,6 +49,12 @@ NOTE [The memory model of a plan]
             re-run breaking ties.  Seconds count in whole nanoseconds (`Unit.cost_ns`): exact sums, and
             a plan's seconds are the sum the solver ranked.  Wherever units are ranked (a
             block's selective units, Rule 4), it is by this cost.
+  Rule 8. Measured seconds are noisy (two profiles of one model on a busy 2-core machine put
+            the same plan 10% of a step apart), and the cheapest plan by them changed from run to
+            run.  So plans whose measured seconds lie within `cost_slack` (SECONDS_NOISE of the
+            step's seconds) of the cheapest count as equally cheap, and FLOPs, then the peak,
+            decide among them (ilp; dp keeps the cheapest).  Predicted seconds (a roofline) are
+            not noisy: no slack.
   The model is conservative inside a checkpointed block's own forward (its
   intermediate tensors are counted as if saved) and ignores the recompute's
   short-lived temporaries; docs/benchmarks.md compares it with measurements.
@@ -69,6 +75,8 @@ from remat.planner.units import Group, Unit  # the solvers import them from here
 from remat.types import Action, BlockProfile, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
+SECONDS_NOISE = 0.02
+"""Rule 8: measured seconds within this share of the step's of each other count as equal."""
 RUN_CONTAINERS = ("Sequential", "ModuleList", CALLED_DIRECTLY)
 """Containers in which remat.apply wraps a run of several siblings as one checkpoint (Rule 5)."""
 
@@ -90,10 +98,13 @@ class Problem:
         extras: frozenset[str] = frozenset(),
         *,
         timed: bool = False,
+        cost_slack: int = 0,
     ):
         self.live = live
         self.timed = timed
         """Rule 7: the cost is seconds (FLOPs break ties), else FLOPs (ops re-run break ties)."""
+        self.cost_slack = cost_slack
+        """Rule 8: plans within this cost of the cheapest count as equally cheap (measured nanoseconds)."""
         self.extras = extras
         """Blocks outside the model's blocks (`BlockProfile.extra`): units, but never the chain."""
         self.units = units
@@ -141,7 +152,9 @@ class Problem:
         units = [u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))]
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         extras = frozenset(b.name for b in blocks if b.extra)
-        return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras, timed=prof.timed)
+        slack = round(SECONDS_NOISE * prof.step_time_s * 1e9) if prof.timing == "measured" else 0  # Rule 8
+        return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras,
+                   timed=prof.timed, cost_slack=slack)
 
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property

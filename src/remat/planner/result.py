@@ -42,6 +42,7 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
         step_flops=profile.forward_flops + profile.backward_flops,
         step_time_s=profile.step_time_s,
         timing=profile.timing,
+        parallel=profile.parallel,
         notes=_notes(profile, problem, recomputed, solver),
     )
 

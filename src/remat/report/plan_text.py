@@ -59,12 +59,33 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     return out.getvalue().rstrip() + "\n"
 
 
+_KINDS = {
+    "matmuls": ("addmm", "mm", "matmul", "linear", "_scaled_mm"),
+    "batched matmuls": ("bmm", "baddbmm"),
+    "attention": ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
+                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
+                  "_flash_attention_forward", "_efficient_attention_forward"),
+    "convolutions": ("convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"),
+    "softmax": ("_softmax", "_safe_softmax", "softmax", "_log_softmax"),
+    "norms": ("native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm", "native_batch_norm",
+              "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "native_group_norm"),
+    "activations": ("gelu", "tanh", "silu", "relu", "sigmoid", "pow", "erf", "exp", "rsqrt", "sqrt"),
+    "dropout": ("native_dropout", "bernoulli"),
+    "mask ops": ("ones", "zeros", "full", "tril", "triu", "scalar_tensor", "where", "masked_fill", "arange", "lt",
+                 "gt", "le", "ge", "eq", "ne", "logical_not", "lift_fresh"),
+    "elementwise ops": ("mul", "add", "sub", "div", "neg", "rsub", "addcmul", "clamp"),
+    "copies": ("clone", "cat", "_to_copy", "copy", "contiguous", "embedding", "index_select", "gather"),
+}
+_KIND_OF = {op: kind for kind, ops in _KINDS.items() for op in ops}
+
+
 def _kept(signatures: list[str] | None) -> str:
-    """What a selective checkpoint keeps, op names counted: "outputs of addmm x4, bmm x2, mul kept"."""
+    """What a selective checkpoint keeps, in words, counted: "keeps matmuls x4, batched matmuls x2, softmax" (the
+    ops by name in the plan's JSON, `selective_keeps`); the rest of the module is recomputed."""
     if not signatures:
-        return "matmul outputs kept"
-    counts = Counter(s.split("(", 1)[0] for s in signatures)
-    return "outputs of " + ", ".join(n if c == 1 else f"{n} x{c}" for n, c in counts.items()) + " kept"
+        return "keeps the matmuls' outputs"
+    counts = Counter(_KIND_OF.get(s.split("(", 1)[0], "other ops") for s in signatures)
+    return "keeps " + ", ".join(k if c == 1 else f"{k} x{c}" for k, c in counts.items())
 
 
 def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
@@ -187,3 +208,19 @@ def render_verify(report) -> str:
         _time_rows(table, report)
     console.print(table)
     return out.getvalue().rstrip() + "\n" + _cuda_verdict(report)
+
+
+def verdict(report) -> str:
+    """One line under a verify table, in words: whether the plan holds, and what its time did against the
+    prediction (a guide: seconds are not part of `report.ok`)."""
+    if not report.ok:
+        return "Verdict: the plan does NOT hold: see the rows marked MISMATCH or OVER above."
+    holds = ("Verdict: the plan holds: the same gradients, the recomputation predicted, the peak within the budget"
+             f" ({fmt_bytes(report.measured_peak_bytes, 'auto')} of {fmt_bytes(report.budget_bytes, 'auto')})")
+    if not report.timed or not report.predicted_overhead:
+        return holds + "."
+    took = f"the step took {report.measured_overhead:+.1%} time against {report.predicted_overhead:+.1%} predicted"
+    if report.time_agrees:
+        return f"{holds}; {took}."
+    return (f"{holds}. Only the time differs: {took} (seconds measured on a busy machine move from run to run; "
+            "they are a guide, not part of the check).")

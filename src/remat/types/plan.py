@@ -16,7 +16,7 @@ BY_HAND = ("by hand only: a checkpoint around several layers that are not childr
 """The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
 
 PLAN_FORMAT = "remat.Plan"
-PLAN_VERSION = 4
+PLAN_VERSION = 5
 """2: PlannedBlock lost `output_bytes`, which nothing read.  3: `called_directly`.  4: `gpu_reserve`, `allocator`.
 Version 1 to 3 files still load."""
 
@@ -97,6 +97,10 @@ class Plan:
     allocator: str = ""
     """The PYTORCH_CUDA_ALLOC_CONF the budget needs: "" (the default allocator's reserve fits) or
     "expandable_segments:True" (only that setting's does)."""
+    parallel: str = ""
+    """The job the profile was of (`StepProfile.parallel`): "ddp" or "fsdp" for a rank's step, measured or predicted,
+    "" for one process.  `remat.apply` warns when a plan of "" goes on a DistributedDataParallel model: its gradient
+    buckets are in no such profile (version 5)."""
 
     @property
     def extra_s(self) -> float:
@@ -123,7 +127,7 @@ class Plan:
     @classmethod
     def from_json(cls, text: str) -> "Plan":
         data = _json.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again",
-                          upgrades={1: _from_version_1, 2: dict, 3: dict})
+                          upgrades={1: _from_version_1, 2: dict, 3: dict, 4: dict})
 
         def make() -> Plan:
             data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]

@@ -31,6 +31,7 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
+from remat.progress import resolve, say
 from remat.verifier.cuda_cap import cuda_check
 from remat.verifier.process import ProcessPeak, cuda_peak_bytes, forked_peak_bytes
 from remat.types import Plan, VerifyReport
@@ -52,6 +53,7 @@ def verify(
     keep_output: bool = True,
     time_rounds: int | None = None,
     target: str | None = None,
+    progress=None,
 ) -> VerifyReport:
     """Run the step without and with `plan` from the same RNG state and compare.
 
@@ -69,7 +71,8 @@ def verify(
 
     The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
     with it, after a warm-up of each; the overhead is the median of the rounds' ratios, beside the plan's
-    prediction `plan.extra_fraction` (None: TIME_ROUNDS, 5; 0: not timed).
+    prediction `plan.extra_fraction` (None: TIME_ROUNDS, 5; 0: not timed).  `progress=True` writes each phase to
+    stderr (or a callable `progress(phase, done)`, `remat.progress`).
 
     Known limitations: the process's counter is read on Linux only (elsewhere the report has the tracker's
     figure alone); the optimizer step is part of the peak but not of the gradients.
@@ -79,19 +82,33 @@ def verify(
         raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
     loop = Loop.of(step, accumulate, keep_output)
     check_optimizer(optimizer, model)
+    rounds, progress = TIME_ROUNDS if time_rounds is None else time_rounds, resolve(progress, "verify")
     with _unplanned(compiled, plan):  # applied through the wrapper: a `compiler_budget` plan sets the compiled call
-        base = _Measured.of(model, inputs, loss_fn, optimizer, loop)
-        noise = _grad_noise(model, inputs, loss_fn, base.step.grads)
-        planned, independent = _planned(compiled, model, (inputs, loss_fn, optimizer), plan, loop)
-        rounds = TIME_ROUNDS if time_rounds is None else time_rounds
-        times = interleaved_times(compiled, (inputs, loss_fn, optimizer), plan, loop, rounds)
-        report = _report(plan, tolerance, base, planned, independent, loop, times=times)
-        del base, planned  # their gradients, on a GPU, would count against a cap set in this process (NOTE below)
+        report, noise = _compared(compiled, (inputs, loss_fn, optimizer), plan, loop,
+                                  tolerance=tolerance, rounds=rounds, progress=progress)
+        if any(p.is_cuda for p in model.parameters()):
+            say(progress, "the planned step capped at the budget, in a fresh process")
         report = _with_cuda_check(report, compiled, (inputs, loss_fn, optimizer), plan, loop, target=target)
     return replace(report, compiled=is_compiled(compiled), grad_noise=noise)
 
 
-def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop):
+def _compared(compiled: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, tolerance: float, rounds: int,
+              progress) -> tuple[VerifyReport, float]:
+    """The report of the unplanned and planned steps (without the capped CUDA runs), and the gradients' noise.
+    Their gradients are let go on return: on a GPU they would count against a cap set in this process."""
+    model, (inputs, loss_fn, optimizer) = uncompiled(compiled), step_args
+    say(progress, "the step without the plan")
+    base = _Measured.of(model, inputs, loss_fn, optimizer, loop)
+    noise = _grad_noise(model, inputs, loss_fn, base.step.grads)
+    say(progress, "the step with the plan")
+    planned, independent = _planned(compiled, model, step_args, plan, loop, progress)
+    if rounds:
+        say(progress, f"timing {rounds} rounds of a step without and one with the plan")
+    times = interleaved_times(compiled, step_args, plan, loop, rounds)
+    return _report(plan, tolerance, base, planned, independent, loop, times=times), noise
+
+
+def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, progress=None):
     """(the planned step tracked, (its peak by the process's counter, the counter's name)); the plan is applied to
     `compiled` meanwhile.  On CUDA the counter's figure comes later, from the capped run (`_with_cuda_check`)."""
     inputs, loss_fn, optimizer = step_args
@@ -100,6 +117,7 @@ def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan
         planned = _Measured.of(model, inputs, loss_fn, optimizer, loop)
         if any(p.is_cuda for p in model.parameters()):
             return planned, (None, "")
+        say(progress, "the step with the plan, by the process's counter (a copy of the process)")
         return planned, independent_peak(compiled, inputs, loss_fn, optimizer, loop)
     finally:
         remove(compiled)
@@ -289,7 +307,7 @@ class _Measured:
         step = _run(model, inputs, loss_fn)
         moved = offloaded_bytes(model)
         prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer, step=loop.step, accumulate=loop.accumulate,
-                       keep_output=loop.keep_output)
+                       keep_output=loop.keep_output, timed=False)  # the peak alone: the times are interleaved_times
         return cls(step, prof.peak_bytes, moved)
 
 
