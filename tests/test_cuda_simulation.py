@@ -147,6 +147,8 @@ def test_cublas_keeps_a_workspace_for_each_thread_that_ran_a_matmul(hardware, pe
 
 
 ZOO_TRUTH = json.loads((FACTS / "zoo_truth.json").read_text())["models"]
+AS_MEASURED = {"demo": zoo.gpt2}
+"""The H100 measured `zoo.demo` when it was `zoo.gpt2()` at its default batch of 8 (it is batch 4 since 2026-11-27)."""
 KNOWN_GAP = {"bert": "predicted 3.0% low (10.0 MiB in both loops), cause not found"}
 ZOO = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAP[n])) if n in KNOWN_GAP else n
        for n in sorted(ZOO_TRUTH)]
@@ -155,7 +157,7 @@ ZOO = [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=KNOWN_GAP[n])
 @pytest.mark.parametrize("loop", ["held", "loss"])
 @pytest.mark.parametrize("name", ZOO)
 def test_each_zoo_models_steady_step_is_predicted_within_two_percent_of_the_h100(name, loop):
-    built = getattr(zoo, name)()
+    built = AS_MEASURED.get(name, getattr(zoo, name))()
     prof = remat.profile(built[0], built[1], built[2] if len(built) > 2 else None, optimizer=torch.optim.Adam,
                          mode="fake", device="cuda", hardware="H100", keep_output=loop == "held")
     truth = ZOO_TRUTH[name][loop]["peak"]

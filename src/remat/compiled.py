@@ -61,7 +61,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
         return prof
     peak = measured.peak_bytes
     note = (f"compiled step: {fmt_bytes(peak, 'auto')} by the {counter}, against {fmt_bytes(prof.peak_bytes, 'auto')} "
-            "eager; a budget 2% above it or more needs no checkpoint (NOTE [A compiled step's peak]).")
+            "eager; a budget 2% above it or more needs no checkpoint (docs/compile.md).")
     return dataclasses.replace(prof, compiled_peak_bytes=peak, compiled_counter=counter,
                                compiled_step_s=measured.step_s, notes=[*prof.notes, note])
 
@@ -196,7 +196,7 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
             break
         note = (f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
                 "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
-                "(NOTE [The compiler's budget as a plan]).")
+                "(docs/compile.md).")
         candidate = dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
         try:
             measured, counter = _measured(model, candidate, step)
@@ -235,7 +235,7 @@ def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, searc
         if _key(checkpoints) in hybrids or not _checkpoints(checkpoints):
             break
         note = (f"torch.compile's activation memory budget {knob.compiler_budget:g} over remat's checkpoints: "
-                "Inductor recomputes within what they leave (NOTE [Plans for a compiled step], Rule 6).")
+                "Inductor recomputes within what they leave (docs/compile.md).")
         candidate = dataclasses.replace(checkpoints, compiler_budget=knob.compiler_budget,
                                         notes=[note, *checkpoints.notes])
         measured, counter = _measured(model, candidate, step)
@@ -306,7 +306,7 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
             f"({len(tried) - knobs - both} of remat's checkpoints, {knobs} of torch.compile's own budget"
             f"{f', {both} of both' if both else ''}); this one "
             f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"
-            f"{versus}, the fastest within the budget (NOTE [Plans for a compiled step]).")
+            f"{versus}, the fastest within the budget (docs/compile.md).")
     each = "; ".join(f"{_kind(c)}: {fmt_bytes(m.peak_bytes, 'auto')}, {m.step_s * 1e3:,.0f} ms" for c, m, _ in tried)
     return dataclasses.replace(best, budget_bytes=budget, measured_peak_bytes=measured.peak_bytes,
                                measured_counter=counter, measured_step_s=measured.step_s,

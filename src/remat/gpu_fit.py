@@ -44,7 +44,7 @@ from remat.types.reserve import EXPANDABLE, GpuReserve
 TRIALS = 4
 MIN_STEP = 2 * 2**20
 NOT_REPLAYED = ("The GPU reserve of a plan that may offload is not checked where CUDA is simulated on the CPU: the "
-                "offloaded tensors would stay in the memory replayed (NOTE [A plan fits the GPU's reserve]).")
+                "offloaded tensors would stay in the memory replayed (docs/validation.md §6.2).")
 RESERVE_MARGIN = 0.04
 """Rule 2's room for the replay's error: on the H200 its reserve was 0.1-3.4% under the measured one for BERT's and
 the Llama's steps, planned and not (docs/validation.md section 6.2)."""
@@ -96,7 +96,7 @@ def _nothing_fits(checked: list[Plan], budget: int) -> InfeasibleBudget:
         f"remat: no plan's step fits a GPU budget of {fmt_bytes(budget, 'auto')}: of {plans}, the one with "
         f"{fmt_bytes(plan.peak_bytes, 'auto')} of tensors would have the caching allocator reserve "
         f"{fmt_bytes(need, 'auto')}{with_setting}, and a budget needs {RESERVE_MARGIN:.0%} more than that "
-        f"(NOTE [A plan fits the GPU's reserve]). Fix: give a budget of at least {least} bytes "
+        f"(docs/validation.md §6.2). Fix: give a budget of at least {least} bytes "
         f"({fmt_bytes(least, 'auto')}){with_setting}, or a smaller batch.",
         min_bytes=least, budget_bytes=budget,
     )
@@ -106,7 +106,7 @@ def _noted(plan: Plan, allocator: str) -> Plan:
     r = plan.gpu_reserve
     note = (f"On the GPU the caching allocator would reserve {fmt_bytes(r.reserved_bytes, 'auto')} for this step "
             f"({fmt_bytes(r.expandable_reserved_bytes, 'auto')} with {EXPANDABLE}); the budget is "
-            f"{fmt_bytes(plan.budget_bytes, 'auto')} (NOTE [A plan fits the GPU's reserve]).")
+            f"{fmt_bytes(plan.budget_bytes, 'auto')} (docs/validation.md §6.2).")
     if allocator:
         note += (f" Only {EXPANDABLE} makes it hold: set PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE} before torch is "
                  "imported (in the shell, or first thing in the script).")

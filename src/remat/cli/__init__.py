@@ -5,7 +5,7 @@ It parses arguments, loads the TARGET (`remat.target`), calls `remat.profile` an
 files asked for.  Every `RematError` ends the command with its message on stderr and
 exit status 2, without a traceback.
 
-One module per verb (`profile_cmd`, `plan_cmd`, `explain_cmd`, `demo_cmd`), each with
+One module per verb (`profile_cmd`, `plan_cmd`, `explain_cmd`, `fit_cmd`, `demo_cmd`), each with
 its `register(verbs)` adding its subparser; `common` holds what they share.
 """
 
@@ -21,7 +21,7 @@ from collections.abc import Iterator
 import torch
 
 import remat
-from remat.cli import demo_cmd, explain_cmd, plan_cmd, profile_cmd
+from remat.cli import demo_cmd, explain_cmd, fit_cmd, plan_cmd, profile_cmd
 from remat.cli.common import EXIT_ERROR, EXIT_INTERRUPTED
 from remat.cli.plan_cmd import pareto, report_baselines
 from remat.errors import RematError
@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"remat {remat.__version__} (torch {torch.__version__})")
     verbs = parser.add_subparsers(title="commands", metavar="COMMAND", required=True)
-    for verb in (profile_cmd, plan_cmd, explain_cmd, demo_cmd):
+    for verb in (profile_cmd, plan_cmd, explain_cmd, demo_cmd, fit_cmd):
         verb.register(verbs)
     return parser
 

@@ -53,7 +53,7 @@ class Parallel:
 
     def notes(self) -> list[str]:
         return [f"rank {self.rank} of {self.world_size} ({'FSDP2' if self.kind == 'fsdp' else 'DDP'}): the figures "
-                "are this rank's (NOTE [A rank's step])."] if self.kind else []
+                "are this rank's (docs/many-gpus.md)."] if self.kind else []
 
 
 def is_ddp(model: nn.Module) -> bool:
@@ -102,7 +102,7 @@ def ddp_buckets(tracker: Tracker, parallel: Parallel) -> list[str]:
         for n in sizes:
             tracker.records.append(StorageRecord(n, -1, "setup", "", category="grads", op="DDP bucket"))
         return [f"gradients include DDP's gradient buckets, live through the step: {len(sizes)} bucket(s), "
-                f"{sum(sizes)} bytes (NOTE [N ranks from one process], Rule 3)."]
+                f"{sum(sizes)} bytes (docs/many-gpus.md)."]
     found = []
     for rec in tracker.records:
         if rec.alloc_step >= 0 and not rec.op and rec.free_step is None and rec.phase == "backward":
@@ -112,7 +112,7 @@ def ddp_buckets(tracker: Tracker, parallel: Parallel) -> list[str]:
     seen = f"{len(found)} storage(s), {sum(found)} bytes"
     agrees = "as DDP reports" if sum(found) == reported else f"DDP reports {reported} bytes of buckets"
     return [f"gradients include DDP's gradient buckets, live through the step: {seen}, {agrees} "
-            "(NOTE [A rank's step], Rule 3)."]
+            "(docs/many-gpus.md)."]
 
 
 def ddp_bucket_total(model: nn.Module, rounding: int = 1) -> int:

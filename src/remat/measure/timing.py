@@ -58,11 +58,11 @@ REPEATS = 3
 """Rounds of timed steps (Rule 1)."""
 UNMATCHED_NOTE = (
     "Op seconds are the tracked step's own (tracking overhead included): the timed steps ran other ops "
-    "than the tracked one (NOTE [The seconds of a step], Rule 2)."
+    "than the tracked one (a forward that depends on its data)."
 )
 RANK_NOTE = (
     "A rank of a job is not timed: every rank must make the same plan, and measured seconds differ between "
-    "ranks; plans of this profile minimise FLOPs (NOTE [The seconds of a step], Rule 4)."
+    "ranks; plans of this profile minimise FLOPs (docs/many-gpus.md)."
 )
 
 

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from remat.errors import InfeasibleBudget, RematError
 from remat.planner import dp, ilp
 from remat.planner.budget import parse_budget, parse_rate
+from remat.planner.order import in_stable_order
 from remat.planner.problem import MAX_SEGMENT, NotAChain, Problem, Unit, chain_group
 from remat.planner.recipes import chen_units
 from remat.planner.result import already_checkpointed_note, keep_all, make_plan
@@ -93,7 +94,7 @@ def plan(
     if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:  # NOTE [A compiled step's peak]
         return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
                         f"the {profile.compiled_counter}, within the budget: nothing to recompute")
-    chosen = _solve(problem, name, budget_bytes, time_limit_s)
+    chosen = in_stable_order(problem, _solve(problem, name, budget_bytes, time_limit_s))  # Rule 9
     if chosen is None or problem.peak(chosen) > budget_bytes:
         raise _infeasible(profile, problem, name, budget_bytes, time_limit_s)
     return with_tensors_note(profile, make_plan(profile, problem, chosen, name, budget_bytes))
@@ -111,8 +112,7 @@ def with_tensors_note(profile: StepProfile, plan: Plan) -> Plan:
     note = (f"{TENSORS_NOTE} on the GPU the caching allocator reserves more: for the unplanned step "
             f"{r.reserved_bytes / MIB:,.1f} MiB where its tensors peak at {profile.peak_bytes / MIB:,.1f} MiB "
             f"({r.expandable_reserved_bytes / MIB:,.1f} MiB with expandable_segments:True). remat.auto and "
-            "`remat plan TARGET` check the planned step's reserve against the budget (NOTE [A plan fits the GPU's "
-            "reserve] in remat.gpu_fit).")
+            "`remat plan TARGET` check the planned step's reserve against the budget (docs/validation.md §6.2).")
     return dataclasses.replace(plan, notes=[*plan.notes, note])
 
 
@@ -146,7 +146,7 @@ def frontier(
     step = max(1, int(profile.peak_bytes * FRONTIER_STEP))
     budget = profile.peak_bytes - step
     while len(plans) < max_points:
-        chosen = _solve(problem, name, budget, time_limit_s)
+        chosen = in_stable_order(problem, _solve(problem, name, budget, time_limit_s))  # Rule 9
         if chosen is None:
             break  # no plan under the last one's peak: the least-memory plan below decides
         p = make_plan(profile, problem, chosen, name, None)

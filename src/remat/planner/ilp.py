@@ -92,35 +92,8 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     if x is None:
         return None
     cheapest = [u for u, v in zip(problem.units, x[:n_units]) if v > 0.5]
-    bound = problem.cost(cheapest) + problem.cost_slack  # Rule 8: costs within the slack count as equal
-    ties = _least_tie_then_peak(problem, budget_bytes, bound, time_limit_s)
-    best = ties if ties is not None and _rank(problem, ties) < _rank(problem, cheapest) else cheapest
-    return _first_in_order(problem, best, bound, time_limit_s) if problem.cost_slack else best
-
-
-def _first_in_order(problem: Problem, chosen: list[Unit], cost_bound: int, time_limit_s: float) -> list[Unit]:
-    """Rule 8's stable order: among plans within `cost_bound` of `chosen`'s tie-break and peak or less, the one
-    whose units come first in the problem's order.  Plans of one tie-break and peak that differ only in which of
-    several equal layers they recompute are many, and the noisy seconds picked one of them from run to run."""
-    n, n_or = len(problem.units), _n_or(problem)
-    whole = np.append(_whole_ties(problem), np.zeros(n_or))
-    tie = float(sum(whole[problem.position(u)] for u in chosen))
-    cost_row = np.array([float(problem.cost_of(u)[0]) for u in problem.units] + [0.0] * n_or) / max(1.0, cost_bound)
-    order = np.append(np.arange(1.0, n + 1.0), np.zeros(n_or))
-    peak = problem.peak(chosen)
-
-    def program(scale: float) -> _Program:
-        rows = _budget_rows(problem, peak, scale)
-        rows.add(whole, -np.inf, tie)
-        rows.add(cost_row, -np.inf, 1.0 if cost_bound else 0.0)
-        return _Program(order, rows, _upper_bounds(problem))
-
-    x = _milp(problem, program, time_limit_s) if _budget_rows(problem, peak, _scale(problem)) is not None else None
-    if x is None:
-        return chosen
-    first = [u for u, v in zip(problem.units, x[:n]) if v > 0.5]
-    exact = problem.tie(first) <= problem.tie(chosen) and problem.peak(first) <= peak and problem.cost(first) <= cost_bound
-    return first if exact else chosen  # HiGHS's tolerances: checked exactly
+    ties = _least_tie_then_peak(problem, budget_bytes, problem.cost(cheapest), time_limit_s)
+    return ties if ties is not None and _rank(problem, ties) < _rank(problem, cheapest) else cheapest
 
 
 def _least_tie_then_peak(problem: Problem, budget_bytes: int, cost_bound: int, time_limit_s: float):
@@ -157,10 +130,6 @@ def _whole_ties(problem: Problem) -> list[float]:
 
 
 def _rank(problem: Problem, chosen: list[Unit]) -> tuple[int, int, int]:
-    """(cost, tie-break, peak); with a cost slack (Rule 8) the two plans compared lie within it of each other, and
-    rank by tie-break, then peak, then cost."""
-    if problem.cost_slack:
-        return problem.tie(chosen), problem.peak(chosen), problem.cost(chosen)
     return problem.cost(chosen), problem.tie(chosen), problem.peak(chosen)
 
 

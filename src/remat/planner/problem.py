@@ -49,12 +49,12 @@ NOTE [The memory model of a plan]
             re-run breaking ties.  Seconds count in whole nanoseconds (`Unit.cost_ns`): exact sums, and
             a plan's seconds are the sum the solver ranked.  Wherever units are ranked (a
             block's selective units, Rule 4), it is by this cost.
-  Rule 8. Measured seconds are noisy (two profiles of one model on a busy 2-core machine put
-            the same plan 10% of a step apart), and the cheapest plan by them changed from run to
-            run.  So plans whose measured seconds lie within `cost_slack` (SECONDS_NOISE of the
-            step's seconds) of the cheapest count as equally cheap, and FLOPs, then the peak,
-            decide among them (ilp; dp keeps the cheapest).  Predicted seconds (a roofline) are
-            not noisy: no slack.
+  Rule 8. Measured seconds are noisy (1-2% of a step between two profiles).  The frontier counts
+            plans within `cost_slack` (SECONDS_NOISE of the step's seconds) of each other as equally
+            cheap: its table listed rows at the same FLOPs and seconds, to the digits shown.  Plans
+            themselves stay the cheapest as measured (the fewest FLOPs within the slack sat at its
+            edge and changed more with noise).  Predicted seconds are not noisy: no slack.
+  Rule 9. Plans of one cost, tie-break and peak are put in a stable order (`remat.planner.order`).
   The model is conservative inside a checkpointed block's own forward (its
   intermediate tensors are counted as if saved) and ignores the recompute's
   short-lived temporaries; docs/benchmarks.md compares it with measurements.
@@ -104,7 +104,7 @@ class Problem:
         self.timed = timed
         """Rule 7: the cost is seconds (FLOPs break ties), else FLOPs (ops re-run break ties)."""
         self.cost_slack = cost_slack
-        """Rule 8: plans within this cost of the cheapest count as equally cheap (measured nanoseconds)."""
+        """Rule 8: frontier points within this cost of each other count as equally cheap (measured nanoseconds)."""
         self.extras = extras
         """Blocks outside the model's blocks (`BlockProfile.extra`): units, but never the chain."""
         self.units = units

@@ -103,7 +103,7 @@ def _compared(compiled: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, 
     say(progress, "the step with the plan")
     planned, independent = _planned(compiled, model, step_args, plan, loop, progress)
     if rounds:
-        say(progress, f"timing {rounds} rounds of a step without and one with the plan")
+        say(progress, f"timing {rounds} round{'s' if rounds > 1 else ''} of a step without and one with the plan")
     times = interleaved_times(compiled, step_args, plan, loop, rounds)
     return _report(plan, tolerance, base, planned, independent, loop, times=times), noise
 

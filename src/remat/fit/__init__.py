@@ -1,0 +1,103 @@
+"""Will it fit? One training step of a Hugging Face model, from its config, on a GPU you name (`remat fit`).
+
+The model is built on the meta device from its config (NOTE [A model from its config] in `remat.fit.build`), its
+steady AdamW step predicted with fake tensors for the GPU (`remat.profile(mode="fake", device="cuda")`), and the
+answer is one of: it fits as is, it fits with a checkpointing plan (and at what cost), or it does not, with the
+least it needs and the single changes that would make it fit (NOTE [Does a step fit] in `remat.fit.outcome`,
+NOTE [What to change] in `remat.fit.suggest`).  Nothing is downloaded but the config itself, for a model name.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
+from remat.fit.build import head_of, layers_of, load_config
+from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
+from remat.fit.setup import (
+    DTYPES,
+    GPUS_BY_NAME,
+    FitError,
+    Gpu,
+    Setup,
+    check_setup,
+    parse_gpu,
+)
+from remat.fit.step import judge, profile_step
+from remat.fit.suggest import KINDS, Suggestion, check_kinds, try_changes
+
+__all__ = [
+    "AS_IS",
+    "DTYPES",
+    "EXIT_DOES_NOT_FIT",
+    "EXIT_FITS",
+    "GPUS_BY_NAME",
+    "KINDS",
+    "NO",
+    "WITH_PLAN",
+    "FitAnswer",
+    "FitError",
+    "Gpu",
+    "Outcome",
+    "Setup",
+    "Suggestion",
+    "will_it_fit",
+]
+
+
+def will_it_fit(
+    config: Any,
+    gpu: str | int | Gpu,
+    *,
+    seq: int = 2048,
+    batch: int = 1,
+    dtype: str = "bf16",
+    lora: int | None = None,
+    world_size: int = 1,
+    hardware: str | None = None,
+    changes: tuple[str, ...] = KINDS,
+    progress: Callable[[str, int], None] | None = None,
+) -> FitAnswer:
+    """Whether one training step of the model of `config` fits `gpu`, and if not, what to change.
+
+    Example:
+        >>> answer = will_it_fit("docs/configs/llama-3-8b", "24GiB", seq=8192, batch=1, dtype="bf16")
+        >>> answer.outcome.verdict, answer.fits
+        ('does not fit', False)
+        >>> print(answer)                      # the breakdown, the answer, the changes that would fit
+
+    `config` is a config.json path, a folder holding one, a model name (needs the network) or a
+    `transformers.PretrainedConfig`; `gpu` a size ("24GiB", "80GB", bytes) or a GPU name ("H100", "4090");
+    `hardware` the roofline for seconds where `gpu` is a size ("H100" by default).  `batch` sequences of `seq`
+    tokens per GPU; `dtype` bf16/fp16/fp32 (weights, gradients and AdamW state in it) or amp-bf16/amp-fp16 (fp32
+    weights, forward under autocast); `lora=R` peft LoRA adapters of rank R; `world_size=N` one GPU of N sharding
+    the model with FSDP2.  `changes`: the kinds of change tried where it does not fit (NOTE [What to change]),
+    any of "batch", "seq", "lora", "world-size"; () for none (faster).  `progress(phase, done)` is called as each
+    phase begins, as remat.profile's is.  A `remat:` error (FitError) for a config, GPU or setup it cannot read.
+    """
+    gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
+    setup = check_setup(Setup(seq=seq, batch=batch, dtype=dtype, lora=lora, world_size=world_size))
+    changes = check_kinds(tuple(changes))
+
+    def say(phase: str) -> None:
+        if progress is not None:
+            progress(phase, 0)
+
+    say("reading the config")
+    config, source = load_config(config)
+    head, head_note = head_of(config)
+    say(f"predicting the step ({layers_of(config) or '?'} layers, fake tensors)")
+    built, prof = profile_step(config, head, setup, gpu)
+    say("planning")
+    outcome = judge(built, prof, setup, gpu, progress=say)
+    answer = FitAnswer(built.name if not lora else f"{built.name} with LoRA", _source(source), built.params,
+                       built.trainable, gpu, outcome, notes=[head_note] if head_note else [])
+    if not outcome.fits and changes:
+        answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)
+    return answer
+
+
+def _source(source: str) -> str:
+    return os.path.relpath(source) if os.path.exists(source) and not os.path.isabs(str(source)) else source

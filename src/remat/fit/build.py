@@ -1,0 +1,252 @@
+"""A Hugging Face config, built on the meta device as the model `remat fit` asks about, with a batch of tokens.
+
+NOTE [A model from its config]
+  Rule 1. CONFIG is a `config.json`, a folder holding one, or a model name `transformers.AutoConfig` resolves
+          (which needs the network, or the name in the Hugging Face cache).
+  Rule 2. The head is the one `architectures` names where it is a causal LM, masked LM, sequence or token
+          classification, or sequence-to-sequence LM; otherwise a masked LM for a model type that has one (BERT
+          and other encoders), else a causal LM.  The model is built with `from_config` on the meta device: no
+          weights exist, and the fake step materialises them as fake tensors.
+  Rule 3. `--dtype` bf16/fp16/fp32 builds the weights in that dtype, so the gradients and AdamW's two moments
+          are in it too (8 bytes per parameter in bf16); amp-bf16/amp-fp16 keeps fp32 weights and runs the
+          model's forward under `torch.autocast` (16 bytes per parameter).
+  Rule 4. `--lora R` wraps the model with peft's `get_peft_model(model, LoraConfig(r=R, lora_alpha=2R,
+          target_modules="all-linear"))`: adapters on every linear layer but the output head, the base frozen.
+          peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).
+  Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
+          head's shape; the loss is the model's own (`output.loss`).
+  Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache (NOTE [The key/value
+          cache in training] in `remat.hf`, whose hook does the same for the step remat.profile runs).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from remat.fit.setup import FitError, Setup
+
+HEADS = {  # head -> (Auto class, the mapping of model types to that head's classes)
+    "causal": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
+    "masked": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "seq-cls": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
+    "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
+    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+}
+PEFT_TASKS = {"causal": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "seq-cls": "SEQ_CLS", "token-cls": "TOKEN_CLS"}
+CONFIG_FIX = "Fix: pass the path of the model's config.json (or the folder holding it)"
+
+
+def adamw(params) -> torch.optim.Optimizer:
+    """The optimizer `remat fit` assumes: torch's AdamW (two moments per trained parameter, in its dtype)."""
+    return torch.optim.AdamW(params)
+
+
+# -- Rule 1: the config ------------------------------------------------------------------------------------------
+
+
+def load_config(source: Any):
+    """The `transformers` config CONFIG names, and the words that say where it came from."""
+    from transformers import PretrainedConfig
+
+    if isinstance(source, PretrainedConfig):
+        return source, f"a {type(source).__name__}"
+    path = Path(str(source)).expanduser()
+    if path.is_dir():
+        path = path / "config.json"
+        if not path.is_file():
+            raise FitError(f"remat: CONFIG {str(source)!r} is a folder without a config.json; expected a Hugging Face "
+                           f"model's config.json in it. {CONFIG_FIX}.")
+    if path.is_file():
+        return _from_file(path), str(source)
+    if str(source).endswith(".json") or str(source).startswith((".", "/", "~")) or "\\" in str(source):
+        raise FitError(f"remat: CONFIG {str(source)!r} does not exist (looked in {Path.cwd()}); expected a Hugging "
+                       f"Face config.json, a folder holding one, or a model name. {CONFIG_FIX}.")
+    return _from_hub(str(source)), str(source)
+
+
+def _from_file(path: Path):
+    from transformers import CONFIG_MAPPING
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise FitError(f"remat: could not read {str(path)!r} as JSON ({e}); expected a Hugging Face config.json. "
+                       f"{CONFIG_FIX}.") from e
+    kind = data.get("model_type") if isinstance(data, dict) else None
+    if not kind:
+        raise FitError(f"remat: {str(path)!r} has no \"model_type\"; expected a Hugging Face config.json, which names "
+                       f"its model type (\"llama\", \"bert\", ...). {CONFIG_FIX}, or add \"model_type\" to it.")
+    if kind not in CONFIG_MAPPING:
+        raise FitError(f"remat: {str(path)!r} has model_type {kind!r}, which this transformers ({_version()}) does "
+                       "not know. Fix: upgrade transformers (pip install -U transformers), or pass another config.")
+    return CONFIG_MAPPING[kind].from_dict(data)
+
+
+def _from_hub(name: str):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise FitError(
+            f"remat: could not resolve the model name {name!r} to a config ({first}); a name needs the network or the "
+            f"Hugging Face cache, and none had it (offline?). {CONFIG_FIX} (download it where there is a network, "
+            "e.g. from https://huggingface.co/<name>/blob/main/config.json)."
+        ) from e
+
+
+def _version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+# -- Rule 2: the head and the model -------------------------------------------------------------------------------
+
+
+def head_of(config) -> tuple[str, str]:
+    """(head, note): the head `architectures` names, else the model type's (Rule 2)."""
+    from transformers.models.auto import modeling_auto
+
+    def classes(mapping: str) -> set[str]:
+        names = set()
+        for value in getattr(modeling_auto, mapping).values():
+            names.update(value if isinstance(value, (list, tuple)) else [value])
+        return names
+
+    archs = list(getattr(config, "architectures", None) or [])
+    for arch in archs:
+        for head, (_, mapping) in HEADS.items():
+            if arch in classes(mapping):
+                return head, ""
+    kind = config.model_type
+    for head in ("masked", "causal"):
+        if kind in getattr(modeling_auto, HEADS[head][1]):
+            named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
+            return head, f"{named}: trained as a {'masked' if head == 'masked' else 'causal'} LM"
+    raise FitError(
+        f"remat: the config's model type {kind!r} (architectures: {', '.join(archs) or 'none'}) has no causal LM or "
+        f"masked LM head in transformers {_version()}; expected a text model (LlamaForCausalLM, BertForMaskedLM, ...). "
+        "Fix: pass the config.json of a text model, or profile your own model and batch with "
+        "`remat profile file.py:factory --mode fake --device cuda`."
+    )
+
+
+def layers_of(config) -> int | None:
+    """How many transformer layers the config builds (None where it does not say in the usual field)."""
+    n = getattr(config, "num_hidden_layers", None)
+    return n if isinstance(n, int) and n > 0 else None
+
+
+def with_layers(config, layers: int):
+    """A copy of `config` with `layers` transformer layers (lists of one entry per layer cut to match)."""
+    data = config.to_dict()
+    total = data["num_hidden_layers"]
+    for key, value in data.items():
+        if isinstance(value, list) and len(value) == total and key != "architectures":
+            data[key] = value[:layers]
+    data["num_hidden_layers"] = layers
+    return type(config).from_dict(data)
+
+
+@dataclass
+class Built:
+    """The model on the meta device, its batch, and what the answer says about it."""
+
+    model: nn.Module
+    inputs: dict[str, torch.Tensor]
+    params: int
+    trainable: int
+    name: str
+
+
+def build(config, head: str, setup: Setup) -> Built:
+    """Rules 2-5: the model of `config` with `head`, as `setup` trains it, and its batch."""
+    import transformers
+
+    precision = setup.precision
+    if getattr(config, "use_cache", False):
+        config.use_cache = False  # Rule 6: training builds no key/value cache
+    if head == "seq-cls" and getattr(config, "pad_token_id", None) is None:
+        config.pad_token_id = 0  # decoder classifiers find each row's last token by it
+    auto = getattr(transformers, HEADS[head][0])
+    with torch.device("meta"):
+        model = auto.from_config(config, dtype=precision.weights)
+        name = type(model).__name__
+        if setup.lora:
+            model = _lora(model, setup.lora, head)
+    model.train()
+    if precision.autocast is not None:
+        _Autocast(precision.autocast).register(model)
+    unique = {id(p): p for p in model.parameters()}.values()
+    trainable = [p for p in unique if p.requires_grad]
+    return Built(model, batch_of(head, setup), sum(p.numel() for p in unique), sum(p.numel() for p in trainable), name)
+
+
+def batch_of(head: str, setup: Setup) -> dict[str, torch.Tensor]:
+    """Rule 5: the global batch of token ids and labels, on the meta device."""
+    rows = setup.batch * setup.world_size
+    ids = torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")
+    labels = torch.zeros(rows, *(() if head == "seq-cls" else (setup.seq,)), dtype=torch.long, device="meta")
+    return {"input_ids": ids, "labels": labels}
+
+
+def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
+    """Rule 4."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as e:
+        raise FitError(
+            f"remat: --lora {rank} adds LoRA adapters with peft, which is not installed here ({e}). "
+            "Fix: pip install peft, or leave --lora out for full fine-tuning."
+        ) from e
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type=PEFT_TASKS.get(head))
+    with quiet():
+        return get_peft_model(model, config)
+
+
+@contextlib.contextmanager
+def quiet() -> Iterator[None]:
+    """peft asks transformers a question it deprecated (`is_gradient_checkpointing`), on every forward; fake tensors
+    log the traceback of a shape the model refuses."""
+    fake = logging.getLogger("torch._subclasses.fake_tensor")  # logs a traceback for a shape the model refuses,
+    level = fake.level  # which the `remat:` error says in a line
+    fake.setLevel(logging.CRITICAL)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            yield
+    finally:
+        fake.setLevel(level)
+
+
+class _Autocast:
+    """Rule 3's autocast around the model's forward, by hooks (the module tree, and so the plan's names, stay)."""
+
+    def __init__(self, dtype: torch.dtype):
+        self.dtype = dtype
+        self.open: list[torch.autocast] = []
+
+    def register(self, model: nn.Module) -> None:
+        model.register_forward_pre_hook(self.enter, with_kwargs=True)
+        model.register_forward_hook(self.leave, with_kwargs=True, always_call=True)
+
+    def enter(self, module, args, kwargs) -> None:
+        context = torch.autocast("cuda", dtype=self.dtype)
+        context.__enter__()
+        self.open.append(context)
+
+    def leave(self, module, args, kwargs, output) -> None:
+        if self.open:
+            self.open.pop().__exit__(None, None, None)

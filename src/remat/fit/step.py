@@ -1,0 +1,181 @@
+"""One setup's training step, predicted for the GPU, and its answer (NOTE [Does a step fit])."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+
+from remat.applier.apply import apply, remove
+from remat.errors import InfeasibleBudget, RematError
+from remat.fit.build import Built, adamw, build, quiet
+from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
+from remat.fit.setup import FitError, Gpu, Setup
+from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve
+from remat.measure.profiling import profile
+from remat.module_tree import find_candidates, main_chain
+from remat.planner.api import plan as remat_plan
+from remat.types import Plan, StepProfile
+from remat.types.reserve import EXPANDABLE, GpuReserve
+
+Progress = Callable[[str], None]
+
+
+def options_for(setup: Setup, gpu: Gpu) -> dict[str, Any]:
+    """remat.profile's arguments for the step `remat fit` predicts: a steady AdamW step on a CUDA GPU, the loss
+    kept and the output let go before backward (Hugging Face's Trainer), one rank of `world_size` (FSDP2)."""
+    return {"optimizer": adamw, "mode": "fake", "device": "cuda", "hardware": gpu.hardware, "keep_output": False,
+            "world_size": setup.world_size, "wrap": "fsdp"}
+
+
+def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, StepProfile]:
+    """The model built as `setup` trains it, and its step profiled in fake mode for `gpu`."""
+    built = build(config, head, setup)
+    try:
+        prof = _profile(built.model, built.inputs, options_for(setup, gpu))
+    except Exception as e:
+        limit = getattr(config, "max_position_embeddings", None)
+        if not (isinstance(limit, int) and setup.seq > limit) and isinstance(e, RematError):
+            raise
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
+        hint = (f"its config allows at most {limit} positions (max_position_embeddings). Fix: --seq {limit} or "
+                "shorter" if isinstance(limit, int) and setup.seq > limit else "Fix: check the config and the "
+                "--seq and --batch asked for")
+        raise FitError(
+            f"remat: {built.name}'s training step failed on a batch of {setup.batch * setup.world_size} x {setup.seq} "
+            f"tokens: {hint}. (It said: {why.removeprefix('remat: ')})"
+        ) from e
+    return built, prof
+
+
+def judge(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, progress: Progress | None = None) -> Outcome:
+    """NOTE [Does a step fit] for a profiled step: as is, with a plan fitted to the GPU's reserve, or not."""
+    reserve, budget = prof.gpu_reserve, gpu.memory_bytes
+    base = Outcome(setup, NO, profile=prof, states_bytes=states_of(prof))
+    for allocator, reserved in (("", reserve.reserved_bytes), (EXPANDABLE, reserve.expandable_reserved_bytes)):
+        if fits_reserve(reserved, budget):
+            return dataclasses.replace(base, verdict=AS_IS, allocator=allocator, reserve_bytes=reserved,
+                                       peak_bytes=prof.peak_bytes)
+    try:
+        first = make_plan(prof, budget)
+    except InfeasibleBudget as e:
+        return dataclasses.replace(base, least_bytes=e.min_bytes, least_tensors_bytes=e.min_bytes)
+    if progress:
+        progress("replaying planned steps through the GPU's caching allocator")
+    checked: list[tuple[Plan, GpuReserve]] = []
+    replan = _replanner(prof, budget, checked)
+    guess = int(budget / (1 + RESERVE_MARGIN)) - (reserve.reserved_bytes - prof.peak_bytes)
+    if first.peak_bytes > guess:  # NOTE [Does a step fit], Rule 2: the first plan checked
+        first = replan(guess)
+    try:
+        plan = fit_reserve(first, budget, replan, reserve_checker(built, prof, setup, gpu, checked))
+    except InfeasibleBudget as e:
+        return dataclasses.replace(base, least_bytes=e.min_bytes, least_is_reserve=True,
+                                   least_tensors_bytes=least_tensors(prof))
+    timed = bool(plan.step_time_s)
+    return dataclasses.replace(base, verdict=WITH_PLAN, allocator=plan.allocator, plan=plan,
+                               reserve_bytes=plan.gpu_reserve.reserved_bytes if not plan.allocator
+                               else plan.gpu_reserve.expandable_reserved_bytes, peak_bytes=plan.peak_bytes,
+                               extra_fraction=plan.extra_fraction if timed else plan.recompute_fraction,
+                               extra_unit="time" if timed else "FLOPs")
+
+
+def make_plan(prof: StepProfile, budget: int) -> Plan:
+    """remat.plan by its dp solver; where dp finds none (or the step has no chain), as remat.plan picks, whose
+    InfeasibleBudget then gives the least any plan reaches (NOTE [Does a step fit], Rule 5)."""
+    try:
+        return remat_plan(prof, budget, solver="dp")
+    except RematError:  # InfeasibleBudget too: the ilp over the module tree may go lower
+        return remat_plan(prof, budget)
+
+
+def _dp_or_least(prof: StepProfile, budget: int) -> Plan:
+    """dp's plan for `budget`, or dp's least-memory plan where `budget` is below it (Rule 5)."""
+    try:
+        return remat_plan(prof, budget, solver="dp")
+    except InfeasibleBudget as e:
+        return remat_plan(prof, e.min_bytes, solver="dp")
+    except RematError:
+        try:
+            return remat_plan(prof, budget)
+        except InfeasibleBudget as e:
+            return remat_plan(prof, e.min_bytes)
+
+
+def least_tensors(prof: StepProfile) -> int:
+    """The least-memory plan's tensors: the least budget remat.plan reaches."""
+    try:
+        return make_plan(prof, 1).peak_bytes
+    except InfeasibleBudget as e:
+        return e.min_bytes
+
+
+def least_plan(prof: StepProfile) -> Plan:
+    """The plan with the least memory (its peak is `least_tensors(prof)`)."""
+    try:
+        return make_plan(prof, 1)
+    except InfeasibleBudget as e:
+        return make_plan(prof, e.min_bytes)
+
+
+def _replanner(prof: StepProfile, budget: int, checked: list[tuple[Plan, GpuReserve]]) -> Callable[[int], Plan]:
+    """fit_reserve's replan, stepping down from the last checked plan's own tensors (not from the target, which may
+    lie far above them: the same plan again) by its reserve's excess, and never below the least-memory plan."""
+
+    def replan(target: int) -> Plan:
+        if checked:
+            plan, reserve = checked[-1]
+            over = int(reserve.reserved_bytes * (1 + RESERVE_MARGIN)) - budget
+            target = min(target, plan.peak_bytes - max(over, MIN_STEP))
+        return dataclasses.replace(_dp_or_least(prof, target), budget_bytes=budget)
+
+    return replan
+
+
+def reserve_checker(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu,
+                    checked: list | None = None) -> Callable[[Plan], GpuReserve]:
+    """A plan's reserve: its planned step profiled and replayed (NOTE [A plan fits the GPU's reserve], Rule 1), once
+    per distinct plan (each plan and its reserve appended to `checked`).  A rank of N shards a copy of the model:
+    the plan is applied to that copy, before FSDP2."""
+    seen: dict[tuple, GpuReserve] = {}
+    options = options_for(setup, gpu)
+
+    def reserve_of(plan: Plan) -> GpuReserve:
+        key = (repr(plan.segments), repr(plan.selective), repr(plan.offload), repr(plan.selective_keeps))
+        if not (plan.segments or plan.selective or plan.offload):
+            seen[key] = prof.gpu_reserve
+        elif key not in seen:
+            seen[key] = planned_profile(built.model, built.inputs, plan, options).gpu_reserve
+        if checked is not None:
+            checked.append((plan, seen[key]))
+        return seen[key]
+
+    return reserve_of
+
+
+def planned_profile(model: nn.Module, inputs, plan: Plan, options: dict[str, Any]) -> StepProfile:
+    """The step of `model` under `plan`, profiled with `options` (remat.profile's)."""
+    if options.get("world_size", 1) == 1:
+        apply(model, plan)
+        try:
+            return _profile(model, inputs, options)
+        finally:
+            remove(model)
+    blocks = main_chain(find_candidates(model))
+
+    def shard(copy: nn.Module, mesh) -> nn.Module:  # remat.measure.ranks' "fsdp", the plan applied first
+        from torch.distributed.fsdp import fully_shard
+
+        apply(copy, plan)
+        for name in blocks:
+            fully_shard(copy.get_submodule(name), mesh=mesh)
+        return fully_shard(copy, mesh=mesh)
+
+    return _profile(model, inputs, {**options, "wrap": shard})
+
+
+def _profile(model: nn.Module, inputs, options: dict[str, Any]) -> StepProfile:
+    with quiet():
+        return profile(model, inputs, **options)

@@ -1,0 +1,54 @@
+"""A stable order among plans that cost the same: NOTE [The memory model of a plan], Rule 9.
+
+The layers of a transformer are copies: the same ops, the same seconds (NOTE [The seconds of a step], Rule 6),
+the same FLOPs.  A plan that recomputes layer 1 and checkpoints layer 2 selectively often costs, to the
+nanosecond, what the one doing it the other way round costs, at the same peak; which of the two a solver returns
+then depends on the rest of the numbers it is given, which a measured profile's noise moves.  `remat demo` run
+twice printed the two.  So a plan's units are put in a stable order: where swapping what two units of one group
+do (their action and kept ops) gives a plan of the same cost and tie-break, no higher peak, the unit of the
+smaller kind goes first (recompute before selective before offload; selective variants by their kept ops).
+"""
+
+from __future__ import annotations
+
+from remat.planner.problem import Problem, Unit
+from remat.types import Action
+
+_ACTION_ORDER = {Action.RECOMPUTE: 0, Action.SELECTIVE: 1, Action.OFFLOAD: 2}
+
+
+def in_stable_order(problem: Problem, chosen: list[Unit] | None) -> list[Unit] | None:
+    """`chosen`, or the plan of the same cost, tie-break and no higher peak whose units are in the stable order."""
+    if chosen is None or len(chosen) < 2:
+        return chosen
+    places = {(u.group, u.position, len(u.blocks), u.action, u.keeps): i for i, u in enumerate(problem.units)}
+    rank, peak = (problem.cost(chosen), problem.tie(chosen)), problem.peak(chosen)
+    current = list(chosen)
+    for _ in range(len(current) ** 2):  # each swap moves a smaller kind earlier: this many at most
+        swapped = _one_swap(problem, current, places, rank, peak)
+        if swapped is None:
+            break
+        current = swapped
+    return current
+
+
+def _kind(u: Unit) -> tuple:
+    return _ACTION_ORDER[u.action], u.keeps
+
+
+def _one_swap(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, peak: int) -> list[Unit] | None:
+    """`chosen` with the first pair out of order swapped, if that plan is as good; else None."""
+    ordered = sorted(chosen, key=lambda u: (u.group, u.position))
+    for i, a in enumerate(ordered):
+        for b in ordered[i + 1 :]:
+            if b.group != a.group or len(b.blocks) != len(a.blocks) or _kind(b) >= _kind(a):
+                continue
+            a2 = places.get((a.group, a.position, len(a.blocks), b.action, b.keeps))
+            b2 = places.get((b.group, b.position, len(b.blocks), a.action, a.keeps))
+            if a2 is None or b2 is None or not (problem.useful[a2] and problem.useful[b2]):
+                continue
+            new = [u for u in chosen if u is not a and u is not b] + [problem.units[a2], problem.units[b2]]
+            if (problem.compatible(new) and (problem.cost(new), problem.tie(new)) == rank
+                    and problem.peak(new) <= peak):
+                return new
+    return None

@@ -1,0 +1,212 @@
+"""`remat fit` / `remat.fit.will_it_fit`: a Hugging Face config, built on the meta device, its training step predicted
+for a GPU.  Every config is written here (nothing downloads); the tiny models' dimensions are multiples of 256, so
+every parameter's bytes are a multiple of the CUDA allocator's 512 bytes and the byte counts below are exact."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+import remat
+from remat.cli import main
+from remat.fit import AS_IS, NO, WITH_PLAN, FitError, will_it_fit
+from remat.fit.outcome import fits_reserve
+
+H, I, HEADS, KV, V = 512, 1024, 8, 4, 2048  # hidden, intermediate, heads, key/value heads, vocabulary
+KVD = H // HEADS * KV  # width of the key and value projections
+SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
+         "vocab_size": 1024}
+
+
+def llama(layers: int = 2, **changes) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
+            "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": KV, "vocab_size": V,
+            "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-5, **changes}
+
+
+def bert() -> dict:
+    return {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": H, "intermediate_size": I,
+            "num_hidden_layers": 2, "num_attention_heads": HEADS, "vocab_size": V, "max_position_embeddings": 512,
+            "type_vocab_size": 2, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+
+
+def llama_parameters(layers: int = 2) -> int:
+    """Embedding, per layer q/k/v/o + gate/up/down + two RMSNorms, the final norm, an untied output head."""
+    per_layer = H * H + 2 * H * KVD + H * H + 3 * H * I + 2 * H
+    return V * H + layers * per_layer + H + V * H
+
+
+def bert_parameters() -> int:
+    """Word, position and type embeddings + LayerNorm; per layer attention (with biases), LayerNorm, the MLP and
+    LayerNorm; the MLM head's transform + LayerNorm and the decoder's bias (its weight is the word embedding)."""
+    per_layer = 4 * (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H
+    return V * H + 512 * H + 2 * H + 2 * H + 2 * per_layer + (H * H + H) + 2 * H + V
+
+
+def lora_parameters(rank: int, layers: int = 2) -> int:
+    """r x (in + out) for each linear layer of each block (peft's "all-linear" leaves the output head alone)."""
+    shapes = [(H, H), (H, KVD), (H, KVD), (H, H), (H, I), (H, I), (I, H)]
+    return layers * sum(rank * (fan_in + fan_out) for fan_in, fan_out in shapes)
+
+
+@pytest.fixture(scope="module")
+def configs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("configs")
+    made = {"llama": llama(), "bert": bert(), "llama4": llama(4, **SMALL), "vit": {
+        "model_type": "vit", "architectures": ["ViTForImageClassification"]}, "no_type": {"hidden_size": 8}}
+    for name, config in made.items():
+        (root / name).mkdir()
+        (root / name / "config.json").write_text(json.dumps(config))
+    (root / "empty").mkdir()
+    return {name: str(root / name) for name in [*made, "empty"]}
+
+
+@pytest.fixture(scope="module")
+def big(configs):
+    """The 2-layer Llama, bf16, batch 8 x 512, on an 80 GB GPU: fits as is."""
+    return will_it_fit(configs["llama"], "80GB", seq=512, batch=8)
+
+
+# -- the step's bytes are the config's ------------------------------------------------------------------------
+
+
+def test_parameters_gradients_and_adamw_state_are_the_configs_in_bf16(big):
+    n = llama_parameters()
+    prof = big.profile
+    assert big.params == big.trainable == n
+    assert prof.param_bytes == prof.grad_bytes == 2 * n  # bf16
+    assert prof.optimizer_bytes == 2 * 2 * n  # AdamW's two moments, in the parameters' dtype
+    assert big.outcome.verdict == AS_IS and big.fits and big.exit_status == 0
+    assert fits_reserve(prof.gpu_reserve.reserved_bytes, 80 * 10**9)
+    assert "answer: fits as is" in str(big)
+
+
+@pytest.mark.parametrize("dtype, size, autocast", [("fp32", 4, False), ("amp-bf16", 4, True)])
+def test_fp32_weights_with_and_without_autocast(configs, dtype, size, autocast):
+    prof = will_it_fit(configs["llama"], "80GB", seq=128, batch=2, dtype=dtype).profile
+    n = llama_parameters()
+    assert prof.param_bytes == prof.grad_bytes == size * n
+    assert prof.optimizer_bytes == 2 * size * n
+    assert any("autocast('cuda', bfloat16)" in note for note in prof.notes) == autocast
+
+
+def test_a_bert_config_is_a_masked_lm_with_its_embedding_tied(configs):
+    answer = will_it_fit(configs["bert"], "80GB", seq=128, batch=2)
+    assert answer.model == "BertForMaskedLM"
+    assert answer.params == bert_parameters()
+    assert answer.profile.param_bytes == 2 * bert_parameters()
+
+
+def test_lora_trains_only_its_adapters_in_fp32(configs):
+    answer = will_it_fit(configs["llama"], "80GB", seq=128, batch=2, lora=8)
+    prof, adapters = answer.profile, lora_parameters(8)
+    assert answer.trainable == adapters and answer.params == llama_parameters() + adapters
+    assert prof.param_bytes == 2 * llama_parameters() + 4 * adapters  # the base in bf16, peft's adapters in fp32
+    assert prof.grad_bytes == 4 * adapters
+    assert prof.optimizer_bytes == 2 * 4 * adapters
+
+
+def test_two_gpus_halve_the_parameters_gradients_and_optimizer_state(configs, big):
+    prof = will_it_fit(configs["llama"], "80GB", seq=512, batch=8, world_size=2).profile
+    assert (prof.parallel, prof.world_size) == ("fsdp", 2)
+    assert 2 * prof.param_bytes == big.profile.param_bytes
+    assert 2 * prof.optimizer_bytes == big.profile.optimizer_bytes
+
+
+# -- the three answers ---------------------------------------------------------------------------------------------
+
+
+def test_fits_with_a_plan_whose_replayed_reserve_is_under_the_gpu(configs, big, tmp_path, capsys):
+    budget = int(0.8 * big.profile.gpu_reserve.reserved_bytes)  # under the unplanned step, over the least plan
+    out = tmp_path / "plan.json"
+    assert main(["fit", configs["llama"], "--gpu", f"{budget}B", "--seq", "512", "--batch", "8",
+                 "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "answer: fits with this plan at +" in text and "checkpoints" in text and "model.layers." in text
+    plan = remat.load_plan(str(out))
+    assert plan.segments or plan.selective
+    assert plan.peak_bytes < budget and fits_reserve(plan.gpu_reserve.reserved_bytes, budget)
+    assert plan.budget_bytes == budget
+
+
+def test_does_not_fit_gives_the_least_budget_of_remat_plan(configs, big):
+    budget = 64 * 2**20
+    answer = will_it_fit(configs["llama"], f"{budget}B", seq=512, batch=8, changes=())
+    assert answer.outcome.verdict == NO and answer.exit_status == 1 and not answer.suggestions
+    with pytest.raises(remat.InfeasibleBudget) as e:
+        remat.plan(answer.profile, budget)
+    assert answer.outcome.least_bytes == e.value.min_bytes > budget
+    assert answer.outcome.states_bytes == 4 * big.profile.param_bytes  # parameters + gradients + 2 moments
+    assert "answer: does not fit: the least any checkpointing plan needs is" in str(answer)
+
+
+def test_a_suggested_batch_estimated_from_shallow_copies_fits_when_run(configs, monkeypatch):
+    monkeypatch.setattr("remat.fit.suggest.EXTRAPOLATE_FROM", 4)  # the 4-layer model's changes are estimated
+    budget = 130 * 2**20  # batch 1's least plan reserves 116-120 MiB, batch 2's 136-138 (replayed on the whole model)
+    answer = will_it_fit(configs["llama4"], f"{budget}B", seq=1024, batch=4, changes=("batch",))
+    assert answer.outcome.verdict == NO
+    fitting = [s for s in answer.suggestions if s.outcome.fits]
+    assert fitting and all(s.outcome.estimated for s in answer.suggestions)
+    least = fitting[0]  # the largest batch that fits: the one before it does not
+    assert [s.change for s in answer.suggestions][-2:] == ["--batch 2", "--batch 1"]
+    rerun = will_it_fit(configs["llama4"], f"{budget}B", seq=1024, batch=least.outcome.setup.batch, changes=())
+    assert rerun.fits and rerun.outcome.verdict in (AS_IS, WITH_PLAN)
+    assert f"so: {least.change}" in str(answer)
+
+
+def test_every_change_ruled_out_by_the_bound_runs_no_step(configs, big):
+    budget = 4 * 2**20  # under the parameters alone: no change of batch, sequence, LoRA or GPUs up to 8 fits
+    answer = will_it_fit(configs["llama"], f"{budget}B", seq=512, batch=8)
+    assert all(s.outcome.skipped for s in answer.suggestions)
+    assert {s.kind for s in answer.suggestions} == {"batch", "seq", "lora", "world-size"}
+    text = str(answer)
+    assert "--batch 4 .. 1" in text and "by a bound" in text and "no single change fits" in text
+
+
+# -- errors --------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--gpu", "24 gigs"], "remat: --gpu is the GPU's memory with a unit"),
+    (["--gpu", "24GiB", "--seq", "0"], "remat: --seq is a whole number of at least 1"),
+    (["--gpu", "24GiB", "--changes", "vocab"], "remat: the changes to try are some of batch, seq"),
+    (["--gpu", "80GB", "--hardware", "A100", "--lora", "0"], "remat: --lora is the LoRA rank"),
+])
+def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expected):
+    assert main(["fit", configs["llama"], *argv]) == 2
+    err = capsys.readouterr().err  # progress lines first, where stderr is no terminal; the error last
+    assert err.strip().splitlines()[-1].startswith(expected) and "Fix:" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("no_type", "has no \"model_type\""),
+    ("empty", "is a folder without a config.json"),
+    ("vit", "has no causal LM or masked LM head"),
+    ("missing/config.json", "does not exist"),
+])
+def test_configs_that_cannot_be_built(configs, name, expected):
+    with pytest.raises(FitError, match="^remat: ") as e:
+        will_it_fit(configs.get(name, name), "24GiB")
+    assert expected in str(e.value) and "Fix:" in str(e.value)
+
+
+def test_unknown_dtype_and_a_name_that_needs_the_network(configs, monkeypatch):
+    with pytest.raises(FitError, match=r"^remat: --dtype is the precision .* saw 'int8'"):
+        will_it_fit(configs["llama"], "24GiB", dtype="int8")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(FitError, match="^remat: could not resolve the model name 'meta-llama/Meta-Llama-3-8B'") as e:
+        will_it_fit("meta-llama/Meta-Llama-3-8B", "24GiB")
+    assert "Fix: pass the path of the model's config.json" in str(e.value)
+
+
+def test_lora_without_peft_says_to_install_it(configs, monkeypatch):
+    monkeypatch.setitem(sys.modules, "peft", None)
+    with pytest.raises(FitError, match=r"^remat: --lora 16 adds LoRA adapters with peft.*Fix: pip install peft"):
+        will_it_fit(configs["llama"], "24GiB", lora=16)
+
+
+def test_a_sequence_longer_than_bert_positions(configs):
+    with pytest.raises(FitError, match=r"^remat: BertForMaskedLM's training step failed .* Fix: --seq 512 or shorter"):
+        will_it_fit(configs["bert"], "24GiB", seq=1024)
