@@ -41,6 +41,24 @@ from remat.hf import checkpointed_by_hf
 log = logging.getLogger("remat")
 
 
+class PlanSettings:
+    """What a callback is given (the budget, the GPU it plans for, a batch, whether to print) and what it keeps
+    (the step it profiled, its profile and the plan applied): `RematCallback` and `RematLightningCallback`."""
+
+    def __init__(self, budget, target: str | None = None, *, batch: Any = None, show: bool = True, **plan_options):
+        self.budget = budget
+        self.target = target
+        self.batch = batch
+        self.show = show
+        self.plan_options = plan_options
+        self.profile = None
+        """The `remat.StepProfile` of the trainer's step, unplanned (None until training starts)."""
+        self.plan = None
+        """The `remat.Plan` applied to the model (None until training starts)."""
+        self.step = None
+        """The step profiled (`TrainerStep`: inputs, loss, optimizer factory, accumulation), for `verify`."""
+
+
 @dataclass(frozen=True)
 class TrainerStep:
     """The step a trainer runs, as `remat.profile` takes it (Rule 1)."""

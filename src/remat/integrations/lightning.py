@@ -24,6 +24,7 @@ import torch
 import remat
 from remat.errors import RematError
 from remat.integrations._common import (
+    PlanSettings,
     TrainerStep,
     first_batch,
     optimizer_factory,
@@ -34,7 +35,7 @@ from remat.integrations._common import (
 )
 
 
-class RematLightningCallback(pl.Callback):
+class RematLightningCallback(PlanSettings, pl.Callback):
     """Plan the LightningModule's training step for `budget` and apply the plan when training starts.
 
     Example:
@@ -50,19 +51,6 @@ class RematLightningCallback(pl.Callback):
 
     Known limitations: the first optimizer only; under DDP or FSDP each rank profiles the module it holds.
     """
-
-    def __init__(self, budget, target: str | None = None, *, batch: Any = None, show: bool = True, **plan_options):
-        self.budget = budget
-        self.target = target
-        self.batch = batch
-        self.show = show
-        self.plan_options = plan_options
-        self.profile = None
-        """The `remat.StepProfile` of the module's training step, unplanned (None until training starts)."""
-        self.plan = None
-        """The `remat.Plan` applied to the module (None until training starts)."""
-        self.step = None
-        """The step profiled (`TrainerStep`: inputs, loss, optimizer factory, accumulation), for `verify`."""
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if not pl_module.automatic_optimization:

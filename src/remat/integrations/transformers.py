@@ -20,6 +20,7 @@ import transformers
 import remat
 from remat.errors import RematError
 from remat.integrations._common import (
+    PlanSettings,
     TrainerStep,
     first_batch,
     model_device,
@@ -32,7 +33,7 @@ from remat.integrations._common import (
 )
 
 
-class RematCallback(transformers.TrainerCallback):
+class RematCallback(PlanSettings, transformers.TrainerCallback):
     """Plan the Trainer's step for `budget` and apply the plan when training begins.
 
     Example:
@@ -53,19 +54,6 @@ class RematCallback(transformers.TrainerCallback):
     is not seen.  Under DDP or FSDP every rank profiles the bare model the Trainer holds: DDP's gradient buckets
     are not in the profile (docs/integrations.md).
     """
-
-    def __init__(self, budget, target: str | None = None, *, batch: Any = None, show: bool = True, **plan_options):
-        self.budget = budget
-        self.target = target
-        self.batch = batch
-        self.show = show
-        self.plan_options = plan_options
-        self.profile = None
-        """The `remat.StepProfile` of the Trainer's step, unplanned (None until training begins)."""
-        self.plan = None
-        """The `remat.Plan` applied to the Trainer's model (None until training begins)."""
-        self.step = None
-        """The step profiled (`TrainerStep`: inputs, loss, optimizer factory, accumulation), for `verify`."""
 
     def on_train_begin(self, args, state, control, **kwargs):
         model = kwargs["model"]
