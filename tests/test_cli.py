@@ -126,6 +126,11 @@ def test_world_size_predicts_one_rank_and_plans_it(capsys):
     code, out, err = run(capsys, "plan", "remat.zoo:gpt2", "--mode", "fake", "--world-size", "4", "--budget", "0.8")
     assert code == 0, err
     assert "sharded with FSDP2: each checkpoint wraps one module" in out
+    # for a CUDA rank the plan's reserve is not replayed (remat.apply refused the sharded copy: rc 2 before)
+    code, out, err = run(capsys, "plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--world-size", "2",
+                         "--budget", "0.8")
+    assert code == 0, err
+    assert "note: The GPU reserve of this plan for one rank of a job is not checked" in out
     code, out, err = run(capsys, "profile", "remat.zoo:gpt2", "--world-size", "4")
     assert code == 2 and err.startswith("remat: --world-size 4 predicts one rank of 4 in fake mode; saw --mode real. "
                                         "Fix: pass --mode fake")  # the library's words as the CLI's flags
