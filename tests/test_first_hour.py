@@ -138,3 +138,29 @@ def test_the_frontier_has_no_two_rows_within_the_noise_of_each_other_at_the_same
     for a, b in zip(frontier[1:], frontier[2:]):  # b needs less memory than a
         assert not (b.recompute_flops <= a.recompute_flops and abs(b.recompute_s - a.recompute_s) <= slack_s)
     assert len(frontier) < len(remat.frontier(prof))  # the roofline's own seconds: no slack, every point
+
+
+def test_plans_equal_but_for_which_layer_gets_which_unit_come_out_as_one():
+    """Rule 9 (remat.planner.order): three runs of the demo printed one plan with its run of two layers over h.0..h.1,
+    h.0..h.1 and h.1..h.2, the rest selective; the layers are copies, so the three cost the same to the nanosecond.
+    Each of the three arrangements comes out as the first (and a later one with a higher peak as well: never worse)."""
+    from remat.planner.order import in_stable_order
+    from remat.planner.problem import MAX_SEGMENT, Problem
+    from remat.types import Action
+
+    model, inputs = zoo.demo()
+    problem = Problem.from_profile(remat.profile(model, inputs, optimizer=torch.optim.Adam, mode="fake"), MAX_SEGMENT,
+                                   None)
+    h = [f"transformer.h.{i}" for i in range(4)]
+    variants: dict[tuple, dict[str, object]] = {}
+    for u in problem.units:
+        if u.action == Action.SELECTIVE and u.blocks[0] in h:
+            variants.setdefault(u.keeps, {})[u.blocks[0]] = u
+    sel = next(v for v in variants.values() if len(v) == 4)
+    first = [problem.unit(h[0], h[1]), sel[h[2]], sel[h[3]]]
+    for arrangement in ([sel[h[0]], problem.unit(h[1], h[2]), sel[h[3]]], [sel[h[0]], sel[h[1]], problem.unit(h[2], h[3])],
+                        [sel[h[3]], sel[h[2]], problem.unit(h[0], h[1])]):
+        assert (problem.cost(arrangement), problem.tie(arrangement)) == (problem.cost(first), problem.tie(first))
+        ordered = in_stable_order(problem, arrangement)
+        assert [(u.blocks, u.action) for u in ordered] == [(u.blocks, u.action) for u in first]
+        assert problem.peak(ordered) <= problem.peak(arrangement)

@@ -6,7 +6,9 @@ nanosecond, what the one doing it the other way round costs, at the same peak; w
 then depends on the rest of the numbers it is given, which a measured profile's noise moves.  `remat demo` run
 twice printed the two.  So a plan's units are put in a stable order: where swapping what two units of one group
 do (their action and kept ops) gives a plan of the same cost and tie-break, no higher peak, the unit of the
-smaller kind goes first (recompute before selective before offload; selective variants by their kept ops).
+smaller kind goes first (recompute before selective before offload; selective variants by their kept ops), and
+a run of several layers goes as early as such a plan allows (three demo runs put one over h.0..h.1, h.0..h.1 and
+h.1..h.2, the same plan otherwise).
 """
 
 from __future__ import annotations
@@ -24,16 +26,38 @@ def in_stable_order(problem: Problem, chosen: list[Unit] | None) -> list[Unit] |
     places = {(u.group, u.position, len(u.blocks), u.action, u.keeps): i for i, u in enumerate(problem.units)}
     rank, peak = (problem.cost(chosen), problem.tie(chosen)), problem.peak(chosen)
     current = list(chosen)
-    for _ in range(len(current) ** 2):  # each swap moves a smaller kind earlier: this many at most
-        swapped = _one_swap(problem, current, places, rank, peak)
+    for _ in range(4 * len(problem.units)):  # each step moves a smaller kind or a run earlier: far fewer than this
+        swapped = _one_swap(problem, current, places, rank, peak) or _one_shift(problem, current, places, rank, peak)
         if swapped is None:
             break
         current = swapped
-    return current
+    return sorted(current, key=lambda u: (u.group, u.position))  # and listed in the model's order
 
 
 def _kind(u: Unit) -> tuple:
     return _ACTION_ORDER[u.action], u.keeps
+
+
+def _as_good(problem: Problem, new: list[Unit], rank: tuple, peak: int) -> bool:
+    return problem.compatible(new) and (problem.cost(new), problem.tie(new)) == rank and problem.peak(new) <= peak
+
+
+def _one_shift(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, peak: int) -> list[Unit] | None:
+    """`chosen` with a run of several blocks moved one block earlier, the one-block unit before it moved to the
+    run's last block, if that plan is as good; else None (runs come first among copies)."""
+    at = {(u.group, u.position): u for u in chosen if len(u.blocks) == 1}
+    for run in sorted((u for u in chosen if len(u.blocks) > 1), key=lambda u: (u.group, u.position)):
+        single = at.get((run.group, run.position - 1))
+        if single is None:
+            continue
+        r2 = places.get((run.group, run.position - 1, len(run.blocks), run.action, run.keeps))
+        s2 = places.get((run.group, run.position + len(run.blocks) - 1, 1, single.action, single.keeps))
+        if r2 is None or s2 is None or not (problem.useful[r2] and problem.useful[s2]):
+            continue
+        new = [u for u in chosen if u is not run and u is not single] + [problem.units[r2], problem.units[s2]]
+        if _as_good(problem, new, rank, peak):
+            return new
+    return None
 
 
 def _one_swap(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, peak: int) -> list[Unit] | None:
@@ -48,7 +72,6 @@ def _one_swap(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, p
             if a2 is None or b2 is None or not (problem.useful[a2] and problem.useful[b2]):
                 continue
             new = [u for u in chosen if u is not a and u is not b] + [problem.units[a2], problem.units[b2]]
-            if (problem.compatible(new) and (problem.cost(new), problem.tie(new)) == rank
-                    and problem.peak(new) <= peak):
+            if _as_good(problem, new, rank, peak):
                 return new
     return None
