@@ -36,7 +36,6 @@ NOTE [The seconds of a step]
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import statistics
 import time
@@ -51,7 +50,7 @@ from remat._torch_compat import TorchDispatchMode, op_name
 from remat.measure.build import Setup
 from remat.measure.loop import Loop, clear_grads, micro_batch
 from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
-from remat.measure.step import StepInputs, compute_loss, run_user_code
+from remat.measure.step import StepInputs, run_user_code
 from remat.module_tree import OWN_CHECKPOINT_MARK, class_name, within
 from remat.measure.tracker import OpRecord, Tracker
 
@@ -204,34 +203,10 @@ def time_loop(
         return StepTimes(statistics.median(walls), names, [], [], [])
     per_op = [statistics.median(r[k] for r in rounds) for k in range(len(names))]
     per_phase = [statistics.median(p[i] for p in phases) for i in range(3)]
-    # each round's forward under the op timer against the same round's plain one, and MODE_PAIRS more forwards
-    # (a difference of the medians of 3 moved by 19-163 us per op between four profiles of one model on a busy
-    # machine, 6-47 on a quiet one, and the plans with it)
-    paired = [m - p[0] for m, p in zip(under_mode, phases)] + _forward_pairs(model, step, loss_fn, sync, MODE_PAIRS)
-    mode_op_s = statistics.median(paired) / max(1, bounds[1])
+    # each round's forward under the op timer against the same round's plain one: a difference of the medians
+    # moved by 19-163 us per op between four profiles of one model on a busy machine, and the plans with it
+    mode_op_s = statistics.median(m - p[0] for m, p in zip(under_mode, phases)) / max(1, bounds[1])
     return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds, max(0.0, mode_op_s))
-
-
-MODE_PAIRS = 6
-"""Rule 5: forwards timed plain and under the op timer, beside the rounds', for what a dispatch mode costs per op."""
-
-
-def _forward_pairs(model: nn.Module, step: StepInputs, loss_fn: Callable | None, sync, n: int) -> list[float]:
-    """`n` differences of seconds: the forward and loss under the op timer (and the tracked step's hooks) less the
-    same plainly, each pair run back to back; no backward (the graph is let go)."""
-
-    def forward_s(timed: bool) -> float:
-        sync()
-        t0 = time.perf_counter()
-        with OpTimer() if timed else contextlib.nullcontext(), (
-            torch.autograd.graph.saved_tensors_hooks(identity, identity) if timed else contextlib.nullcontext()
-        ):
-            out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
-            run_user_code("the loss", lambda: compute_loss(out, loss_fn))
-        sync()
-        return time.perf_counter() - t0
-
-    return [-forward_s(False) + forward_s(True) for _ in range(n)]
 
 
 def identity(t):
