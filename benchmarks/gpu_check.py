@@ -588,6 +588,10 @@ def run_all(opts: RunOptions) -> dict:
     if made["size"] != opts.size:
         raise SystemExit(f"remat: the plans in {opts.plans_dir} are for size {made['size']!r}, this run is "
                          f"{opts.size!r}. Fix: python benchmarks/gpu_check.py --make-plans first.")
+    here = {"torch": torch.__version__.split("+")[0], "transformers": _transformers_version()}
+    for lib, version in here.items():
+        if made[lib].split("+")[0] != version:  # a plan fits the step of the software it was profiled with
+            print(f"note: the plans were made with {lib} {made[lib]}, this machine has {version}", flush=True)
     res = {"date": utc_now(), "command": opts.command, "budget_s": opts.budget_s, "made": made, "models": {},
            "cap": opts.cap, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
@@ -643,7 +647,8 @@ def _unplanned_row(name: str, m: dict) -> str:
                  else r.get("real_profile_error", "n/a")[:80])
     noise = "n/a" if m["grad_noise"] is None else f"noise {m['grad_noise']:.1e}"
     return (f"| {name} | unplanned | {_mib(pred)} | {_mib_or_na(r.get('peak_allocated_bytes'))} | "
-            f"{_err(pred, r.get('peak_allocated_bytes'))} | {_mib_or_na(r.get('peak_reserved_bytes'))} | — | "
+            f"{_err(pred, r.get('peak_allocated_bytes'))} | "
+            f"{_reserved_cell(m['predicted'].get('unplanned_reserved_bytes'), r)} | — | "
             f"{_status(r)} | {noise} | {real_cell} | {_seconds(r)} |")
 
 
@@ -656,9 +661,23 @@ def _plan_row(name: str, kind: str, m: dict) -> str:
             + (f" + {p['offload']} offload" if p.get("offload") else "")
             + (f", {p['allocator']}" if p.get("allocator") else ""))
     return (f"| {name} | {what} | {_mib(p['peak_bytes'])} | {_mib_or_na(r.get('peak_allocated_bytes'))} | "
-            f"{_err(p['peak_bytes'], r.get('peak_allocated_bytes'))} | {_mib_or_na(r.get('peak_reserved_bytes'))} | "
+            f"{_err(p['peak_bytes'], r.get('peak_allocated_bytes'))} | {_reserved_cell(_planned_reserve(p, r), r)} | "
             f"{_mib(r.get('budget_bytes') or p['budget_bytes'] or p['peak_bytes'])} | {_status(r)} | "
             f"{_grad_cell(r, m['grad_noise'])} | — | {_seconds(r)} |")
+
+
+def _planned_reserve(p: dict, r: dict) -> int | None:
+    """The reserve the plan was fitted to under the allocator its step ran with (expandable segments or not)."""
+    expandable = "expandable_segments:True" in (r.get("alloc_conf") or "")
+    return p.get("expandable_reserved_bytes") if expandable else p.get("reserved_bytes")
+
+
+def _reserved_cell(predicted, r: dict) -> str:
+    """max_memory_reserved measured, after the replayed reserve predicted on the laptop when there is one."""
+    measured = r.get("peak_reserved_bytes")
+    if predicted is None:
+        return _mib_or_na(measured)
+    return f"{_mib(predicted)} / {_mib_or_na(measured)} ({_err(predicted, measured)})"
 
 
 def _seconds(r: dict) -> str:
@@ -689,7 +708,7 @@ def render(res: dict) -> str:
              f"\"{made['profile']['device']}\", hardware=\"{made['profile']['hardware']}\"`, Adam, the output kept "
              "through backward.", "",
              "| model | plan | predicted MiB (laptop, fake) | measured max_memory_allocated MiB | error | "
-             "reserved MiB | budget (cap) MiB | ran under the cap | grad max \\|diff\\| vs 10x noise | "
+             "reserved MiB: replayed on the laptop / measured | budget (cap) MiB | ran under the cap | grad max \\|diff\\| vs 10x noise | "
              "real-mode profile MiB (error) | step s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in res["models"].items():
         lines.append(_unplanned_row(name, m))

@@ -1,7 +1,7 @@
 """What is live at a training step's CUDA peak, by the allocator's own trace (issue 34's follow-up).
 
     python benchmarks/gpu_snapshot.py --out F.json [--cases resmlp,resmlp:least,unet_bn,bert]
-    python benchmarks/gpu_snapshot.py --out F.json --kernels [--cases t5,bert]   # which attention kernels ran
+    python benchmarks/gpu_snapshot.py --out F.json --kernels [--profiles] [--cases t5,bert]   # attention kernels
 
 Each case runs in a fresh process: the gpu_check model built on the GPU, Adam, the plain loop of
 `gpu_check.train_loop` (the output kept through backward), `torch.cuda.memory._record_memory_history` from
@@ -48,11 +48,49 @@ ATTENTION_OPS = ("_scaled_dot_product", "_efficient_attention", "_flash_attentio
                  "bmm", "native_dropout", "baddbmm")
 
 
+def _sdpa_call(args, kwargs) -> dict:
+    """One `F.scaled_dot_product_attention` call: each argument's shape, dtype, strides and whether it needs a
+    gradient; the kernel remat's simulation picks for it; on CUDA, torch's own verdict on flash and on the
+    memory-efficient kernel with the reasons it warns (`can_use_*_attention(params, debug=True)`)."""
+    import dataclasses
+    import warnings
+
+    from remat.measure.cuda_kernels import Attention, cuda_backend
+
+    call = Attention(*args, **kwargs)  # torch's names and defaults
+    a = {f.name: getattr(call, f.name) for f in dataclasses.fields(call)}
+
+    def desc(t):
+        if not isinstance(t, torch.Tensor):
+            return None
+        return {"shape": list(t.shape), "dtype": str(t.dtype), "stride": list(t.stride()),
+                "requires_grad": t.requires_grad, "offset": t.storage_offset()}
+
+    row = {k: desc(a[k]) for k in ("query", "key", "value", "attn_mask")}
+    row.update(dropout_p=a["dropout_p"], is_causal=a["is_causal"], enable_gqa=a["enable_gqa"],
+               grad_enabled=torch.is_grad_enabled(),
+               remat_predicts=cuda_backend(a["query"], a["key"], a["value"], a["attn_mask"], a["is_causal"],
+                                           a["enable_gqa"]))
+    if a["query"].is_cuda:
+        params = torch.backends.cuda.SDPAParams(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
+                                                a["is_causal"], a["enable_gqa"])
+        for kernel, check in (("flash", torch.backends.cuda.can_use_flash_attention),
+                              ("efficient", torch.backends.cuda.can_use_efficient_attention)):
+            with warnings.catch_warnings(record=True) as said:
+                warnings.simplefilter("always")
+                ok = check(params, True)
+            row[kernel] = {"ok": ok, "why_not": [str(w.message)[:300] for w in said]}
+    return row
+
+
 def kernel_counts(case: str, size: str = "full") -> dict:
     """The attention-related aten ops one forward and backward of `case`'s model ran (which SDPA kernel CUDA
-    picked: T5's fake step misses 868 MiB, docs/validation.md section 6.2), by a dispatch mode that counts."""
+    picked: T5's fake step misses 868 MiB, docs/validation.md section 6.2), by a dispatch mode that counts; each
+    distinct `scaled_dot_product_attention` call's arguments and torch's reasons for its kernel (`_sdpa_call`)."""
     from collections import Counter
 
+    import torch.nn.functional as F
+    from torch.overrides import TorchFunctionMode
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class Count(TorchDispatchMode):
@@ -66,12 +104,47 @@ def kernel_counts(case: str, size: str = "full") -> dict:
                 self.seen[name] += 1
             return func(*args, **(kwargs or {}))
 
+    calls: dict[str, dict] = {}
+
+    class Calls(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is F.scaled_dot_product_attention:
+                row = _sdpa_call(args, kwargs)
+                key = json.dumps({k: row[k] for k in ("query", "key", "attn_mask", "dropout_p")}, sort_keys=True)
+                calls.setdefault(key, {**row, "calls": 0})["calls"] += 1
+            return func(*args, **kwargs)
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, inputs, loss_fn = gpu_check.build(case, size, device)
-    with Count() as counter:
+    with Calls(), Count() as counter:
         gpu_check.loss_of(gpu_check.call(model, inputs), loss_fn).backward()
     return {"case": case, "device": torch.cuda.get_device_name() if device == "cuda" else "CPU",
-            "torch": torch.__version__, "ops": dict(counter.seen.most_common())}
+            "torch": torch.__version__, "transformers": gpu_check._transformers_version(),
+            "ops": dict(counter.seen.most_common()), "sdpa_calls": list(calls.values())}
+
+
+def profiles(case: str, size: str, out_dir: Path) -> dict:
+    """`case`'s step profiled by remat in real mode on this machine's device and in fake mode for CUDA (an H100),
+    each written whole (`StepProfile.to_json`) to `out_dir`, to be compared op by op on a machine without a GPU."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    found = {}
+    for mode, where in (("real", {"device": device}), ("fake", {"device": "cuda", "hardware": "H100"})):
+        model, inputs, loss_fn = gpu_check.build(case, size, device if mode == "real" else "cpu",
+                                                 autocast_device="cuda" if mode == "fake" else None)
+        try:
+            prof = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=gpu_check.adam, mode=mode, **where,
+                                 **gpu_check.profile_options())
+        except Exception as e:  # one profile's failure is a result, the other still runs
+            found[mode] = {"error": f"{type(e).__name__}: {e}"[:500]}
+            continue
+        path = out_dir / f"profile_{case}_{mode}.json"
+        path.write_text(prof.to_json())
+        found[mode] = {"file": path.name, "peak_bytes": prof.peak_bytes}
+        del model, prof
+        if device == "cuda":
+            torch.cuda.empty_cache()
+    return found
 
 
 def live_at_peak(trace: list[dict], start: int = 0) -> dict:
@@ -136,13 +209,22 @@ def main() -> int:
     ap.add_argument("--cases", default="resmlp,resmlp:least,unet_bn,bert")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--kernels", action="store_true", help="count the attention kernels each case's step ran")
+    ap.add_argument("--profiles", action="store_true",
+                    help="with --kernels: each case's remat profile in real and in fake mode, written beside --out")
     ap.add_argument("--size", default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kernels:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         found = [kernel_counts(case, args.size) for case in args.cases.split(",")]
+        if args.profiles:
+            for r in found:
+                r["profiles"] = profiles(r["case"], args.size, Path(args.out).parent)
         Path(args.out).write_text(json.dumps(found, indent=1))
         for r in found:
-            print(r["case"], r["ops"], flush=True)
+            print(r["case"], r["ops"], r.get("profiles"), flush=True)
+            for c in r["sdpa_calls"]:
+                print("   sdpa", c["calls"], "x", c["query"]["shape"], "mask", (c["attn_mask"] or {}).get("shape"),
+                      "remat:", c["remat_predicts"], {k: c[k] for k in ("flash", "efficient") if k in c})
         return 0
     if args.one:
         Path(args.out).write_text(json.dumps(one_case(args.one)))
