@@ -337,8 +337,17 @@ def _one_step(allocator: CachingAllocator, live: dict, by_op: tuple, carry: dict
         for r in allocs.get(k, ()):
             live[id(r)] = allocator.malloc(r.nbytes)
         if scratch[k]:
-            allocator.free(allocator.malloc(scratch[k]))
+            blocks = [allocator.malloc(part) for part in _scratch_blocks(scratch[k])]
+            for b in blocks:
+                allocator.free(b)
     return live
+
+
+def _scratch_blocks(nbytes: int) -> list[int]:
+    """An op's scratch as the blocks a kernel asks for: a workspace or staging buffer in whole MiB, and what is left
+    under a MiB (semaphores, small buffers) as one small block of its own."""
+    small = nbytes % MiB
+    return [b for b in (nbytes - small, small) if b] if nbytes > MiB else [nbytes]
 
 
 def gpu_reserve(records, scratch: list[int], phases: list[str]) -> GpuReserve:

@@ -26,7 +26,10 @@ Rule 3 (attention).  `F.scaled_dot_product_attention` runs the kernel an sm80-or
     at their own head count where flash can run them, as CUDA does (H100, torch 2.11: K/V saved at 4
     heads for 16 query heads), else the math path, which repeats them to the query's heads.  GPUs
     whose torch build prefers cuDNN attention (H100 with a recent cuDNN) save the same output and
-    log-sum-exp as flash.
+    log-sum-exp as flash.  A mask whose last dimension is not dense (stride != 1) rules out both
+    fused kernels on a GPU, though not on CPU: T5's relative position bias, a permuted (1, H, L, L)
+    view with stride H there, made an H200 (torch 2.11) run T5's self-attention as the math path,
+    868 MiB more than the memory-efficient kernel at batch 8 x 512 (2026-11-27).
 Rule 4 (backward).  Checkpoints recompute their forward inside backward, which must run the same
     kernels as the forward did (or torch raises CheckpointError).  Torch takes a torch-function
     mode off its stack while it handles a call, `loss.backward()` included, so the mode puts
@@ -114,10 +117,7 @@ class CudaKernels(TorchFunctionMode):
             if kernel == "efficient":
                 return _efficient(call)
             if kernel == "math":
-                return torch.ops.aten._scaled_dot_product_attention_math(
-                    call.query, call.key, call.value, call.attn_mask, call.dropout_p, call.is_causal,
-                    scale=call.scale, enable_gqa=call.enable_gqa,
-                )[0]
+                return _math(call)
             return F.scaled_dot_product_attention(**{f.name: getattr(call, f.name) for f in dataclasses.fields(call)})
 
     def notes(self) -> list[str]:
@@ -153,7 +153,7 @@ def cuda_backend(query, key, value, attn_mask, is_causal: bool, enable_gqa: bool
         return "flash" if grouped and _flash_ok(query, key, value, attn_mask, is_causal) else "math"
     if _flash_ok(query, key, value, attn_mask, is_causal):
         return "flash"
-    if _efficient_ok(query, key, value):
+    if _efficient_ok(query, key, value) and (attn_mask is None or attn_mask.stride(-1) == 1):
         return "efficient"
     return "math"
 
@@ -222,6 +222,33 @@ def _efficient(call: Attention):
     return torch.ops.aten._scaled_dot_product_efficient_attention(
         query, key, value, bias, needs_lse, call.dropout_p, call.is_causal, scale=call.scale
     )[0]
+
+
+def _math(call: Attention):
+    """As torch runs the math path on CUDA (`_scaled_dot_product_attention_math`): q and k each scaled by the
+    square root of the scale, a causal or boolean mask made additive, key and value repeated to the query's
+    heads for grouped-query calls, a safe softmax, then dropout as CUDA's fused `native_dropout` (its mask saved
+    as bool; on CPU the same aten op would save a float mask, Rule 5)."""
+    if not call.dropout_p:
+        return torch.ops.aten._scaled_dot_product_attention_math(
+            call.query, call.key, call.value, call.attn_mask, 0.0, call.is_causal,
+            scale=call.scale, enable_gqa=call.enable_gqa,
+        )[0]
+    query, key, value, mask = call.query, call.key, call.value, call.attn_mask
+    root = math.sqrt(call.scale if call.scale is not None else 1.0 / math.sqrt(query.size(-1)))
+    if call.is_causal:
+        mask = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+    if mask is not None and mask.dtype == torch.bool:
+        mask = torch.zeros((), dtype=query.dtype, device=query.device).masked_fill(mask.logical_not(), -math.inf)
+    if call.enable_gqa and key.size(-3) != query.size(-3):
+        repeat = query.size(-3) // key.size(-3)
+        key, value = key.repeat_interleave(repeat, dim=-3), value.repeat_interleave(repeat, dim=-3)
+    attn = (query * root) @ (key.transpose(-2, -1) * root)
+    if mask is not None:
+        attn = attn + mask
+    attn = torch.ops.aten._safe_softmax(attn, -1)
+    attn = torch.ops.aten.native_dropout(attn, call.dropout_p, True)[0]
+    return attn @ value
 
 
 def _dropout(input, p: float = 0.5, training: bool = True, inplace: bool = False, *, train: bool | None = None):

@@ -19,7 +19,13 @@ NOTE [CUDA memory that is no tensor]
   Rule 3. cuDNN's convolution, for input channels per group of CONV_WORKSPACE_MIN_CHANNELS or more,
           takes a workspace of twice its output plus its weight in forward (64 -> 64 channels 3x3:
           256 MiB beyond a 128 MiB output) and twice the output gradient plus 2 MiB in backward
-          when the input gradient is asked for; with 3 input channels it takes none.
+          when the input gradient is asked for; with 3 input channels it takes none.  That is the
+          common case, not a law: cuDNN picks the algorithm, hence the workspace, by heuristics of
+          its own.  Measured over 22 shapes on an H200 (`cuda_conv_workspaces.json`, torch
+          2.11.0+cu130, cuDNN benchmark off, 2026-11-27) forward took 0 to 4 times the output
+          (1x1 kernels none) and backward 0 to 4 times the output gradient (1x1 up to 12 times:
+          36 MiB for the 3 MiB gradient of a 32 -> 3 head at 16 x 128 x 128).  On sm90 a shape in
+          that table takes its measured bytes, scaled by the batch; others the formula above.
   Rule 4. The attention kernels' backward accumulates the query's gradient in float32 (its elements
           x 4 bytes) and keeps one float32 row statistic per query row (flash; two for the
           memory-efficient kernel); with grouped-query attention it first computes the key and value
@@ -28,12 +34,23 @@ NOTE [CUDA memory that is no tensor]
           16.5 MiB for a (8, 16, 1024, 64) bfloat16 query).
   Rule 5. The embedding backward sorts its indices and sums the gradient per index in float32:
           per index, the embedding's width x 4 bytes plus EMBEDDING_BYTES_PER_INDEX of index buffers.
+  Rule 6. A reduction (`sum`, `mean`) over many inputs per output stages partial results in a buffer
+          of the accumulator's type taken through the allocator, sized by torch's `setReduceConfig`
+          (`_reduction_staging`: block shape, outputs vectorised by 4, input split across up to one
+          wave of thread blocks of the device's SMs).  Reducing a dimension that is not the
+          innermost, as autograd makes a Linear's bias gradient, is the large case: each of the
+          32 x 4 outputs a block writes gets a slot per block on its column, 4 x outputs x blocks x
+          128 bytes: 128 MiB for the bias of a (16384, 1024) gradient.  Measured on an H200 (torch
+          2.11.0+cu130, 132 SMs, 2026-11-27, `benchmarks/gpu_probe.py`): 134,218,240 / 33,554,944 /
+          138,412,544 bytes for (16384, 1024), (4096, 1024) and (8192, 4096) float32 and 134,218,240 for
+          (16384, 1024) bfloat16 over dim 0, 3,072 for all of a (16384, 1024), as this rule computes.
   Each figure is rounded up to the allocator's 512 bytes.  Shapes other than those measured follow
   the same formulas; they are a model of cuDNN's and cuBLAS's choices, not their code.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import re
@@ -55,6 +72,14 @@ CONV_BACKWARD_EXTRA_BYTES = 2 << 20
 """Rule 3: measured 2.0-2.1 MiB beyond twice the output gradient (float32 and bfloat16)."""
 EMBEDDING_BYTES_PER_INDEX = 689
 """Rule 5: 5,644,288 bytes of index buffers for 8,192 indices."""
+
+SMS = {"H100": 132, "H200": 132, "A100": 108, "L4": 58}
+"""Rule 6: streaming multiprocessors of each GPU (SXM parts; `multiProcessorCount`)."""
+THREADS_PER_SM = {"sm90": 2048, "sm80": 2048, "sm89": 1536}
+"""Rule 6: `maxThreadsPerMultiProcessor` by architecture."""
+REDUCTIONS = frozenset({"sum", "mean"})
+REDUCE_THREADS, REDUCE_VALUES_MIN, REDUCE_VALUES_MAX = 512, 16, 256
+"""Rule 6: torch's reduction kernel's most threads a block, and its least and most values per thread."""
 
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"})
 ATTENTION_BACKWARDS = {
@@ -110,30 +135,81 @@ def add_cublas_workspaces(tracker: Tracker, arch: str, steady: bool) -> None:
 
 
 class CudaWorkspaces:
-    """A `Tracker.scratch_probe` for a fake CUDA step: each op's memory beyond its outputs (Rules 2-5)."""
+    """A `Tracker.scratch_probe` for a fake CUDA step on `hardware` ("H100", ...): each op's memory beyond its
+    outputs (Rules 2-6)."""
+
+    def __init__(self, hardware: str = "H100"):
+        self.arch = ARCH.get(hardware, "sm90")
+        self.sms = SMS.get(hardware, SMS["H100"])
+        self.threads_per_sm = THREADS_PER_SM.get(self.arch, 2048)
 
     def start(self) -> None:
         return None
 
     def stop(self, started, func, args, kwargs, out) -> int:
-        return op_workspace_bytes(op_name(func), args, kwargs)
+        name = op_name(func)
+        if name in REDUCTIONS and args and isinstance(args[0], torch.Tensor):
+            dims = args[1] if len(args) > 1 else kwargs.get("dim")
+            return _reduction_staging(args[0], dims, self.sms * self.threads_per_sm)
+        return op_workspace_bytes(name, args, kwargs, self.arch)
 
 
-def op_workspace_bytes(name: str, args, kwargs) -> int:
-    """Bytes an op of `name` takes beyond its outputs on CUDA, for these arguments (Rules 2-5)."""
+def op_workspace_bytes(name: str, args, kwargs, arch: str = "") -> int:
+    """Bytes an op of `name` takes beyond its outputs on CUDA of `arch` ("sm90", ...), for these arguments
+    (Rules 2-5)."""
     extra = 0
     if name in DENSE_OPS:  # attention reads a broadcast mask as it is: only its output gradient is copied
         dense = args[:1] if name in ATTENTION_BACKWARDS else tensor_leaves((args, kwargs))
         extra += sum(_rounded(_dense_bytes(t)) for t in dense if _expanded(t))
     if name == "convolution":
-        extra += _conv_forward(args)
-    elif name == "convolution_backward":
-        extra += _conv_backward(args)
+        measured = _measured_conv(args, "forward_bytes", arch)
+        extra += measured if measured is not None else _conv_forward(args)
+    elif name == "convolution_backward":  # measured with every gradient asked for
+        measured = _measured_conv(args[1:], "backward_bytes", arch) if all(args[-1]) else None
+        extra += measured if measured is not None else _conv_backward(args)
     elif name in ATTENTION_BACKWARDS:
         extra += _attention_backward(name, args)
     elif name == "embedding_dense_backward":
         extra += _embedding_backward(args)
     return extra
+
+
+def _measured_conv(args, which: str, arch: str) -> int | None:
+    """Rule 3: the workspace measured for this convolution's shape on `arch`, or None.  A measurement is split
+    into whole halves of the output's bytes, which scale with the batch, and a rest that does not (the weight,
+    in most rows: an H100 at batch 32 took 2 x output + weight where the H200 table has it at 16).
+    `args`: (input, weight, bias, stride, padding, dilation, transposed, ...) of `convolution`."""
+    x, weight = args[0], args[1]
+    if arch not in CONV_WORKSPACES or x.dim() != 4:
+        return None
+    found = CONV_WORKSPACES[arch].get(_conv_key(x.shape[1:], weight.shape, args[3], args[4], args[6], x.dtype))
+    if found is None:
+        return None
+    batch, row = found
+    measured, output = row[which], row["output_bytes"]
+    halves = 2 * measured // output
+    return _rounded(halves * output * x.shape[0] // (2 * batch) + measured - halves * output // 2)
+
+
+def _conv_key(per_item, weight, stride, padding, transposed, dtype) -> tuple:
+    as_pair = (lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v, v))
+    return (tuple(per_item), tuple(weight), as_pair(stride), as_pair(padding), bool(transposed), str(dtype))
+
+
+def _load_conv_workspaces() -> dict:
+    """Rule 3's table (`cuda_conv_workspaces.json`): arch -> shape key -> (the batch measured, the row)."""
+    path = os.path.join(os.path.dirname(__file__), "cuda_conv_workspaces.json")
+    with open(path) as f:
+        data = json.load(f)
+    table = {}
+    for row in data["rows"]:
+        key = _conv_key(row["input"][1:], row["weight"], row["stride"], row["padding"], row["transposed"],
+                        "torch." + row["dtype"])
+        table[key] = (row["input"][0], row)
+    return {data["arch"]: table}
+
+
+CONV_WORKSPACES = _load_conv_workspaces()
 
 
 def _conv_forward(args) -> int:
@@ -180,6 +256,71 @@ def _embedding_backward(args) -> int:
     grad_out, indices = args[0], args[1]
     width = grad_out.shape[-1]
     return _rounded(indices.numel() * width * 4) + _rounded(indices.numel() * EMBEDDING_BYTES_PER_INDEX)
+
+
+def _reduction_staging(x: torch.Tensor, dims, device_threads: int) -> int:
+    """Rule 6: the staging buffer and semaphores of a sum or mean of `x` over `dims` (None or empty: all), as
+    torch's `setReduceConfig` sizes them for a GPU that runs `device_threads` threads at once (SMs x threads per
+    SM).  The iterator's dimensions: size-1 ones dropped, the reduced ones first, each group sorted by stride and
+    merged where contiguous."""
+    reduced = set(range(x.dim())) if not dims and dims != 0 else {d % x.dim() for d in _as_list(dims)}
+    groups = [_merged(sorted((x.stride(d), n) for d in range(x.dim()) if (n := x.shape[d]) > 1 and (d in reduced) == r))
+              for r in (True, False)]
+    if not groups[0] or x.numel() == 0:
+        return 0
+    outputs = math.prod(n for _, n in groups[1])
+    inputs = x.numel() // outputs
+    on_fastest = not groups[1] or groups[0][0][0] < groups[1][0][0]
+    fastest = groups[0][0][0] if on_fastest else groups[1][0][0]
+    dim0, dim1, vec = (inputs, outputs, 1) if on_fastest else (outputs, inputs, 1)
+    if fastest == 1 and on_fastest and dim0 > 128 and len(groups[0]) == 1:
+        dim0 //= 4  # inputs vectorised by 4
+    elif fastest == 1 and not on_fastest:
+        vec = next(v for v in (4, 2, 1) if all(n % v == 0 for n in _vec_sizes(groups)))
+        dim0 //= vec
+    most = REDUCE_THREADS // vec
+    pow0, pow1 = (min(_last_pow2(d), most) for d in (dim0, dim1))
+    height = min(pow1, most // min(pow0, 32))
+    width = min(pow0, most // height)
+    step_in, step_out = (width, 1) if on_fastest else (1, width)
+    split_input = -(-inputs // step_in) >= max(height * REDUCE_VALUES_MIN, REDUCE_VALUES_MAX)
+    step_in, step_out = (step_in * height, step_out) if split_input else (step_in, step_out * height)
+    grid = -(-(outputs // vec) // step_out)
+    values = -(-inputs // step_in)
+    target = device_threads // (width * height)  # one wave: blocks per SM x SMs
+    if not split_input or values < REDUCE_VALUES_MAX or grid > target:
+        return 0
+    ctas = max(min(-(-target // grid), -(-values // REDUCE_VALUES_MIN)), -(-values // REDUCE_VALUES_MAX))
+    if ctas <= 1:
+        return 0
+    acc = 8 if x.dtype in (torch.float64, torch.int64) or not x.is_floating_point() else 4
+    staging = acc * outputs * ctas * (1 if on_fastest else width * vec)
+    return _rounded(staging) + _rounded(4 * grid)
+
+
+def _as_list(dims) -> list[int]:
+    return [dims] if isinstance(dims, int) else list(dims)
+
+
+def _merged(dims: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """(stride, size) pairs, fastest first, with each pair merged into the one before where it continues it."""
+    out: list[tuple[int, int]] = []
+    for stride, size in dims:
+        if out and out[-1][0] * out[-1][1] == stride:
+            out[-1] = (out[-1][0], out[-1][1] * size)
+        else:
+            out.append((stride, size))
+    return out
+
+
+def _vec_sizes(groups) -> list[int]:
+    """What an output vector's width must divide: the fastest kept dimension's size and every other stride."""
+    kept = groups[1]
+    return [kept[0][1], *(s for s, _ in groups[0]), *(s for s, _ in kept[1:])]
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
 
 
 def _expanded(t: torch.Tensor) -> bool:

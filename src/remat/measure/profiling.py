@@ -290,7 +290,7 @@ class _Run:
         if self.setup.cuda_real:
             return scratch.CudaAllocatorPeak()
         if self.setup.fake_cuda:
-            return cuda_workspaces.CudaWorkspaces()  # NOTE [CUDA memory that is no tensor]
+            return cuda_workspaces.CudaWorkspaces(self.setup.hardware.name)  # NOTE [CUDA memory that is no tensor]
         return scratch.Estimate(self.setup.target.type, signed=self.setup.mode == Mode.REAL)
 
     def _measured_scratch(self, signatures: list, step: StepInputs, opt, restore) -> list[int]:
