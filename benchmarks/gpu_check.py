@@ -230,6 +230,7 @@ def _plan_summary(plan, path: Path) -> dict:
             "segments": len(plan.segments), "selective": len(plan.selective), "offload": len(plan.offload),
             "recompute_fraction": plan.recompute_fraction, "solver": plan.solver, "allocator": plan.allocator,
             "reserved_bytes": reserve.reserved_bytes if reserve else None,
+            "allocated_bytes": reserve.allocated_bytes if reserve else None,
             "expandable_reserved_bytes": reserve.expandable_reserved_bytes if reserve else None}
 
 
@@ -269,6 +270,7 @@ def plan_model(name: str, size: str, plans_dir: Path) -> dict:
     row = {"title": MODELS[name].title, "size": MODELS[name].sizes[size],
            "params": sum(p.numel() for p in model.parameters()), "unplanned_peak_bytes": prof.peak_bytes,
            "unplanned_reserved_bytes": reserve.reserved_bytes if reserve else None,
+           "unplanned_allocated_bytes": reserve.allocated_bytes if reserve else None,
            "profile_s": round(time.perf_counter() - t0, 1), "plans": {}}
     t0 = time.perf_counter()
     for kind, make in _makers(model, inputs, loss_fn, prof, target["hardware"]).items():
@@ -646,8 +648,8 @@ def _unplanned_row(name: str, m: dict) -> str:
     real_cell = (f"{_mib(real)} ({_err(real, r.get('peak_allocated_bytes'))})" if real is not None
                  else r.get("real_profile_error", "n/a")[:80])
     noise = "n/a" if m["grad_noise"] is None else f"noise {m['grad_noise']:.1e}"
-    return (f"| {name} | unplanned | {_mib(pred)} | {_mib_or_na(r.get('peak_allocated_bytes'))} | "
-            f"{_err(pred, r.get('peak_allocated_bytes'))} | "
+    return (f"| {name} | unplanned | {_mib(pred)} | "
+            f"{_allocated_cells(m['predicted'].get('unplanned_allocated_bytes'), pred, r)} | "
             f"{_reserved_cell(m['predicted'].get('unplanned_reserved_bytes'), r)} | — | "
             f"{_status(r)} | {noise} | {real_cell} | {_seconds(r)} |")
 
@@ -660,10 +662,19 @@ def _plan_row(name: str, kind: str, m: dict) -> str:
     what = (f"{kind}: {p['segments']} ckpt + {p['selective']} selective"
             + (f" + {p['offload']} offload" if p.get("offload") else "")
             + (f", {p['allocator']}" if p.get("allocator") else ""))
-    return (f"| {name} | {what} | {_mib(p['peak_bytes'])} | {_mib_or_na(r.get('peak_allocated_bytes'))} | "
-            f"{_err(p['peak_bytes'], r.get('peak_allocated_bytes'))} | {_reserved_cell(_planned_reserve(p, r), r)} | "
+    return (f"| {name} | {what} | {_mib(p['peak_bytes'])} | "
+            f"{_allocated_cells(p.get('allocated_bytes'), p['peak_bytes'], r)} | {_reserved_cell(_planned_reserve(p, r), r)} | "
             f"{_mib(r.get('budget_bytes') or p['budget_bytes'] or p['peak_bytes'])} | {_status(r)} | "
             f"{_grad_cell(r, m['grad_noise'])} | — | {_seconds(r)} |")
+
+
+def _allocated_cells(replayed, tensors: int, r: dict) -> str:
+    """max_memory_allocated: the laptop's replay of the allocator beside the measured figure, and the error of the
+    replay (of the tensors, for plans made before the replay's allocated bytes were kept)."""
+    measured = r.get("peak_allocated_bytes")
+    if replayed is None:
+        return f"{_mib_or_na(measured)} | {_err(tensors, measured)}"
+    return f"{_mib(replayed)} / {_mib_or_na(measured)} | {_err(replayed, measured)}"
 
 
 def _planned_reserve(p: dict, r: dict) -> int | None:
@@ -707,7 +718,7 @@ def render(res: dict) -> str:
              f"{' + uncommitted src/ changes' if made.get('src_dirty') else ''}): fake mode, `device="
              f"\"{made['profile']['device']}\", hardware=\"{made['profile']['hardware']}\"`, Adam, the output kept "
              "through backward.", "",
-             "| model | plan | predicted MiB (laptop, fake) | measured max_memory_allocated MiB | error | "
+             "| model | plan | tensors MiB (laptop, fake) | max_memory_allocated MiB: replayed on the laptop / measured | error | "
              "reserved MiB: replayed on the laptop / measured | budget (cap) MiB | ran under the cap | grad max \\|diff\\| vs 10x noise | "
              "real-mode profile MiB (error) | step s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, m in res["models"].items():
@@ -715,7 +726,9 @@ def render(res: dict) -> str:
         lines += [_plan_row(name, kind, m) for kind in KINDS if kind in m["predicted"]["plans"]]
     failures = _failures(res)
     lines += ["", "Every measurement ran to the end." if not failures else "Measurements that did not finish:",
-              *failures, "", "Error: (predicted - measured) / measured.  Each row a fresh process, the third step "
+              *failures, "", "Error: (replayed - measured) / measured of max_memory_allocated, the replay being the "
+              "laptop's fake step run through a model of the caching allocator (of its tensors where a run has no "
+              "replay).  Each row a fresh process, the third step "
               "of the loop with Adam" + ("; a plan's step under `torch.cuda.set_per_process_memory_fraction(budget / "
               "total memory)`" if capped else "; no step capped") + ".  Gradients: the first step's, max |difference| from the unplanned run's, against "
               f"{NOISE_FACTOR}x that of a second unplanned run (the noise).  Raw results: `{res['results_file']}`."]

@@ -100,23 +100,25 @@ def _conv(cin, cout, k, size, batch=16, dtype=torch.float32, transposed=False, s
     return make, fwd, "dense"
 
 
-CONV_CASES = {
-    f"conv{'T' if tr else ''} {cin}->{cout} {k}x{k} at {size}{' bf16' if dt == torch.bfloat16 else ''}":
-        _conv(cin, cout, k, size, dtype=dt, transposed=tr, stride=2 if tr else 1)
-    for cin, cout, k, size, dt, tr in [
-        (3, 32, 3, 128, torch.float32, False), (32, 32, 3, 128, torch.float32, False),
-        (32, 64, 3, 64, torch.float32, False), (64, 64, 3, 64, torch.float32, False),
-        (64, 128, 3, 32, torch.float32, False), (128, 128, 3, 32, torch.float32, False),
-        (128, 256, 3, 16, torch.float32, False), (256, 256, 3, 16, torch.float32, False),
-        (256, 128, 2, 16, torch.float32, True), (128, 64, 2, 32, torch.float32, True), (64, 32, 2, 64, torch.float32, True),
-        (256, 128, 3, 32, torch.float32, False), (128, 64, 3, 64, torch.float32, False),
-        (64, 32, 3, 128, torch.float32, False), (32, 3, 1, 128, torch.float32, False),
-        (64, 64, 1, 64, torch.float32, False), (64, 256, 1, 64, torch.float32, False), (256, 64, 1, 64, torch.float32, False),
-        (64, 64, 3, 64, torch.bfloat16, False), (32, 3, 1, 128, torch.bfloat16, False),
-        (64, 64, 3, 128, torch.float32, False), (128, 128, 3, 64, torch.float32, False),
-    ]
-}
-CASES |= CONV_CASES
+def conv_cases(batch: int = 16) -> dict:
+    """The convolution cases at `batch` (the U-Net of the GPU check runs 16)."""
+    return {
+        f"conv{'T' if tr else ''} {cin}->{cout} {k}x{k} at {size}{' bf16' if dt == torch.bfloat16 else ''}":
+            _conv(cin, cout, k, size, batch, dtype=dt, transposed=tr, stride=2 if tr else 1)
+        for cin, cout, k, size, dt, tr in [
+            (3, 32, 3, 128, torch.float32, False), (32, 32, 3, 128, torch.float32, False),
+            (32, 64, 3, 64, torch.float32, False), (64, 64, 3, 64, torch.float32, False),
+            (64, 128, 3, 32, torch.float32, False), (128, 128, 3, 32, torch.float32, False),
+            (128, 256, 3, 16, torch.float32, False), (256, 256, 3, 16, torch.float32, False),
+            (256, 128, 2, 16, torch.float32, True), (128, 64, 2, 32, torch.float32, True), (64, 32, 2, 64, torch.float32, True),
+            (256, 128, 3, 32, torch.float32, False), (128, 64, 3, 64, torch.float32, False),
+            (64, 32, 3, 128, torch.float32, False), (32, 3, 1, 128, torch.float32, False),
+            (64, 64, 1, 64, torch.float32, False), (64, 256, 1, 64, torch.float32, False), (256, 64, 1, 64, torch.float32, False),
+            (64, 64, 3, 64, torch.bfloat16, False), (32, 3, 1, 128, torch.bfloat16, False),
+            (64, 64, 3, 128, torch.float32, False), (128, 128, 3, 64, torch.float32, False),
+        ]
+    }
+CASES |= conv_cases()
 
 
 def run(name: str) -> dict:
@@ -137,9 +139,12 @@ def run(name: str) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--batch", type=int, default=16, help="the convolution cases' batch")
     ap.add_argument("--only", default="", help="cases whose name starts with this (e.g. conv)")
     args = ap.parse_args()
-    found = {"device": torch.cuda.get_device_name() if CUDA else "CPU", "torch": torch.__version__, "cases": []}
+    CASES.update(conv_cases(args.batch))
+    found = {"device": torch.cuda.get_device_name() if CUDA else "CPU", "torch": torch.__version__,
+             "conv_batch": args.batch, "cases": []}
     for name in [n for n in CASES if n.startswith(args.only)]:
         row = run(name)
         found["cases"].append(row)
