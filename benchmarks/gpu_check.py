@@ -231,6 +231,7 @@ def _plan_summary(plan, path: Path) -> dict:
             "recompute_fraction": plan.recompute_fraction, "solver": plan.solver, "allocator": plan.allocator,
             "reserved_bytes": reserve.reserved_bytes if reserve else None,
             "allocated_bytes": reserve.allocated_bytes if reserve else None,
+            "expandable_allocated_bytes": reserve.expandable_allocated_bytes if reserve else None,
             "expandable_reserved_bytes": reserve.expandable_reserved_bytes if reserve else None}
 
 
@@ -663,7 +664,8 @@ def _plan_row(name: str, kind: str, m: dict) -> str:
             + (f" + {p['offload']} offload" if p.get("offload") else "")
             + (f", {p['allocator']}" if p.get("allocator") else ""))
     return (f"| {name} | {what} | {_mib(p['peak_bytes'])} | "
-            f"{_allocated_cells(p.get('allocated_bytes'), p['peak_bytes'], r)} | {_reserved_cell(_planned_reserve(p, r), r)} | "
+            f"{_allocated_cells(_planned(p, r, 'allocated_bytes'), p['peak_bytes'], r)} | "
+            f"{_reserved_cell(_planned(p, r, 'reserved_bytes'), r)} | "
             f"{_mib(r.get('budget_bytes') or p['budget_bytes'] or p['peak_bytes'])} | {_status(r)} | "
             f"{_grad_cell(r, m['grad_noise'])} | — | {_seconds(r)} |")
 
@@ -677,10 +679,11 @@ def _allocated_cells(replayed, tensors: int, r: dict) -> str:
     return f"{_mib(replayed)} / {_mib_or_na(measured)} | {_err(replayed, measured)}"
 
 
-def _planned_reserve(p: dict, r: dict) -> int | None:
-    """The reserve the plan was fitted to under the allocator its step ran with (expandable segments or not)."""
+def _planned(p: dict, r: dict, figure: str) -> int | None:
+    """The replay's `figure` ("allocated_bytes", "reserved_bytes") under the allocator the plan's step ran with
+    (expandable segments or not); None where the plans were made before it was kept."""
     expandable = "expandable_segments:True" in (r.get("alloc_conf") or "")
-    return p.get("expandable_reserved_bytes") if expandable else p.get("reserved_bytes")
+    return p.get("expandable_" + figure) if expandable else p.get(figure)
 
 
 def _reserved_cell(predicted, r: dict) -> str:

@@ -85,8 +85,8 @@ def _sdpa_call(args, kwargs) -> dict:
 
 def kernel_counts(case: str, size: str = "full") -> dict:
     """The attention-related aten ops one forward and backward of `case`'s model ran (which SDPA kernel CUDA
-    picked: T5's fake step misses 868 MiB, docs/validation.md section 6.2), by a dispatch mode that counts; each
-    distinct `scaled_dot_product_attention` call's arguments and torch's reasons for its kernel (`_sdpa_call`)."""
+    picked: T5's self-attention runs the math path on CUDA, docs/validation.md section 6.1), by a dispatch mode
+    that counts; each distinct `scaled_dot_product_attention` call's arguments and torch's reasons for its kernel (`_sdpa_call`)."""
     from collections import Counter
 
     import torch.nn.functional as F

@@ -35,9 +35,9 @@ from remat.types.reserve import EXPANDABLE, GpuReserve
 # Rule 4: if none fits either way, remat.InfeasibleBudget, with the least budget the plans seen would fit.
 # Rule 5: where CUDA is simulated on the CPU, a plan that may offload (offload rates given) is not checked, and says
 #         so: its planned step's saved tensors would go to "host" memory that is the CPU's own.
-# What it cannot fix: allocations the fake step does not see.  On the H200 the U-Net's and the MLP's planned steps
-# reserved 14-33% more than their replay, through a cuDNN workspace of 98 MiB and a 128 MiB block in the MLP's
-# backward that no tracked op explains (docs/validation.md section 6.1); `remat.verify` on the GPU is the check.
+# What it cannot fix: allocations the fake step does not see, and where the allocator puts each block.  On the
+# H200 (2026-11-27) the replay's reserve was -10.5% to +9.3% of the measured one uncapped, and all ten plans of the
+# GPU check ran under a cap of their budget (docs/validation.md section 6.1); `remat.verify` on the GPU is the check.
 # `remat.plan(profile, budget)` has no model to profile: its plan counts tensors, and for a CUDA profile a note says
 # what the unplanned step reserves beyond them.
 

@@ -354,4 +354,5 @@ def gpu_reserve(records, scratch: list[int], phases: list[str]) -> GpuReserve:
     """A tracked CUDA step replayed with the default allocator and with expandable segments (Rule 6)."""
     default = replay(records, scratch, phases, CachingAllocator())
     expandable = replay(records, scratch, phases, ExpandableAllocator())
-    return GpuReserve(default.allocated_bytes, default.reserved_bytes, expandable.reserved_bytes)
+    return GpuReserve(default.allocated_bytes, default.reserved_bytes, expandable.reserved_bytes,
+                      expandable.allocated_bytes)

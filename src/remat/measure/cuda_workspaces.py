@@ -21,11 +21,13 @@ NOTE [CUDA memory that is no tensor]
           256 MiB beyond a 128 MiB output) and twice the output gradient plus 2 MiB in backward
           when the input gradient is asked for; with 3 input channels it takes none.  That is the
           common case, not a law: cuDNN picks the algorithm, hence the workspace, by heuristics of
-          its own.  Measured over 22 shapes on an H200 (`cuda_conv_workspaces.json`, torch
-          2.11.0+cu130, cuDNN benchmark off, 2026-11-27) forward took 0 to 4 times the output
+          its own.  Measured over 22 shapes at batch 16 and 8 on an H200 (`cuda_conv_workspaces.json`,
+          torch 2.11.0+cu130, cuDNN benchmark off, 2026-11-27) forward took 0 to 4 times the output
           (1x1 kernels none) and backward 0 to 4 times the output gradient (1x1 up to 12 times:
           36 MiB for the 3 MiB gradient of a 32 -> 3 head at 16 x 128 x 128).  On sm90 a shape in
-          that table takes its measured bytes, scaled by the batch; others the formula above.
+          that table takes its measured bytes at its batch, or scaled from the nearest batch (at 8
+          from 16: forward exact for 18 of 22 shapes, backward for 11, others 0.5-2x off: cuDNN
+          chooses again per batch); other shapes the formula above.
   Rule 4. The attention kernels' backward accumulates the query's gradient in float32 (its elements
           x 4 bytes) and keeps one float32 row statistic per query row (flash; two for the
           memory-efficient kernel); with grouped-query attention it first computes the key and value
@@ -175,17 +177,19 @@ def op_workspace_bytes(name: str, args, kwargs, arch: str = "") -> int:
 
 
 def _measured_conv(args, which: str, arch: str) -> int | None:
-    """Rule 3: the workspace measured for this convolution's shape on `arch`, or None.  A measurement is split
-    into whole halves of the output's bytes, which scale with the batch, and a rest that does not (the weight,
-    in most rows: an H100 at batch 32 took 2 x output + weight where the H200 table has it at 16).
+    """Rule 3: the workspace measured for this convolution's shape on `arch` at its batch, or else at the nearest
+    batch measured, split into whole halves of the output's bytes, which scale with the batch, and a rest that
+    does not (the weight, in most rows: an H100 at batch 32 took 2 x output + weight where the H200 table has it
+    at 16); None for a shape not measured.
     `args`: (input, weight, bias, stride, padding, dilation, transposed, ...) of `convolution`."""
     x, weight = args[0], args[1]
     if arch not in CONV_WORKSPACES or x.dim() != 4:
         return None
-    found = CONV_WORKSPACES[arch].get(_conv_key(x.shape[1:], weight.shape, args[3], args[4], args[6], x.dtype))
-    if found is None:
+    batches = CONV_WORKSPACES[arch].get(_conv_key(x.shape[1:], weight.shape, args[3], args[4], args[6], x.dtype))
+    if not batches:
         return None
-    batch, row = found
+    batch = min(batches, key=lambda b: abs(math.log(b / x.shape[0])))
+    row = batches[batch]
     measured, output = row[which], row["output_bytes"]
     halves = 2 * measured // output
     return _rounded(halves * output * x.shape[0] // (2 * batch) + measured - halves * output // 2)
@@ -197,7 +201,7 @@ def _conv_key(per_item, weight, stride, padding, transposed, dtype) -> tuple:
 
 
 def _load_conv_workspaces() -> dict:
-    """Rule 3's table (`cuda_conv_workspaces.json`): arch -> shape key -> (the batch measured, the row)."""
+    """Rule 3's table (`cuda_conv_workspaces.json`): arch -> shape key -> {batch measured: its row}."""
     path = os.path.join(os.path.dirname(__file__), "cuda_conv_workspaces.json")
     with open(path) as f:
         data = json.load(f)
@@ -205,7 +209,7 @@ def _load_conv_workspaces() -> dict:
     for row in data["rows"]:
         key = _conv_key(row["input"][1:], row["weight"], row["stride"], row["padding"], row["transposed"],
                         "torch." + row["dtype"])
-        table[key] = (row["input"][0], row)
+        table.setdefault(key, {})[row["input"][0]] = row
     return {data["arch"]: table}
 
 

@@ -20,6 +20,9 @@ class GpuReserve:
     """`torch.cuda.max_memory_reserved` with the default allocator: what the GPU must have for the step."""
     expandable_reserved_bytes: int
     """`torch.cuda.max_memory_reserved` with PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True."""
+    expandable_allocated_bytes: int = 0
+    """`torch.cuda.max_memory_allocated` with expandable segments, which split every block: the live tensors
+    (0: not replayed, in plans and profiles saved before 2026-11-27)."""
 
     def allocator_for(self, budget: int) -> str | None:
         """"" if the default allocator's reserve fits `budget`, EXPANDABLE if only that setting's does, else None."""
