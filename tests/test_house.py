@@ -6,6 +6,7 @@
   MAX_POSITIONAL positional parameters; no file is longer than MAX_FILE_LINES.
 - Data (remat.types) imports no other part but errors; reports read data and never
   measure, plan or apply.
+- A NOTE's name is on one line (grep finds it); the public entry points have their own docstrings.
 """
 
 from __future__ import annotations
@@ -130,3 +131,21 @@ def test_no_long_function_and_no_long_parameter_list():
 def test_no_long_file():
     long = [f"{p.relative_to(SRC)} ({n} lines)" for p in _files() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
     assert not long, "\n".join(long)
+
+
+def test_a_note_is_named_on_one_line():
+    """`grep -rn "NOTE \\[Name\\]"` finds every reference: a note's name is never broken across lines."""
+    broken = [f"{p.relative_to(SRC)}:{i}" for p in _files() for i, line in enumerate(p.read_text().splitlines(), 1)
+              if "NOTE [" in line and "]" not in line[line.rindex("NOTE ["):]]
+    assert not broken, "\n".join(broken)
+
+
+def test_the_public_entry_points_have_their_own_docstrings():
+    """`help(remat.profile)` documents remat.profile (not the eager measurement it calls), with every option."""
+    import inspect
+
+    import remat
+    from remat.measure import profile as eager
+
+    assert remat.profile.__doc__ != eager.__doc__ and "compiled" in remat.profile.__doc__
+    assert "keep_output" in inspect.signature(remat.profile).parameters and remat.auto.__doc__

@@ -1,6 +1,6 @@
 """remat: activation checkpointing for PyTorch that works the first time.
 
-The public contract (../shared/ARCHITECTURE.md; docs/architecture.md says which part owns each name).
+The public contract: the names below (docs/architecture.md says which part owns each; the README shows them in use).
 """
 
 from remat import report as _report  # noqa: F401  (registers the text reports that str() of the data shows)

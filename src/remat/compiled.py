@@ -26,7 +26,7 @@ costs one compilation's time.
 from __future__ import annotations
 
 import dataclasses
-import functools
+import inspect
 import os
 import warnings
 from typing import Any
@@ -50,8 +50,33 @@ from remat.verifier.process import ProcessPeak
 from remat.verifier.verify import independent_step
 
 
-@functools.wraps(measure_profile)
 def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **options) -> StepProfile:
+    """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
+
+    Example:
+        >>> prof = remat.profile(model, torch.randn(8, 1024), optimizer=torch.optim.Adam(model.parameters()))
+        >>> prof.peak_bytes, prof.peak_phase, prof.blocks[0].saved_bytes
+
+    `mode="real"` runs the step on the model's device and counts live tensor storages; `mode="fake"` predicts the
+    same figures with fake tensors, allocating nothing, also for a `device="cuda"` this machine does not have, its
+    seconds by the roofline of `hardware` ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of a step]).
+    The model, its optimizer and the RNG are left as they were.
+
+    `step="steady"` (the default) measures the step a training loop repeats, with the optimizer's state resident
+    from its start; `step="first"` the first step of the optimizer as given.  `accumulate=K` runs K forward/backward
+    passes per optimizer step.  `keep_output=True` (the default) is a loop that keeps the output until after
+    backward (`out = model(**b); out.loss.backward()`), `False` only the loss (Hugging Face's Trainer);
+    NOTE [The step that is measured].  `timed=False`: a real step's seconds not measured (as `remat.verify` needs).
+
+    A model wrapped in DistributedDataParallel or sharded with FSDP2 is profiled as the rank this runs in sees
+    its step (NOTE [A rank's step]).  `world_size=N` with `mode="fake"` predicts one rank of N from this process,
+    with no process group: the inputs are the global batch, and `wrap` says how the job shares the model:
+    "fsdp" (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model`
+    (NOTE [N ranks from one process]).  Of a compiled model: the model inside, eagerly, and the compiled step's peak
+    by the process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
+
+    Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; CUDA's workspaces are
+    modelled from H100 and H200 measurements (NOTE [CUDA memory that is no tensor])."""
     prof = measure_profile(model, inputs, loss_fn, optimizer, mode, **options)
     if mode != "real" or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof
@@ -64,6 +89,9 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
             "eager; a budget 2% above it or more needs no checkpoint (docs/compile.md).")
     return dataclasses.replace(prof, compiled_peak_bytes=peak, compiled_counter=counter,
                                compiled_step_s=measured.step_s, notes=[*prof.notes, note])
+
+
+profile.__signature__ = inspect.signature(measure_profile)  # its keyword options, as `help` shows them
 
 
 # NOTE [Plans for a compiled step]

@@ -21,8 +21,9 @@ CALLED_DIRECTLY = "Sequential (children called directly)"
 """`BlockProfile.container` of a child of an nn.Sequential whose own forward the profiled step never ran: the
 model's code calls its children itself (`x = seq[1](seq[0](x))`, `for m in seq: x = m(x)`, checkpoint_sequential).
 Nothing may rest on the Sequential chaining them (NOTE [How a module is checkpointed in place], Rule 4): a run of
-them is one checkpoint as a run of nn.ModuleList entries is (NOTE [A run of nn.ModuleList entries as one
-checkpoint]), and such a Sequential is a block only where its children ran in turn (`remat.measure.chains`)."""
+them is one checkpoint as a run of nn.ModuleList entries is
+(NOTE [A run of nn.ModuleList entries as one checkpoint]), and such a Sequential is a block only where its children
+ran in turn (`remat.measure.chains`)."""
 
 CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 """Modules that hold blocks: their children are the natural units of checkpointing."""
@@ -101,8 +102,8 @@ def children_of(name: str, module: nn.Module) -> list[str]:
 
 def holds_runs(module: nn.Module | None) -> bool:
     """True where remat.apply can wrap a run of several children as one checkpoint: an nn.Sequential that
-    chains them, or an nn.ModuleList whose entries the model's loop calls (NOTE [A run of nn.ModuleList
-    entries as one checkpoint])."""
+    chains them, or an nn.ModuleList whose entries the model's loop calls
+    (NOTE [A run of nn.ModuleList entries as one checkpoint])."""
     return runs_children_in_order(module) or isinstance(module, nn.ModuleList)
 
 

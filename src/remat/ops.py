@@ -41,7 +41,8 @@ SAVE_OPS = frozenset(
 
 def op_signature(name: str, tensors) -> str:
     """An op's name and the shapes of its tensor arguments, in order: "addmm(768, 2048x256, 256x768)".
-    Selective checkpointing picks the outputs it keeps by this (NOTE [Which outputs a selective checkpoint
-    keeps]): it tells apart ops of one name in a block (a transformer's up and down projections), and is the
+    Selective checkpointing picks the outputs it keeps by this
+    (NOTE [Which outputs a selective checkpoint keeps]): it tells apart ops of one name in a block (a transformer's
+    up and down projections), and is the
     same when the checkpoint runs the op again."""
     return f"{name}({', '.join('x'.join(map(str, t.shape)) or '[]' for t in tensors)})"

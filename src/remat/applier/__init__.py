@@ -2,4 +2,4 @@
 
 from remat.applier.apply import applied, apply, checkpoint, remove, taken_off
 
-__all__ = ["applied", "apply", "auto", "checkpoint", "remove", "taken_off"]
+__all__ = ["applied", "apply", "checkpoint", "remove", "taken_off"]

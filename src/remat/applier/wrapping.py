@@ -32,9 +32,9 @@ NOTE [How a module is checkpointed in place]
   Rule 5. A selective checkpoint is the same checkpoint with torch's selective policy:
           outputs of SAVE_OPS (matmuls, convolutions, attention) are kept, every other
           op is recomputed; or, when the plan names them (`Plan.selective_keeps`), the
-          outputs of the ops of those signatures (NOTE [Which outputs a selective
-          checkpoint keeps]).  A signature holds argument shapes: a forward in which no
-          named op ran with its shapes (inputs of other shapes than profiled) keeps
+          outputs of the ops of those signatures
+          (NOTE [Which outputs a selective checkpoint keeps]).  A signature holds argument shapes: a forward in which
+          no named op ran with its shapes (inputs of other shapes than profiled) keeps
           nothing, and says so in a warning, once per module.
   Rule 6. An offloaded module runs its forward under `saved_tensors_hooks`: every tensor
           its ops save goes to CPU memory (pinned when it comes from CUDA, copied

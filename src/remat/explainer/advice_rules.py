@@ -75,8 +75,8 @@ def _peak(ev: Evidence) -> int:
 
 def remat_plan(ev: Evidence) -> list[Finding]:
     """The model follows remat's own plan (remat.apply, remat.auto) or carries remat.checkpoint marks: not checkpointing
-    of the model's own, which explain is about, so the step was measured without them (NOTE [How explain gets its
-    numbers]); this says so, with what the plan was made to do."""
+    of the model's own, which explain is about, so the step was measured without them
+    (NOTE [How explain gets its numbers]); this says so, with what the plan was made to do."""
     plan, counts = _own_checkpoints(ev.modules)
     if not counts[0] + counts[2]:
         return []

@@ -77,8 +77,8 @@ def explain(
     "7212MiB") to compare with the measured peak.  A model without checkpointing gets a
     `no-checkpointing` finding with the profile summary and the plan that would help.
 
-    Known limitations: runs the step two or more times (NOTE [How explain gets its
-    numbers]); sees only checkpointing done through `torch.utils.checkpoint`
+    Known limitations: runs the step two or more times
+    (NOTE [How explain gets its numbers]); sees only checkpointing done through `torch.utils.checkpoint`
     (`checkpoint`, `checkpoint_sequential`, `checkpoint_wrapper`, Hugging Face's
     gradient checkpointing); in fake mode dropout is seen only through dropout modules.
     """

@@ -15,8 +15,9 @@ NOTE [A model from its config]
           peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
           head's shape; the loss is the model's own (`output.loss`).
-  Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache (NOTE [The key/value
-          cache in training] in `remat.hf`, whose hook does the same for the step remat.profile runs).
+  Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
+          (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
+          remat.profile runs).
 """
 
 from __future__ import annotations

@@ -98,8 +98,8 @@ def _flatten_output(out):
 
 def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[BlockProfile]:
     """One BlockProfile per candidate that ran, in the order their forwards first started; an nn.Sequential the
-    model never called whose children ran in turn counts as run by them (NOTE [An nn.Sequential the model never
-    calls])."""
+    model never called whose children ran in turn counts as run by them
+    (NOTE [An nn.Sequential the model never calls])."""
     ran = with_chains(io.order, uncalled_chains(tracker, io), io)
     parents = {n: enclosing(n, ran) for n in ran}
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}

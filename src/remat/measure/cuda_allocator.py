@@ -22,14 +22,15 @@ NOTE [The caching allocator's reserve]
   Rule 5. Under a cap (`set_per_process_memory_fraction`), a segment or page that would take the reserve over it
           first makes the allocator release every cached segment (page) holding no allocated byte; if the
           request still does not fit, the step runs out of memory.
-  Rule 6. The step replayed is the tracker's, three times, as a training loop runs it (NOTE [What counts as live
-          memory] gives each storage's first and last op): the parameters, buffers and inputs first; in the first
+  Rule 6. The step replayed is the tracker's, three times, as a training loop runs it
+          (NOTE [What counts as live memory] gives each storage's first and last op): the parameters, buffers and
+          inputs first; in the first
           step the optimizer's state appears at the optimizer's first op and the library workspaces at the
           step's start; from the second step on, what the previous step left alive (the output the loop holds,
           the loss) is freed where the tracker saw the step free it.  Within an op its outputs come first, then
           its kernel scratch, freed before the next op's frees.  The third step is the one measured.
-  What it cannot see: allocations no tracker sees (inside a kernel library beyond what NOTE [CUDA memory that is no
-  tensor] models), other streams, and the order of frees within one op.
+  What it cannot see: allocations no tracker sees (inside a kernel library beyond what
+  NOTE [CUDA memory that is no tensor] models), other streams, and the order of frees within one op.
 """
 
 from __future__ import annotations

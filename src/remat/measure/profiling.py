@@ -69,32 +69,8 @@ def profile(
     keep_output: bool = True,
     timed: bool = True,
 ) -> StepProfile:
-    """Measure one training step (forward, loss, backward, optimizer step) of `model` on `inputs`.
-
-    Example:
-        >>> prof = remat.profile(model, torch.randn(8, 1024), optimizer=torch.optim.Adam(model.parameters()))
-        >>> prof.peak_bytes, prof.peak_phase, prof.blocks[0].saved_bytes
-
-    `mode="real"` runs the step on the model's device and counts live tensor storages; `mode="fake"` predicts the
-    same figures with fake tensors, allocating nothing, also for a `device="cuda"` this machine does not have, its
-    seconds by the roofline of `hardware` ("A100", "H100", "H200", "L4", "cpu"; NOTE [The seconds of a step]).
-    The model, its optimizer and the RNG are left as they were.
-
-    `step="steady"` (the default) measures the step a training loop repeats, with the optimizer's state resident
-    from its start; `step="first"` the first step of the optimizer as given.  `accumulate=K` runs K forward/backward
-    passes per optimizer step.  `keep_output=True` (the default) is a loop that keeps the output until after
-    backward (`out = model(**b); out.loss.backward()`), `False` only the loss (Hugging Face's Trainer); NOTE [The
-    step that is measured].  `timed=False`: a real step's seconds not measured (as `remat.verify` needs).
-
-    A model wrapped in DistributedDataParallel or sharded with FSDP2 is profiled as the rank this runs in sees
-    its step (NOTE [A rank's step]).  `world_size=N` with `mode="fake"` predicts one rank of N from this process,
-    with no process group: the inputs are the global batch, and `wrap` says how the job shares the model:
-    "fsdp" (FSDP2 per block, torchtitan's default), "ddp", or a callable `(model, mesh) -> model` (NOTE [N ranks
-    from one process]).  Of a compiled model: the model inside, eagerly, and the compiled step's peak by the
-    process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
-
-    Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; CUDA's workspaces are
-    modelled from H100 measurements (NOTE [CUDA memory that is no tensor])."""
+    """The eager step of `model` measured or predicted: `remat.profile` (in `remat.compiled`, whose docstring says
+    what each argument does) without the compiled step's own peak, which it adds for a compiled model."""
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
     loop, say_phase = Loop.of(step, accumulate, keep_output), resolve(progress, "profile")
@@ -226,8 +202,9 @@ class _Run:
         tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
-            lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,  # NOTE [A rank's
-                           warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)  # step], Rule 3
+            # NOTE [A rank's step], Rule 3
+            lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
+                           warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)
             kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             base_allocated = _reset_cuda_peak() if cuda_real else 0
             t0 = time.perf_counter()
@@ -310,8 +287,8 @@ class _Run:
     def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
         """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the
         tensors whose category is known (`_register_state`), grown by the gradients and optimizer state;
-        `held`, the previous pass's output and loss, is let go when the forward returns (NOTE [The step
-        that is measured], Rule 4)."""
+        `held`, the previous pass's output and loss, is let go when the forward returns
+        (NOTE [The step that is measured], Rule 4)."""
         model, runner = self.model, self.runner
         with contextlib.ExitStack() as stack:
             tracker.modules = stack.enter_context(ModuleTracker())

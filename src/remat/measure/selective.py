@@ -20,9 +20,9 @@ NOTE [Which outputs a selective checkpoint keeps]
           j / (VARIANTS + 1) of the classes (one dear class can hold most of the bytes): from a variant
           that frees almost everything and re-runs the dearest ops, to one that frees little and re-runs
           only the cheapest.
-  Rule 3. A variant's figures are read as the matmul policy's (`BlockProfile.selective_*`, NOTE [The memory
-          model of a plan], Rule 4): `free_bytes`, the block's internal activations not output by a kept
-          class; `extra_bytes`, the kept classes' forward outputs autograd does not save; the ops re-run,
+  Rule 3. A variant's figures are read as the matmul policy's (`BlockProfile.selective_*`,
+          NOTE [The memory model of a plan], Rule 4): `free_bytes`, the block's internal activations not output by a
+          kept class; `extra_bytes`, the kept classes' forward outputs autograd does not save; the ops re-run,
           those of Rule 1 outside the kept classes.  An op after the last one re-run whose signature is
           kept is cached too, and the recomputation stops before it takes that out of the cache: those
           bytes (`stranded_bytes`, part of `extra_bytes`) stay until the block's backward is over.

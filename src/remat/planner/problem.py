@@ -33,8 +33,8 @@ NOTE [The memory model of a plan]
             only of consecutive children, in the order they are registered, of an
             nn.Sequential whose forward chains them, or of an nn.ModuleList or an
             nn.Sequential the model never calls whose children its code calls in turn:
-            NOTE [A run of nn.ModuleList entries as one checkpoint], NOTE [An nn.Sequential
-            the model never calls]) and that free bytes at some moment.  Such a never-called
+            NOTE [A run of nn.ModuleList entries as one checkpoint],
+            NOTE [An nn.Sequential the model never calls]) and that free bytes at some moment.  Such a never-called
             Sequential, a block standing for the run of its children, is only recomputed:
             a selective checkpoint or an offload acts on a forward, and its forward never runs.
     Rule 6. An *offload* unit (one block; only for a CUDA step, with a host bandwidth B

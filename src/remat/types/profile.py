@@ -174,7 +174,7 @@ class BlockProfile:
     what offloading it copies to CPU memory in forward and back in backward."""
     container: str = ""
     """Class of the module holding it ("Sequential", "ModuleList", ...): remat can checkpoint a run of
-    several siblings as one segment only inside an nn.Sequential, whose forward chains them."""
+    several siblings as one segment inside an nn.Sequential or an nn.ModuleList, and nowhere else."""
     output_last_use_op: int = -1
     """Timeline index of the last op of forward or loss that reads its saved output (-1: none): a checkpoint
     frees that output no earlier, whoever holds it until then (a skip connection, the model's loop).  A read
@@ -323,8 +323,8 @@ class StepProfile:
     """Seconds of one compiled step, as the copy that measured `compiled_peak_bytes` timed it (on CPU a forked
     copy on one thread); 0.0 otherwise."""
     gpu_reserve: GpuReserve | None = None
-    """Of a CUDA step, what the caching allocator would allocate and reserve for it, replayed (NOTE [The caching
-    allocator's reserve] in `remat.measure.cuda_allocator`); None on CPU."""
+    """Of a CUDA step, what the caching allocator would allocate and reserve for it, replayed
+    (NOTE [The caching allocator's reserve] in `remat.measure.cuda_allocator`); None on CPU."""
 
     @property
     def timed(self) -> bool:

@@ -81,8 +81,8 @@ class ProcessPeak:
     reserved_peak_bytes: int = 0
     """On CUDA, `torch.cuda.max_memory_reserved()` over the measured step: the caching allocator's segments."""
     out_of_memory: str = ""
-    """On CUDA, the `torch.cuda.OutOfMemoryError` message where the loop ran out of memory (under a cap, NOTE [The
-    budget is the GPU's memory]); "" where it ran."""
+    """On CUDA, the `torch.cuda.OutOfMemoryError` message where the loop ran out of memory (under a cap,
+    NOTE [The budget is the GPU's memory]); "" where it ran."""
 
 
 def step_peak_bytes(

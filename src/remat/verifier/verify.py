@@ -63,10 +63,10 @@ def verify(
 
     The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted: 0.0
     (bit-exact) for deterministic CPU kernels, plus 10x the step's own noise on CUDA (`_grad_noise`).  The planned
-    step's peak is measured twice: by remat's tracker, and by a counter that is not remat's (NOTE [Measuring a step by
-    the process]): on CPU the high-water mark of a forked copy of this process running the training loop (`step`,
-    `accumulate`, `keep_output` as in `remat.profile`), on CUDA `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the
-    tracker sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
+    step's peak is measured twice: by remat's tracker, and by a counter that is not remat's
+    (NOTE [Measuring a step by the process]): on CPU the high-water mark of a forked copy of this process running the
+    training loop (`step`, `accumulate`, `keep_output` as in `remat.profile`), on CUDA
+    `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the tracker sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
     On CUDA it also runs in a fresh process capped at the budget (`report.cuda`, NOTE [The budget is the GPU's memory]).
 
     The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
