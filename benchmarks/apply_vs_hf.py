@@ -98,7 +98,9 @@ def measure(name, factory, rounds):
     times = {v.name: [] for v in vs}
     for _ in range(2):  # warm-up
         for v in vs:
-            v.on(); step(model, inputs, opt); v.off()
+            v.on()
+            step(model, inputs, opt)
+            v.off()
     for _ in range(rounds):
         for v in vs:
             v.on()

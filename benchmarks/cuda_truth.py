@@ -126,7 +126,7 @@ def _pct(a, b) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = [f"# remat on a CUDA GPU against torch.cuda.max_memory_allocated", "",
+    lines = ["# remat on a CUDA GPU against torch.cuda.max_memory_allocated", "",
              f"Run {results['date']} on {results['device']}, torch {results['torch']}, remat at {results['commit']}.",
              "Command: `" + results["command"] + "`.", "",
              "| model | parameters | unplanned, CUDA counter MiB | remat real-mode prediction | fake-mode prediction "

@@ -31,7 +31,7 @@ import remat  # noqa: E402
 from remat._torch_compat import FakeTensorMode  # noqa: E402
 from remat.zoo import FeedForward  # noqa: E402
 
-H, I, L, T, B = 1024, 4096, 8, 1024, 128
+H, I, L, T, B = 1024, 4096, 8, 1024, 128  # noqa: E741  (I: the report's intermediate size)
 # The report's printout (MB = MiB): init, data, forward, backward.
 USER = {
     "none": (256.15625, 768.15625, 37641.28125, 40224.4072265625),

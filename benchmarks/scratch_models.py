@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from remat import procmem, zoo
-from remat._torch_compat import op_name, tree_flatten
+from remat._torch_compat import tree_flatten
 from remat.measure import scratch
 from remat.measure.loop import Loop, lead_in, micro_batch, storage_bytes
 from remat.measure.step import normalize_inputs

@@ -6,7 +6,6 @@ import warnings
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 import architectures

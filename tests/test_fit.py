@@ -14,7 +14,7 @@ from remat.cli import main
 from remat.fit import AS_IS, NO, WITH_PLAN, FitError, will_it_fit
 from remat.fit.outcome import fits_reserve
 
-H, I, HEADS, KV, V = 512, 1024, 8, 4, 2048  # hidden, intermediate, heads, key/value heads, vocabulary
+H, I, HEADS, KV, V = 512, 1024, 8, 4, 2048  # noqa: E741  hidden, intermediate, heads, key/value heads, vocabulary
 KVD = H // HEADS * KV  # width of the key and value projections
 SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
          "vocab_size": 1024}

@@ -86,7 +86,7 @@ def test_the_readme_python_block_runs_as_written(capsys):
     assert not any(HF_BLAME in m for m in messages)
     replaced = [m for m in messages if " replaced by " in m]
     assert len(replaced) == 2 and all(m.startswith("remat: GPT2LMHeadModel followed ") for m in replaced)
-    assert replaced[1].endswith(f"replaced by recipe 'every-block', not added to it (one plan at a time; "
+    assert replaced[1].endswith("replaced by recipe 'every-block', not added to it (one plan at a time; "
                                 "remat.remove(model) undoes it).")
 
     # remat.apply(model, "every-block") replaced auto's plan; remat.checkpoint on a block it checkpoints: no-op

@@ -103,7 +103,7 @@ def test_keyword_and_nested_tensors_reach_torchs_device_stash(stash, how):
 
 
 def test_partial_bound_and_keyword_tensors_reach_it_through_remat_checkpoint(stash):
-    block, (x, a, b) = Block(), _inputs()
+    block, (x, _, b) = Block(), _inputs()
     block.forward = functools.partial(Block.forward, block, scale=b)  # an instance forward binding a tensor
     remat.checkpoint(block)
     block(x=x).sum().backward()

@@ -42,12 +42,12 @@ def in_process(spec: dict) -> dict:
     torch.set_num_threads(spec["threads"])
     out = {}
     warm, x0, _ = build("chain", {"batch": 64})
-    step(_Bench(warm, x0), lambda: warm(x0).sum(), adam(warm))  # first-call costs out of the way
+    step(_Bench(warm, x0), lambda: warm(x0).sum(), adam(warm))  # noqa: F821  first-call costs out of the way
     del warm
     for s in SEGMENTS:
         model, x, _ = build("chain", {"batch": spec["batch"]}, segments=s)
         b = _Bench(model, x)
-        out[s] = rss_step_peak(b, lambda: model(x).sum())
+        out[s] = rss_step_peak(b, lambda: model(x).sum())  # noqa: F821  (called before the del below)
         del model, x, b
     return out
 

@@ -372,7 +372,7 @@ def rng_fingerprint() -> bytes:
         return b"".join(s.numpy().tobytes() for s in states)
 
 
-from remat._torch_compat.distributed import checkpoint_wrapper_type, wrapped_module  # noqa: E402  (re-exported)
+from remat._torch_compat.distributed import checkpoint_wrapper_type, wrapped_module  # noqa: E402, F401  (re-exported)
 
 
 def compile_on_this_thread() -> None:

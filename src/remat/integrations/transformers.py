@@ -13,7 +13,6 @@ plan logged (the logger "remat") and printed.  `callback.profile` and `callback.
 
 from __future__ import annotations
 
-from typing import Any
 
 import transformers
 

@@ -196,8 +196,11 @@ def _measured_conv(args, which: str, arch: str) -> int | None:
 
 
 def _conv_key(per_item, weight, stride, padding, transposed, dtype) -> tuple:
-    as_pair = (lambda v: tuple(v) if isinstance(v, (list, tuple)) else (v, v))
-    return (tuple(per_item), tuple(weight), as_pair(stride), as_pair(padding), bool(transposed), str(dtype))
+    return (tuple(per_item), tuple(weight), _pair(stride), _pair(padding), bool(transposed), str(dtype))
+
+
+def _pair(v) -> tuple:
+    return tuple(v) if isinstance(v, (list, tuple)) else (v, v)
 
 
 def _load_conv_workspaces() -> dict:

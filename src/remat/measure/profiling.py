@@ -301,7 +301,7 @@ class _Run:
                     out = run_user_code("the model's forward", lambda: runner(*step.args, **step.kwargs))
                     held.clear()
                     phase("loss")
-                    loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))
+                    loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))  # noqa: F821  (run here)
                     if not self.loop.keep_output:  # NOTE [The step that is measured], Rule 6
                         out = None
                 phase("backward")
