@@ -18,7 +18,7 @@ from remat.applier.apply import applied
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, wrap_segment
 import remat.compiled as compiled_mod
-from remat.compiled import _fastest_fit, _hybrid_candidates
+from remat.compiled import Measured, _fastest_fit, _hybrid_candidates
 from remat.measure.loop import Loop
 from remat.measure.profiling import COMPILED_NOTE
 from remat.types.profile import COMPILED_PEAK_MARGIN
@@ -333,7 +333,7 @@ def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_lower_peak_a
     counter = "process's high-water mark (compiled)"
 
     def measured(plan, peak, seconds):
-        return plan, ProcessPeak(peak, 0, seconds), counter
+        return Measured(plan, ProcessPeak(peak, 0, seconds), counter)
 
     chosen = _fastest_fit([measured(ckpt, 90 << 20, 1.30), measured(knob, 99 << 20, 1.10),
                            measured(lower, 101 << 20, 1.00)], 100 << 20, prof)
@@ -365,9 +365,11 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
         return ProcessPeak(alone - saved, 0, 1.0 + 0.01 * len(plan.segments)), counter
 
     monkeypatch.setattr(compiled_mod, "_measured", measured)
-    ours = (dataclasses.replace(keep, segments=[["1"]]), ProcessPeak(budget - (1 << 20), 0, 1.30), counter)
-    fast = (dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05), counter)
-    slow = (dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25), counter)
+    ours = Measured(dataclasses.replace(keep, segments=[["1"]]), ProcessPeak(budget - (1 << 20), 0, 1.30), counter)
+    fast = Measured(dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05),
+                    counter)
+    slow = Measured(dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25),
+                    counter)
     hybrids = _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {})
     assert [c for c, _, _ in hybrids] == seen and 2 <= len(seen) <= 4, [compiled_mod._kind(c) for c in seen]
     assert all(c.compiler_budget == 0.6 and c.segments for c in seen)
@@ -377,5 +379,5 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
     assert f"{len(hybrids)} of both" in chosen.notes[0], chosen.notes[0]
     assert "compiler budget 0.6 + remat " in chosen.notes[1], chosen.notes[1]
     seen.clear()  # no fraction faster than what fits by TIME_NOISE: no hybrid, nothing compiled
-    fast = (fast[0], ProcessPeak(alone, 0, 1.26), counter)
+    fast = Measured(fast.plan, ProcessPeak(alone, 0, 1.26), counter)
     assert _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {}) == [] and not seen

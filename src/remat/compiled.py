@@ -29,7 +29,7 @@ import dataclasses
 import inspect
 import os
 import warnings
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch.nn as nn
 
@@ -142,7 +142,12 @@ TIME_NOISE = 0.05
 faster of steps 2 and 3 spread over 10% (one thread, CPU); the fastest of four steps is steadier, by how much
 not measured."""
 
-Measured = tuple[Plan, ProcessPeak, str]
+class Measured(NamedTuple):
+    """A candidate plan and what the counter measured of the compiled step with it applied (Rule 3)."""
+
+    plan: Plan
+    peak: ProcessPeak
+    counter: str
 
 
 def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *, trials: int = SEARCH_TRIALS,
@@ -203,7 +208,7 @@ def _remat_candidates(model, step: tuple, prof: StepProfile, budget: int, trials
         if _key(candidate) in tried:
             break
         measured, counter = _measured(model, candidate, step)
-        tried[_key(candidate)] = (candidate, measured, counter)
+        tried[_key(candidate)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, candidate.peak_bytes, (fit, miss))
         if close:
             break
@@ -230,7 +235,7 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
             measured, counter = _measured(model, candidate, step)
         except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
             break
-        tried.append((candidate, measured, counter))
+        tried.append(Measured(candidate, measured, counter))
         if measured.peak_bytes <= budget:
             fit = max(fit, fraction)
             if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
@@ -248,10 +253,10 @@ def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, searc
     trials, tried = search
     fits = [m.step_s for _, m, _ in tried if m.peak_bytes <= budget]
     bar = min(fits) * (1 - TIME_NOISE) if fits else float("inf")
-    over = [(c, m) for c, m, _ in tried if c.compiler_budget < 1.0 and m.peak_bytes > budget and m.step_s < bar]
+    over = [t for t in tried if t.plan.compiler_budget < 1.0 and t.peak.peak_bytes > budget and t.peak.step_s < bar]
     if not over:
         return []
-    knob, alone = min(over, key=lambda t: t[1].step_s)
+    knob, alone, _ = min(over, key=lambda t: t.peak.step_s)
     eager = dataclasses.replace(prof, compiled_peak_bytes=0)
     hybrids: dict[str, Measured] = {}
     fit, miss = 0, prof.peak_bytes  # eager peaks of remat's part: the largest whose hybrid fitted, the smallest not
@@ -267,7 +272,7 @@ def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, searc
         candidate = dataclasses.replace(checkpoints, compiler_budget=knob.compiler_budget,
                                         notes=[note, *checkpoints.notes])
         measured, counter = _measured(model, candidate, step)
-        hybrids[_key(checkpoints)] = (candidate, measured, counter)
+        hybrids[_key(checkpoints)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, checkpoints.peak_bytes, (fit, miss))
         if close or measured.peak_bytes > budget and measured.step_s >= bar:  # more checkpoints: slower still
             break
@@ -312,19 +317,19 @@ def _measured(model, candidate: Plan, step: tuple) -> tuple[ProcessPeak, str]:
 
 def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
     """Rule 5."""
-    fitting = [t for t in tried if t[1].peak_bytes <= budget]
+    fitting = [t for t in tried if t.peak.peak_bytes <= budget]
     if not fitting:
         least = min(m.peak_bytes for _, m, _ in tried)
         raise InfeasibleBudget(
             f"remat: no plan tried fits the compiled step in {fmt_bytes(budget, 'auto')}: {len(tried)} compiled and "
-            f"measured by the {tried[0][2]} peaked at "
+            f"measured by the {tried[0].counter} peaked at "
             f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
             f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or more trials (trials=8).",
             least, budget,
         )
     fastest = min(m.step_s for _, m, _ in fitting)
-    best, measured, counter = min((t for t in fitting if t[1].step_s <= fastest * (1 + TIME_NOISE)),
-                                  key=lambda t: t[1].peak_bytes)
+    best, measured, counter = min((t for t in fitting if t.peak.step_s <= fastest * (1 + TIME_NOISE)),
+                                  key=lambda t: t.peak.peak_bytes)
     knobs = sum(c.compiler_budget < 1.0 and not _checkpoints(c) for c, _, _ in tried)
     both = sum(c.compiler_budget < 1.0 and _checkpoints(c) for c, _, _ in tried)
     versus = (f", {measured.step_s / prof.compiled_step_s - 1:+.1%} against the unplanned compiled step's "

@@ -236,12 +236,8 @@ def _pick(problem: Problem, solver: str) -> Solver:
         raise RematError(f"remat: unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}. Fix: pick one.")
     if solver != Solver.AUTO:
         return Solver(solver)
-    if len(problem.groups) == 1 and any(problem.useful):
-        try:
-            dp._slots(problem, *dp._chain_units(problem, next(iter(problem.groups))))
-            return Solver.DP
-        except NotAChain:
-            pass
+    if len(problem.groups) == 1 and any(problem.useful) and dp.runs_as_a_chain(problem, next(iter(problem.groups))):
+        return Solver.DP
     return Solver.ILP
 
 

@@ -208,6 +208,15 @@ class _Slots:
     """Before the first block finishes forward: no unit acts there."""
 
 
+def runs_as_a_chain(problem: Problem, group: Group) -> bool:
+    """Whether `group`'s blocks run forward in order and backward in reverse, as this solver needs (`_slots`)."""
+    try:
+        _slots(problem, *_chain_units(problem, group))
+    except NotAChain:
+        return False
+    return True
+
+
 def _chain_units(problem: Problem, group: Group) -> tuple[list[str], dict[int, list[tuple[int, Unit]]]]:
     """The group's blocks, and for each start position the units that begin there with their last index."""
     names = problem.groups[group]
