@@ -149,3 +149,20 @@ def test_the_public_entry_points_have_their_own_docstrings():
 
     assert remat.profile.__doc__ != eager.__doc__ and "compiled" in remat.profile.__doc__
     assert "keep_output" in inspect.signature(remat.profile).parameters and remat.auto.__doc__
+
+
+def test_a_profiles_words_are_enums_and_its_json_keeps_the_strings():
+    """`StepProfile.mode`, `.step` and `.parallel` are `Mode`, `Step` and `ParallelKind` however the profile was made
+    (here from JSON written with plain strings); `to_json` writes the same strings back."""
+    import json
+
+    import torch
+
+    import remat
+    from remat.types import Mode, ParallelKind, Step
+
+    prof = remat.profile(torch.nn.Linear(4, 4), torch.randn(2, 4), mode="fake")
+    again = remat.StepProfile.from_json(prof.to_json())
+    assert (type(again.mode), type(again.step), type(again.parallel)) == (Mode, Step, ParallelKind)
+    data = json.loads(again.to_json())
+    assert (data["mode"], data["step"], data["parallel"]) == ("fake", "steady", "")

@@ -48,6 +48,7 @@ from remat.types import Plan, StepProfile
 from remat.types.profile import COMPILED_PEAK_MARGIN
 from remat.verifier.process import ProcessPeak
 from remat.verifier.verify import independent_step
+from remat.types.kinds import Mode
 
 
 def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **options) -> StepProfile:
@@ -78,7 +79,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; CUDA's workspaces are
     modelled from H100 and H200 measurements (NOTE [CUDA memory that is no tensor])."""
     prof = measure_profile(model, inputs, loss_fn, optimizer, mode, **options)
-    if mode != "real" or options.get("world_size", 1) != 1 or not is_compiled(model):
+    if mode != Mode.REAL or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof
     loop = Loop.of(options.get("step", "steady"), options.get("accumulate", 1), options.get("keep_output", True))
     measured, counter = independent_step(model, inputs, loss_fn, optimizer, loop, TIMED_STEPS)

@@ -27,6 +27,7 @@ from remat.module_tree import (
 )
 from remat.planner.recipes import RECIPES
 from remat.types import Action, Plan, Recipe
+from remat.types.kinds import ParallelKind
 
 APPLIED = "_remat_applied"  # on the root model: the Plan (or recipe) applied to it
 NO_CACHE = "_remat_no_cache"  # on the root model: its NoCacheInTraining hook while a plan is applied
@@ -104,7 +105,7 @@ def _warn_ddp_buckets(wrapper: nn.Module, model: nn.Module, plan: Plan | str, st
     ddp = wrapper
     while ddp is not None and not is_a(ddp, DDP):
         ddp = wrapped_module(ddp)
-    if ddp is None or not isinstance(plan, Plan) or plan.parallel == "ddp" or ddp.gradient_as_bucket_view:
+    if ddp is None or not isinstance(plan, Plan) or plan.parallel == ParallelKind.DDP or ddp.gradient_as_bucket_view:
         return
     buckets = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     warnings.warn(

@@ -21,6 +21,7 @@ from remat.progress import PhaseLines
 from remat.report.plot import plot_timeline
 from remat.target import Target, load_target
 from remat.types import StepProfile
+from remat.types.kinds import Mode
 
 EXIT_OK, EXIT_ERROR, EXIT_INTERRUPTED = 0, 2, 130
 TARGET_HELP = (
@@ -110,7 +111,7 @@ def _device_arg(text: str) -> str:
 
 def load(target: str, mode: str, device: str | None) -> Target:
     with spinner(f"loading {target}"):
-        return load_target(target, fake=(mode == "fake"), device=_build_device(mode, device))
+        return load_target(target, fake=(mode == Mode.FAKE), device=_build_device(mode, device))
 
 
 def profile_built(
@@ -128,7 +129,7 @@ def _build_device(mode: str, device: str | None) -> str | None:
     """Where the factory should build: `device`, except a CUDA target simulated in fake mode (CPU)."""
     if device is None or not device.startswith("cuda") or torch.cuda.is_available():
         return device
-    if mode == "real":
+    if mode == Mode.REAL:
         raise RematError(
             f"remat: --device {device} with --mode real runs the step on a GPU, but this machine has no "
             f"CUDA device (torch {torch.__version__}, torch.cuda.is_available() is False). "

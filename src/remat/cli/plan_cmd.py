@@ -32,6 +32,7 @@ from remat.report.plan_text import render_plan, verdict
 from remat.report.plot import plot_frontier
 from remat.target import Target
 from remat.types import Plan, StepProfile
+from remat.types.kinds import Mode
 
 FRONTIER_MAX_POINTS = 256
 SEQUENTIAL = "checkpoint_sequential("
@@ -134,7 +135,7 @@ def _check_plan_args(args: argparse.Namespace) -> None:
         )
     if args.budget is not None:
         parse_budget(args.budget, 1)  # raises "remat: cannot read the budget ..." now rather than after the step
-    if args.verify and (args.budget is None or args.mode != "real" or args.target.endswith(".json")):
+    if args.verify and (args.budget is None or args.mode != Mode.REAL or args.target.endswith(".json")):
         raise RematError(
             "remat: --verify runs the real step with and without the plan, so it needs --budget, --mode real "
             "and a TARGET (not a profile JSON file). Fix: drop --verify, or give those."

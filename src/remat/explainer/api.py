@@ -46,6 +46,7 @@ from remat.planner.budget import parse_budget
 from remat.planner.problem import MAX_SEGMENT, Problem, Unit
 from remat.planner.result import keep_all, with_notes
 from remat.types import PLAN_FAILED, CheckpointRegion, Explanation, Finding, Plan, Severity, StepProfile
+from remat.types.kinds import Mode
 
 HF_OFF = (
     "to follow this plan, turn Hugging Face gradient checkpointing off (model.gradient_checkpointing_disable()): "
@@ -171,7 +172,7 @@ class _Step:
             if not any(c.site.reentrant and not c.site.input_requires_grad for c in recorder.calls):
                 raise
             return None, recorder, e
-        if self.mode == "real" and prof.device == "cuda":
+        if self.mode == Mode.REAL and prof.device == "cuda":
             self.reserved_bytes = torch.cuda.max_memory_reserved()
         return prof, recorder, None
 

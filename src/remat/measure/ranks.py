@@ -35,6 +35,7 @@ from remat.errors import RematError
 from remat.measure import fake
 from remat.measure.parallel import is_ddp, is_sharded
 from remat.module_tree import find_candidates, has_remat_wrappers, main_chain
+from remat.types.kinds import Mode
 
 WRAPS = ("fsdp", "ddp")
 DDP_FIRST_BUCKET_BYTES = 1 << 20  # torch.distributed's _DEFAULT_FIRST_BUCKET_BYTES
@@ -50,7 +51,7 @@ def check_request(model: nn.Module, mode: str, world_size: Any, wrap: Any) -> No
         )
     if world_size == 1:
         return
-    if mode != "fake":
+    if mode != Mode.FAKE:
         raise RematError(
             f"remat: world_size={world_size} predicts one rank of {world_size} in fake mode; saw mode={mode!r}. "
             "Fix: pass mode='fake', or measure a real job by calling remat.profile(wrapped_model, ...) in each rank."

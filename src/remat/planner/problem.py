@@ -72,7 +72,7 @@ from remat.planner import holds as held
 from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
 from remat.planner.holds import unit_holds
 from remat.planner.units import Group, Unit  # the solvers import them from here too
-from remat.types import Action, BlockProfile, SelectiveVariant, StepProfile
+from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
 SECONDS_NOISE = 0.02
@@ -126,7 +126,7 @@ class Problem:
     ) -> "Problem":
         """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6).
         A step sharded with FSDP2 gets one checkpoint per module (`result.FSDP_NOTE`)."""
-        max_segment = 1 if prof.parallel == "fsdp" else max_segment
+        max_segment = 1 if prof.parallel == ParallelKind.FSDP else max_segment
         blocks = [
             b for b in prof.blocks
             if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not b.checkpointed

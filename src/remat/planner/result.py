@@ -7,6 +7,7 @@ import dataclasses
 from remat.errors import listing
 from remat.planner.problem import Problem, Unit, called_directly
 from remat.types import KEEP_ALL_SOLVER, Action, Plan, PlannedBlock, StepProfile
+from remat.types.kinds import ParallelKind
 
 BATCHNORM_NOTE = "a recomputed block has BatchNorm in training mode: apply keeps its running statistics exact"
 OFFLOAD_NOTE = "offload not weighed: give offload_bandwidth (and device_flops for a fake profile) to consider it"
@@ -62,7 +63,7 @@ def already_checkpointed_note(profile: StepProfile) -> str | None:
 
 def _notes(profile: StepProfile, problem: Problem, recomputed: list[Unit], solver: str) -> list[str]:
     notes = [n for n in [already_checkpointed_note(profile)] if n]
-    if profile.parallel == "fsdp":
+    if profile.parallel == ParallelKind.FSDP:
         notes.append(FSDP_NOTE)
     if any(profile.block(b).has_batchnorm for u in recomputed for b in u.blocks):
         notes.append(BATCHNORM_NOTE)

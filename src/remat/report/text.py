@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from remat.types import CATEGORIES, BlockProfile, Breakdown, StepProfile
+from remat.types.kinds import Mode, ParallelKind
 
 REPORT_WIDTH = 100
 MIB = 1024**2
@@ -158,8 +159,8 @@ def _header_lines(p: StepProfile) -> list[str]:
     device = f"{p.device} (simulated on CPU)" if p.simulated_device else p.device
     where = f"{p.mode} mode on {device}"
     if p.parallel:
-        label = {"fsdp": "FSDP2", "ddp": "DDP"}.get(p.parallel, p.parallel)
-        where += f", rank {p.rank} of {p.world_size} ({label})" if p.mode == "real" else f", one rank of {p.world_size} ({label})"
+        label = {ParallelKind.FSDP: "FSDP2", ParallelKind.DDP: "DDP"}[p.parallel]
+        where += f", rank {p.rank} of {p.world_size} ({label})" if p.mode == Mode.REAL else f", one rank of {p.world_size} ({label})"
     if p.allocation_rounding_bytes > 1:
         where += f", storages rounded up to {p.allocation_rounding_bytes} B"
     gib = f"{fmt_bytes(p.peak_bytes, 'GiB')}, " if p.peak_bytes >= 2**30 else ""

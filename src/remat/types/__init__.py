@@ -8,7 +8,7 @@ Nothing here measures, plans or prints: `str()` of each is the report that
 """
 
 from remat.types.explanation import PLAN_FAILED, CheckpointCallSite, CheckpointRegion, Explanation, Finding
-from remat.types.kinds import KEEP_ALL_SOLVER, Action, Mode, Recipe, Severity, Solver, Step
+from remat.types.kinds import KEEP_ALL_SOLVER, Action, Mode, ParallelKind, Recipe, Severity, Solver, Step
 from remat.types.plan import BY_HAND, PLAN_FORMAT, PLAN_VERSION, Plan, PlannedBlock, load_plan
 from remat.types.profile import (
     CATEGORIES,
@@ -42,6 +42,7 @@ __all__ = [
     "PLAN_FAILED",
     "Finding",
     "Mode",
+    "ParallelKind",
     "Plan",
     "PlannedBlock",
     "Recipe",

@@ -40,7 +40,7 @@ def build(fmt: str, version: int, make, what: str):
     """`make()`, the document's objects from its fields; a `remat:` error if the fields do not fit them."""
     try:
         return make()
-    except (TypeError, KeyError) as e:
+    except (TypeError, KeyError, ValueError) as e:  # ValueError: a word no enum of remat's has
         raise RematError(
             f"remat: expected the fields of a {fmt} version {version} document, but they differ ({e}). "
             f"Fix: {what} again with this version of remat."

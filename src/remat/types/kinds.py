@@ -23,6 +23,17 @@ class Step(StrEnum):
     """The first step of the optimizer as given (a fresh one creates its state inside `step()`)."""
 
 
+class ParallelKind(StrEnum):
+    """How a step is spread over ranks (NOTE [A rank's step])."""
+
+    ONE = ""
+    """One process."""
+    DDP = "ddp"
+    """DistributedDataParallel: every rank holds the whole model."""
+    FSDP = "fsdp"
+    """FSDP2's `fully_shard`: parameters, gradients and optimizer state sharded over the ranks."""
+
+
 class Action(StrEnum):
     """What a plan does with a candidate module (NOTE [The memory model of a plan])."""
 

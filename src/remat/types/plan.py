@@ -8,7 +8,7 @@ from pathlib import Path
 from remat.errors import RematError
 from remat.types import _json
 from remat.types._text import render
-from remat.types.kinds import Action
+from remat.types.kinds import Action, ParallelKind
 from remat.types.reserve import GpuReserve
 
 BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
@@ -97,7 +97,7 @@ class Plan:
     allocator: str = ""
     """The PYTORCH_CUDA_ALLOC_CONF the budget needs: "" (the default allocator's reserve fits) or
     "expandable_segments:True" (only that setting's does)."""
-    parallel: str = ""
+    parallel: ParallelKind = ParallelKind.ONE
     """The job the profile was of (`StepProfile.parallel`): "ddp" or "fsdp" for a rank's step, measured or predicted,
     "" for one process.  `remat.apply` warns when a plan of "" goes on a DistributedDataParallel model: its gradient
     buckets are in no such profile (version 5)."""
@@ -116,6 +116,9 @@ class Plan:
     def recompute_fraction(self) -> float:
         """Extra FLOPs as a fraction of the unplanned step's FLOPs."""
         return self.recompute_flops / self.step_flops if self.step_flops else 0.0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "parallel", ParallelKind(self.parallel))
 
     def __str__(self) -> str:
         return render(self)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from remat.errors import RematError, listing
 from remat.types import _json
 from remat.types._text import render
+from remat.types.kinds import Mode, ParallelKind, Step
 from remat.types.reserve import GpuReserve
 
 PROFILE_FORMAT = "remat.StepProfile"
@@ -240,7 +241,7 @@ class StepProfile:
 
     model: str
     """Class name of the profiled model."""
-    mode: str
+    mode: Mode
     """"real" (measured) or "fake" (predicted with fake tensors)."""
     device: str
     """Device the figures are for ("cpu", "cuda"). See `simulated_device`."""
@@ -281,7 +282,7 @@ class StepProfile:
     """Pinned host<->device copy speed measured after a real CUDA step (what offloading costs); 0.0 otherwise."""
     notes: list[str] = field(default_factory=list)
     """Things the measurement noticed that a reader should know (fallbacks, unsupported parts)."""
-    step: str = "steady"
+    step: Step = Step.STEADY
     """Which step of the training loop was measured: "steady" (from the second step on, the optimizer's
     state resident) or "first" (NOTE [The step that is measured] in `remat.measure.loop`)."""
     accumulate: int = 1
@@ -293,7 +294,7 @@ class StepProfile:
     Trainer) (NOTE [The step that is measured], Rule 6)."""
     first_step_peak_bytes: int | None = None
     """Peak live tensor bytes of the first step, metered before a steady-state measurement (None for step="first")."""
-    parallel: str = ""
+    parallel: ParallelKind = ParallelKind.ONE
     """How the step is spread over ranks: "fsdp" (FSDP2's `fully_shard`), "ddp" (DistributedDataParallel) or ""
     (one process); the figures are one rank's (NOTE [A rank's step] in `remat.measure.parallel`)."""
     world_size: int = 1
@@ -341,6 +342,11 @@ class StepProfile:
             f"expected one of: {listing((b.name for b in self.blocks), 8)}. "
             "Fix: pass blocks=[...] to remat.profile to add a module as a candidate."
         )
+
+    def __post_init__(self) -> None:  # the words as enums, whoever made the profile (JSON keeps the strings)
+        object.__setattr__(self, "mode", Mode(self.mode))
+        object.__setattr__(self, "step", Step(self.step))
+        object.__setattr__(self, "parallel", ParallelKind(self.parallel))
 
     def __str__(self) -> str:
         return render(self)
