@@ -206,10 +206,10 @@ def test_a_rank_of_a_job_is_not_timed_and_plans_by_flops():
     from remat.measure.tracker import Tracker
     from remat.types import Mode
 
-    setup = Setup(Mode.REAL, torch.device("cpu"), 1, False, [])
-    fields = settle(Tracker("M"), setup, True, lambda: pytest.fail("a rank must not run timed steps"), {})
+    setup, notes = Setup(Mode.REAL, torch.device("cpu"), 1, False), []
+    fields = settle(Tracker("M"), setup, True, lambda: pytest.fail("a rank must not run timed steps"), {}, notes)
     assert fields == {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
-    assert setup.notes == [RANK_NOTE]
+    assert notes == [RANK_NOTE] and setup.notes == ()
 
 
 # -- verify measures the overhead beside the prediction -----------------------------------------------------

@@ -7,7 +7,7 @@ forward, and the candidate blocks (`remat.measure.blocks`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -32,7 +32,8 @@ class Setup:
     """Every storage counted rounded up to this many bytes (the allocator's granularity)."""
     simulated: bool
     """A CUDA target run on this machine's CPU (fake mode without a GPU)."""
-    notes: list[str] = field(default_factory=list)
+    notes: tuple[str, ...] = ()
+    """What is known before the step runs (a simulated device, the roofline); a run adds its own (`build_profile`)."""
     hardware: Hardware | None = None
     """The roofline a fake step's op seconds are predicted by (NOTE [An op's seconds, predicted]); None in real mode."""
     timed: bool = True
@@ -49,7 +50,8 @@ class Setup:
         return self.mode == Mode.FAKE and self.target.type == "cuda"
 
 
-def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, step_s: float) -> StepProfile:
+def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, step_s: float,
+                  noticed: list[str]) -> StepProfile:
     """The StepProfile of the logged step; a `remat:` error if the forward ran no tensor op."""
     ops = tracker.ops
     if not ops or _last_index(tracker, FORWARD) < 0:
@@ -80,7 +82,7 @@ def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, 
         torch_version=torch.__version__,
         allocation_rounding_bytes=setup.rounding,
         simulated_device=setup.simulated,
-        notes=[*setup.notes, *own] if (own := _own_checkpoints_note(blocks)) else setup.notes,
+        notes=[*setup.notes, *noticed, *_own_checkpoints_note(blocks)],
         gpu_reserve=(gpu_reserve(tracker.records, tracker.scratch, [op.phase for op in ops])
                      if setup.target.type == "cuda" else None),
     )

@@ -143,7 +143,7 @@ def _setup(model: nn.Module, mode: str, device: str | torch.device | None, hardw
     rounding = ROUND if target.type == "cuda" else 1
     hw, note = roofline.hardware(hardware, target) if mode == Mode.FAKE else (None, None)
     notes = ([SIMULATED_NOTE] if simulated else []) + ([note] if note else [])
-    return Setup(Mode(mode), target, rounding, simulated, notes, hw)
+    return Setup(Mode(mode), target, rounding, simulated, tuple(notes), hw)
 
 
 def _run_device(setup: Setup) -> torch.device:
@@ -164,10 +164,10 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
         if opt is not None and any(id(p) in table for g in opt.param_groups for p in g["params"]):
             opt = fake.fake_optimizer(opt, table, fake_mode, run_device)
         if opt is not None and run.setup.target.type == "cuda" and fake.multi_tensor_as_on_cuda(opt):
-            run.setup.notes.append(fake.FOREACH_NOTE)
+            run.notes.append(fake.FOREACH_NOTE)
         if not run.setup.fake_cuda:
-            run.setup.notes.extend(scratch.unestimated_notes(run.setup.target.type))
-        run.setup.notes.extend([PACKED_NOTE] if packed else [])
+            run.notes.extend(scratch.unestimated_notes(run.setup.target.type))
+        run.notes.extend([PACKED_NOTE] if packed else [])
         kernels = cuda_kernels.as_on_cuda() if run.setup.simulated else contextlib.nullcontext()
         with fake_mode, kernels as simulated:  # NOTE [A CUDA step simulated on CPU]
             prof = run.measure(fake_step, opt)
@@ -185,6 +185,8 @@ class _Run:
     progress: Progress | None
     loop: Loop = Loop()
     parallel: Parallel = Parallel()
+    notes: list[str] = dataclasses.field(default_factory=list)
+    """What this run noticed, beside the `setup`'s notes decided before it (the profile's `notes`)."""
 
     @property
     def runner(self) -> nn.Module:
@@ -212,16 +214,16 @@ class _Run:
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
         self._as_the_device_holds_it(tracker, opt, base_allocated)
         if cache.turned_off:
-            self.setup.notes.append(CACHE_NOTE)
+            self.notes.append(CACHE_NOTE)
         if timed:
             say(self.progress, "timing the step")
         timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt),
-                        io.modules)
-        prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
+                        io.modules, self.notes)
+        prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s, self.notes)
         if restore is not None and self._measures_scratch(prof):
             say(self.progress, "kernel scratch, in a copy of the process")
             tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
-            prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s)
+            prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s, self.notes)
         first_peak = lead.first_peak
         notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
         par = self.parallel
@@ -247,7 +249,7 @@ class _Run:
             torch.cuda.synchronize()
             cuda_workspaces.add_cublas_workspaces(tracker, cuda_workspaces.device_arch(self.setup.target), steady)
             peak = torch.cuda.max_memory_allocated()
-            self.setup.notes.append(
+            self.notes.append(
                 f"torch.cuda.max_memory_allocated() over the step: {peak} bytes, {peak - base_allocated} above its start"
             )
 
@@ -281,7 +283,7 @@ class _Run:
             measured = scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
         placed, lost = scratch.placed(signatures, measured)
         if lost:
-            self.setup.notes.append(scratch.mismatch_note(lost))
+            self.notes.append(scratch.mismatch_note(lost))
         return placed
 
     def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
@@ -312,7 +314,7 @@ class _Run:
                     run_user_code("the optimizer step", opt.step)
                     kinds["optimizer"] += optimizer_state(opt)
                 _classify(tracker, kinds)
-                self.setup.notes.extend(ddp_buckets(tracker, self.parallel))
+                self.notes.extend(ddp_buckets(tracker, self.parallel))
                 del out, loss
             finally:
                 tracker.modules = None

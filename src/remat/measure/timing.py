@@ -124,7 +124,8 @@ class StepTimes:
 
 
 def settle(
-    tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes], candidates: dict[str, nn.Module]
+    tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes], candidates: dict[str, nn.Module],
+    notes: list[str],
 ) -> dict:
     """The profile's timing fields (`timing`, `step_time_s`, Rule 5's overheads), with the tracker's op
     seconds set as Rules 1-4 and 6 say (`candidates`: the modules plans may choose, by name);
@@ -133,12 +134,12 @@ def settle(
         return {"timing": f"roofline {setup.hardware.name}", "step_time_s": sum(op.seconds for op in tracker.ops),
                 "checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
     if ranked or not setup.timed:  # Rule 4, or a step whose memory alone is wanted
-        setup.notes.extend([RANK_NOTE] if ranked else [])
+        notes.extend([RANK_NOTE] if ranked else [])
         return {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
     times = time_again()
     seconds = matched(times, [op.name for op in tracker.ops])
     if seconds is None:  # Rule 2: the tracked step's own seconds stay
-        setup.notes.append(UNMATCHED_NOTE)
+        notes.append(UNMATCHED_NOTE)
     for op, s in zip(tracker.ops, seconds or []):
         op.seconds = s
     same_seconds_for_copies(tracker.ops, candidates)
