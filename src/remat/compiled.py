@@ -92,7 +92,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
                                compiled_step_s=measured.step_s, notes=[*prof.notes, note])
 
 
-profile.__signature__ = inspect.signature(measure_profile)  # its keyword options, as `help` shows them
+profile.__signature__ = inspect.signature(measure_profile)  # type: ignore[attr-defined]  # its options, for `help`
 
 
 # NOTE [Plans for a compiled step]
@@ -303,7 +303,7 @@ def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
         return plan(eager, e.min_bytes, **plan_options)
 
 
-def _measured(model, candidate: Plan, step: tuple) -> tuple[ProcessPeak, str]:
+def _measured(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tuple[ProcessPeak, str]:
     """The compiled step's peak and seconds with `candidate` applied, by the independent counter (Rule 3)."""
     apply(model, candidate)
     try:

@@ -58,8 +58,7 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
                 "Fix: correct the name, or leave blocks=None to use the natural units."
             )
         found.append(name)
-    seen: set[str] = set()
-    return [n for n in found if not (n in seen or seen.add(n))]
+    return list(dict.fromkeys(found))  # in order, each once
 
 
 def find_extras(model: nn.Module, candidates: list[str]) -> list[str]:

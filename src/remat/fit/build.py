@@ -121,7 +121,7 @@ def head_of(config) -> tuple[str, str]:
     from transformers.models.auto import modeling_auto
 
     def classes(mapping: str) -> set[str]:
-        names = set()
+        names: set[str] = set()
         for value in getattr(modeling_auto, mapping).values():
             names.update(value if isinstance(value, (list, tuple)) else [value])
         return names

@@ -208,7 +208,7 @@ def _load_conv_workspaces() -> dict:
     path = os.path.join(os.path.dirname(__file__), "cuda_conv_workspaces.json")
     with open(path) as f:
         data = json.load(f)
-    table = {}
+    table: dict[tuple, dict[int, dict]] = {}
     for row in data["rows"]:
         key = _conv_key(row["input"][1:], row["weight"], row["stride"], row["padding"], row["transposed"],
                         "torch." + row["dtype"])

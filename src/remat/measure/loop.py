@@ -137,7 +137,8 @@ def lead_in(
     `warm_steps` more (DDP rebuilds its buckets in the second), then the measured step's first K-1
     passes (Rule 2)."""
     clear_grads(model, opt)
-    first_peak, held = None, []
+    first_peak: int | None = None
+    held: list = []
     if loop.step == Step.STEADY:
         with PeakMeter(resident_tensors(model, step, opt), rounding, skip_host) as meter:
             optimizer_step_of_loop(model, step, loss_fn, opt, loop, held)
