@@ -183,7 +183,7 @@ def _measured_conv(args, which: str, arch: str) -> int | None:
     at 16); None for a shape not measured.
     `args`: (input, weight, bias, stride, padding, dilation, transposed, ...) of `convolution`."""
     x, weight = args[0], args[1]
-    if arch not in CONV_WORKSPACES or x.dim() != 4:
+    if arch not in CONV_WORKSPACES or x.dim() != 4 or x.shape[0] == 0:
         return None
     batches = CONV_WORKSPACES[arch].get(_conv_key(x.shape[1:], weight.shape, args[3], args[4], args[6], x.dtype))
     if not batches:
@@ -270,6 +270,8 @@ def _reduction_staging(x: torch.Tensor, dims, device_threads: int) -> int:
     torch's `setReduceConfig` sizes them for a GPU that runs `device_threads` threads at once (SMs x threads per
     SM).  The iterator's dimensions: size-1 ones dropped, the reduced ones first, each group sorted by stride and
     merged where contiguous."""
+    if x.dim() == 0:
+        return 0
     reduced = set(range(x.dim())) if not dims and dims != 0 else {d % x.dim() for d in _as_list(dims)}
     groups = [_merged(sorted((x.stride(d), n) for d in range(x.dim()) if (n := x.shape[d]) > 1 and (d in reduced) == r))
               for r in (True, False)]
@@ -290,7 +292,7 @@ def _reduction_staging(x: torch.Tensor, dims, device_threads: int) -> int:
     height = min(pow1, most // min(pow0, 32))
     width = min(pow0, most // height)
     step_in, step_out = (width, 1) if on_fastest else (1, width)
-    split_input = -(-inputs // step_in) >= max(height * REDUCE_VALUES_MIN, REDUCE_VALUES_MAX)
+    split_input = -(-inputs // step_in) >= min(height * REDUCE_VALUES_MIN, REDUCE_VALUES_MAX)  # either suffices
     step_in, step_out = (step_in * height, step_out) if split_input else (step_in, step_out * height)
     grid = -(-(outputs // vec) // step_out)
     values = -(-inputs // step_in)
