@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -89,7 +90,7 @@ def in_forked_copy(fn: Callable[[], dict]) -> dict:
             torch.set_num_threads(1)
             compile_on_this_thread()  # a compiled step compiles again here, with no thread pool of the parent's
             map_large_allocations()
-            message = {"result": fn()}
+            message: dict[str, Any] = {"result": fn()}
         except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
             message = {"error": f"{type(e).__name__}: {e}"}
         with os.fdopen(write_end, "w") as f:

@@ -165,7 +165,7 @@ class StateSnapshot:
                 b.copy_(v)
             for t, g in self.input_grads:
                 t.grad = g
-        if self.optimizer is not None:
+        if self.optimizer is not None and self.opt_state is not None:
             self.optimizer.load_state_dict(self.opt_state)
         torch.set_rng_state(self.rng)
         if self.cuda_rng is not None:

@@ -284,7 +284,7 @@ def _by(solver: str) -> str:
     return " made by Chen's sqrt(n) segments" if solver == "chen" else ""
 
 
-def _infeasible(profile: StepProfile, problem: Problem, solver: str, budget: int, time_limit_s: float) -> InfeasibleBudget:
+def _infeasible(profile: StepProfile, problem: Problem, solver: Solver, budget: int, time_limit_s: float) -> InfeasibleBudget:
     least = _min_bytes(problem, solver, time_limit_s)
     workspaces = profile.at_peak.workspaces_bytes
     fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes + workspaces

@@ -25,7 +25,7 @@ def load(text: str, fmt: str, version: int, fix: str, upgrades: dict[int, Callab
     seen = (data.get("format"), data.get("version")) if isinstance(data, dict) else None
     upgrade = None
     if seen != (fmt, version):
-        upgrade = (upgrades or {}).get(seen[1]) if seen is not None and seen[0] == fmt else None
+        upgrade = (upgrades or {}).get(seen[1]) if seen is not None and seen[0] == fmt and seen[1] is not None else None
         if upgrade is None:
             shown = seen if seen is not None else type(data).__name__
             raise RematError(
