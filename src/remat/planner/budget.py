@@ -63,6 +63,16 @@ def _bad(budget, extra: str = "") -> RematError:
 
 
 _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b|flop)s?\s*/\s*s\s*$", re.IGNORECASE)
+
+
+def _unit(example: str) -> str:
+    """"b" or "flop": what remat's own `example` of a rate counts."""
+    m = _RATE.match(example)
+    if m is None:
+        raise ValueError(f"not a rate: {example!r}")  # remat's own examples always are
+    return m.group(4).lower()
+
+
 _PREFIX = {"": 0, "k": 1, "m": 2, "g": 3, "t": 4, "p": 5}
 
 
@@ -74,13 +84,14 @@ def parse_rate(value: int | float | str, what: str, example: str) -> float:
     """
     if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
         return float(value)
+    unit = _unit(example)
     if isinstance(value, str):
-        m, want = _RATE.match(value), _RATE.match(example)
-        if m is not None and m.group(4).lower() == want.group(4).lower():
+        m = _RATE.match(value)
+        if m is not None and m.group(4).lower() == unit:
             number, prefix, binary, _ = m.groups()
             base = 1024 if binary else 1000
             return float(number) * base ** _PREFIX[prefix.lower()]
     kind = ('bytes per second: a positive number, or a string like "16GB/s" or "16GiB/s" (GB is 10**9, GiB 2**30)'
-            if _RATE.match(example).group(4).lower() == "b"
+            if unit == "b"
             else 'FLOPs per second: a positive number, or a string like "400TFLOPs/s"')
     raise RematError(f"remat: cannot read {what}={value!r}; expected {kind}. Fix: write e.g. {what}=\"{example}\".")

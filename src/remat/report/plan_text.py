@@ -7,13 +7,18 @@ import textwrap
 from collections import Counter
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.table import Table
 
 from remat.types import BY_HAND, Plan
 from remat.types.capped import EXPANDABLE
 from remat.types.verification import GRAD_NOISE_FACTOR, PREDICTION_AGREES
 from remat.report.text import REPORT_WIDTH, fmt_bytes, fmt_timing
+
+BASELINE_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("strategy", "left"), ("peak", "right"), ("extra GFLOP", "right"), ("fits budget", "left"))
+VERIFY_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
+    ("check", "left"), ("measured", "right"), ("expected", "right"), ("", "left"))
 
 
 def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
@@ -90,7 +95,7 @@ def _kept(signatures: list[str] | None) -> str:
 
 def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
     table = Table(box=box.SIMPLE_HEAD, title="the same step with hand recipes (predicted)", title_justify="left")
-    for col, just in (("strategy", "left"), ("peak", "right"), ("extra GFLOP", "right"), ("fits budget", "left")):
+    for col, just in BASELINE_COLUMNS:
         table.add_column(col, justify=just)
     rows = {"remat": plan, **baselines}
     by_hand = False
@@ -165,7 +170,7 @@ def render_verify(report) -> str:
     console = Console(file=out, width=REPORT_WIDTH, force_terminal=False, color_system=None)
     worst = max(report.grad_max_abs_diff.values(), default=0.0)
     table = Table(box=box.SIMPLE_HEAD, title="verify: the step with and without the plan", title_justify="left")
-    for col, just in (("check", "left"), ("measured", "right"), ("expected", "right"), ("", "left")):
+    for col, just in VERIFY_COLUMNS:
         table.add_column(col, justify=just)
     ok = lambda flag: "ok" if flag else "MISMATCH"  # noqa: E731
     table.add_row(

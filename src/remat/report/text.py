@@ -137,7 +137,8 @@ def render_profile(profile: StepProfile, top: int = 10) -> str:
 
 def console_text(console: Console) -> str:
     """What was printed on a `plain_console()`, without trailing spaces on any line."""
-    lines = [line.rstrip() for line in console.file.getvalue().rstrip().splitlines()]
+    printed = console.file.getvalue() if isinstance(console.file, io.StringIO) else ""
+    lines = [line.rstrip() for line in printed.rstrip().splitlines()]
     return "\n".join(lines) + "\n"
 
 
