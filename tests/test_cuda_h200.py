@@ -35,16 +35,14 @@ def _gpu_check():
 
 
 def _probed(case: str, op: str) -> tuple[torch.Tensor, int]:
-    """(a meta tensor of the probed op's first argument, the H200's scratch for it, the op's returned storage
-    counted at the allocator's rounding as the probe did not)."""
+    """(a meta tensor like the probed op's first argument, expanded where the probe saw it strided; the H200's
+    scratch for the op, its returned storage counted at the allocator's rounding as the probe did not)."""
     row = next(c for c in PROBE["cases"] if c["case"] == case)
     found = next(r for r in row["forward"] + row["backward"] if r["op"] == op)
     shape = [d for d in found["args"][0] if isinstance(d, int)]
     dtype = torch.bfloat16 if "bf16" in case else torch.float32
     strided = [a for a in found["args"][0] if isinstance(a, str)]
-    x = torch.empty(shape, dtype=dtype, device="meta")
-    if strided:
-        x = torch.empty((), dtype=dtype, device="meta").expand(shape)
+    x = torch.empty(() if strided else shape, dtype=dtype, device="meta").expand(shape)
     made = found["made"]
     return x, found["scratch"] - (-(-made // ROUND) * ROUND - made)
 
@@ -65,11 +63,9 @@ def test_a_reductions_staging_buffer_is_the_h200s_to_the_byte(case, dims):
 def test_the_staging_buffer_follows_the_gpus_width():
     """Fewer SMs, fewer blocks per output: an L4 (58 SMs, 1536 threads each) stages less than an H100 for a wide sum."""
     x = torch.empty(8192, 4096, device="meta")
-    h100 = CudaWorkspaces("H100")
-    l4 = CudaWorkspaces("L4")
-    as_sum = (torch.ops.aten.sum.dim_IntList, (x, [0]))
-    assert h100.stop(None, as_sum[0], as_sum[1], {}, None) == 138412544
-    assert 0 < l4.stop(None, as_sum[0], as_sum[1], {}, None) < 138412544
+    staged = {gpu: CudaWorkspaces(gpu).stop(None, torch.ops.aten.sum.dim_IntList, (x, [0]), {}, None)
+              for gpu in ("H100", "L4")}
+    assert staged["H100"] == 138412544 and 0 < staged["L4"] < 138412544
 
 
 def test_a_mask_whose_last_dimension_is_strided_runs_the_math_path_on_cuda():

@@ -149,16 +149,14 @@ class CudaWorkspaces:
         return None
 
     def stop(self, started, func, args, kwargs, out) -> int:
-        name = op_name(func)
-        if name in REDUCTIONS and args and isinstance(args[0], torch.Tensor):
-            dims = args[1] if len(args) > 1 else kwargs.get("dim")
-            return _reduction_staging(args[0], dims, self.sms * self.threads_per_sm)
-        return op_workspace_bytes(name, args, kwargs, self.arch)
+        return op_workspace_bytes(op_name(func), args, kwargs, self.arch, self.sms * self.threads_per_sm)
 
 
-def op_workspace_bytes(name: str, args, kwargs, arch: str = "") -> int:
-    """Bytes an op of `name` takes beyond its outputs on CUDA of `arch` ("sm90", ...), for these arguments
-    (Rules 2-5)."""
+def op_workspace_bytes(name: str, args, kwargs, arch: str, device_threads: int) -> int:
+    """Bytes an op of `name` takes beyond its outputs on CUDA of `arch` ("sm90", ...) running `device_threads`
+    threads at once (SMs x threads per SM), for these arguments (Rules 2-6)."""
+    if name in REDUCTIONS and args and isinstance(args[0], torch.Tensor):
+        return _reduction_staging(args[0], args[1] if len(args) > 1 else kwargs.get("dim"), device_threads)
     extra = 0
     if name in DENSE_OPS:  # attention reads a broadcast mask as it is: only its output gradient is copied
         dense = args[:1] if name in ATTENTION_BACKWARDS else tensor_leaves((args, kwargs))

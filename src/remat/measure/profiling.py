@@ -336,8 +336,7 @@ def _model_device(model: nn.Module) -> torch.device:
 def _phase_setter(tracker: Tracker, progress: Progress | None):
     def set_phase(name: str) -> None:
         tracker.phase = name
-        if progress is not None:
-            progress(name, len(tracker.ops))
+        say(progress, name, len(tracker.ops))
 
     return set_phase
 

@@ -50,12 +50,10 @@ def _one_shift(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, 
         single = at.get((run.group, run.position - 1))
         if single is None:
             continue
-        r2 = places.get((run.group, run.position - 1, len(run.blocks), run.action, run.keeps))
-        s2 = places.get((run.group, run.position + len(run.blocks) - 1, 1, single.action, single.keeps))
-        if r2 is None or s2 is None or not (problem.useful[r2] and problem.useful[s2]):
-            continue
-        new = [u for u in chosen if u is not run and u is not single] + [problem.units[r2], problem.units[s2]]
-        if _as_good(problem, new, rank, peak):
+        new = _replaced(problem, chosen, (run, single), places, (
+            (run.group, run.position - 1, len(run.blocks), run.action, run.keeps),
+            (run.group, run.position + len(run.blocks) - 1, 1, single.action, single.keeps)))
+        if new is not None and _as_good(problem, new, rank, peak):
             return new
     return None
 
@@ -67,11 +65,19 @@ def _one_swap(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, p
         for b in ordered[i + 1 :]:
             if b.group != a.group or len(b.blocks) != len(a.blocks) or _kind(b) >= _kind(a):
                 continue
-            a2 = places.get((a.group, a.position, len(a.blocks), b.action, b.keeps))
-            b2 = places.get((b.group, b.position, len(b.blocks), a.action, a.keeps))
-            if a2 is None or b2 is None or not (problem.useful[a2] and problem.useful[b2]):
-                continue
-            new = [u for u in chosen if u is not a and u is not b] + [problem.units[a2], problem.units[b2]]
-            if _as_good(problem, new, rank, peak):
+            new = _replaced(problem, chosen, (a, b), places, (
+                (a.group, a.position, len(a.blocks), b.action, b.keeps),
+                (b.group, b.position, len(b.blocks), a.action, a.keeps)))
+            if new is not None and _as_good(problem, new, rank, peak):
                 return new
     return None
+
+
+def _replaced(problem: Problem, chosen: list[Unit], old: tuple[Unit, Unit], places: dict,
+              keys: tuple[tuple, tuple]) -> list[Unit] | None:
+    """`chosen` with the two units `old` replaced by the units at `keys` (group, position, blocks, action, keeps),
+    or None where either is not a unit or frees nothing."""
+    found = [i for key in keys if (i := places.get(key)) is not None and problem.useful[i]]
+    if len(found) < len(keys):
+        return None
+    return [u for u in chosen if u is not old[0] and u is not old[1]] + [problem.units[i] for i in found]
