@@ -147,14 +147,29 @@ def test_the_roofline_takes_the_slower_of_compute_and_memory_and_a_floor_per_op(
     half = a.to(torch.bfloat16)
     assert roofline.op_seconds(h100, aten.mm.default, (half, half), {}, half) == pytest.approx(
         2 * 4096**3 / (h100.half_flops * roofline.ACHIEVED_COMPUTE))
-    v = torch.empty(2**20, device="meta")  # 4 MiB: an add reads two and writes one
-    add = roofline.op_seconds(h100, aten.add.Tensor, (v, v), {}, v)
-    assert add == pytest.approx(3 * 4 * 2**20 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH))
+    v = torch.empty(2**24, device="meta")  # 64 MiB: an add reads two and writes one
+    add = roofline.op_seconds(h100, aten.add.Tensor, (v, v), {}, torch.empty_like(v))
+    assert add == pytest.approx(3 * 4 * 2**24 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH))
+    assert roofline.op_seconds(h100, aten.add_.Tensor, (v, v), {}, v) == pytest.approx(add * 2 / 3)  # writes its input
     tiny = torch.empty(4, device="meta")
-    assert roofline.op_seconds(h100, aten.add.Tensor, (tiny, tiny), {}, tiny) == h100.op_s
-    assert roofline.op_seconds(h100, aten.view.default, (v, [1024, 1024]), {}, v.view(1024, 1024)) == 0.0
+    assert roofline.op_seconds(h100, aten.add.Tensor, (tiny, tiny), {}, tiny) == h100.op_s == roofline.GPU_OP_S
+    assert roofline.op_seconds(h100, aten.empty.memory_format, ([2**24],), {}, v) == h100.op_s  # allocates only
+    assert roofline.op_seconds(h100, aten.view.default, (v, [4096, 4096]), {}, v.view(4096, 4096)) == 0.0
     cpu = roofline.HARDWARE["cpu"]
-    assert roofline.op_seconds(cpu, aten.view.default, (v, [1024, 1024]), {}, v.view(1024, 1024)) == cpu.op_s
+    assert roofline.op_seconds(cpu, aten.view.default, (v, [4096, 4096]), {}, v.view(4096, 4096)) == cpu.op_s
+    for hw in (h100, cpu):  # asked by fake tensors only: no op of an eager step
+        assert roofline.op_seconds(hw, torch.ops.prim.device.default, (v,), {}, torch.device("meta")) == 0.0
+        assert roofline.op_seconds(hw, aten.sym_size.default, (v,), {}, [2**24]) == 0.0
+
+
+def test_a_fake_step_counts_the_ops_an_eager_step_runs_and_no_metadata_question():
+    """Fake tensors ask `prim.device` and the like (thousands of times in a Hugging Face model); an eager step does
+    not: they are neither timed nor counted among the ops a checkpoint re-runs (each costs `checkpoint_op_s`)."""
+    model, x = _chain()
+    real, fake = remat.profile(model, x), remat.profile(model, x, mode="fake")
+    spans = [[(b.forward_start_op, b.forward_end_op, b.backward_start_op, b.checkpoint_recompute_ops)
+              for b in prof.blocks] for prof in (real, fake)]
+    assert spans[0] == spans[1] and any(s[3] > 0 for s in spans[0])
 
 
 # -- solvers minimise seconds, FLOPs break ties --------------------------------------------------------------
@@ -191,7 +206,8 @@ def test_a_plans_seconds_include_checkpointings_own_cost_per_op():
     b = prof.blocks[0]
     unit = problem.unit(b.name)
     assert unit.cost_s == pytest.approx(b.checkpoint_recompute_s + b.checkpoint_recompute_ops * prof.checkpoint_op_s)
-    assert prof.checkpoint_op_s == roofline.HOST_CHECKPOINT_OP_S
+    assert prof.checkpoint_op_s == roofline.GPU_CHECKPOINT_OP_S  # what the kernels do not hide
+    assert remat.profile(model, x, mode="fake").checkpoint_op_s == roofline.HOST_CHECKPOINT_OP_S
 
 
 def test_bookkeeping_on_a_model_adds_its_dispatch_cost_to_the_policys_own():

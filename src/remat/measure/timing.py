@@ -26,7 +26,8 @@ NOTE [The seconds of a step]
           recomputation (`selective_op_s`).  In real mode both are measured once per process on
           this machine's CPU (`bookkeeping`: a chain of small ops, best of 15), the second on the
           model's own ops too (what the op timer, a dispatch mode, adds to its forward); a
-          prediction takes the reference machine's (NOTE [An op's seconds, predicted], Rule 5).
+          prediction takes the named hardware's (NOTE [An op's seconds, predicted], Rule 5: the
+          reference machine's on a CPU, what the kernels do not hide on a GPU).
   Rule 6. Copies take the same seconds: candidates of one class whose forward and backward ran
           the same ops (names and FLOPs, in order), as the layers of a transformer do, give each
           of those ops the median of its seconds over the copies.  Otherwise the clock's noise
@@ -49,7 +50,6 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from remat._torch_compat import TorchDispatchMode, op_name
 from remat.measure.build import Setup
 from remat.measure.loop import Loop, clear_grads, micro_batch
-from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S
 from remat.measure.step import StepInputs, run_user_code
 from remat.module_tree import OWN_CHECKPOINT_MARK, class_name, within
 from remat.measure.tracker import OpRecord, Tracker
@@ -132,7 +132,7 @@ def settle(
     `time_again()` runs `time_loop` after the tracked step."""
     if setup.hardware is not None:  # Rule 3
         return {"timing": f"roofline {setup.hardware.name}", "step_time_s": sum(op.seconds for op in tracker.ops),
-                "checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
+                "checkpoint_op_s": setup.hardware.checkpoint_op_s, "selective_op_s": setup.hardware.selective_op_s}
     if ranked or not setup.timed:  # Rule 4, or a step whose memory alone is wanted
         notes.extend([RANK_NOTE] if ranked else [])
         return {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}

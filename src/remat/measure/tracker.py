@@ -57,7 +57,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
-from remat._torch_compat.schema import written_tensors
+from remat._torch_compat.schema import runs_no_kernel, written_tensors
 from remat.measure.roofline import Hardware, op_seconds
 from remat.ops import op_signature
 
@@ -247,6 +247,8 @@ class Tracker(_SeesResizes):
         if has_dtensor(types):  # Rule 6: seen again as the ops DTensor runs on the local shards
             return NotImplemented
         kwargs = kwargs or {}
+        if runs_no_kernel(func):  # NOTE [An op's seconds, predicted], Rule 3: fake tensors ask, a real step does not
+            return func(*args, **kwargs)
         reads_forward = self.phase in ("forward", "loss") and not in_backward()
         reads_grad = False
         tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
