@@ -121,6 +121,30 @@ def test_min_peak_equals_brute_force_on_chains(problem):
     assert ilp.min_peak(problem) == least
 
 
+def test_the_ilp_tries_its_scaled_forms_before_bytes_when_highs_stops_with_a_solve_error(monkeypatch):
+    """HiGHS stopped with "Solve error" on the scaled form of a LoRA Llama-3-8B's least-peak program; the byte form
+    it then tried called 54.4 GiB optimal where 27.7 is reachable.  Another scaled form comes next."""
+    import scipy.optimize
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(4)])
+    problem = Problem.from_profile(remat.profile(model, torch.randn(512, 64), mode="fake"))
+    real, seen = scipy.optimize.milp, []
+
+    def the_first_form_fails(c, **kw):
+        seen.append(max(kw["constraints"][0].lb))
+        if len(seen) == 1:
+            return type("Stopped", (), {"x": None, "status": 4, "message": "Solve error"})()
+        return real(c, **kw)
+
+    monkeypatch.setattr(scipy.optimize, "milp", the_first_form_fails)
+    least = ilp.min_peak(problem)
+    monkeypatch.setattr(scipy.optimize, "milp", real)
+    assert least == ilp.min_peak(problem) and problem.units
+    top = max(problem.interval_max)
+    assert seen[:2] == pytest.approx([top / ilp._scale(problem), top / (ilp._scale(problem) * 10)])
+    assert seen[1] == pytest.approx(ilp.SCALED_PEAK / 10)  # scaled, not bytes
+
+
 @settings(max_examples=60, deadline=None)
 @given(graphs(), st.integers(0, 130))
 def test_ilp_equals_brute_force_on_graphs(problem, budget):
