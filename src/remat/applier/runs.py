@@ -174,7 +174,8 @@ class _Run:
         if k == len(self.entries) - 1:
             close, self.close = self.close, None
             _OPEN.remove(self)
-            close()
+            if close is not None:
+                close()
         else:
             self.guard = torch.autograd.graph.saved_tensors_hooks(self._saved_between(k), _never)
             self.guard.__enter__()

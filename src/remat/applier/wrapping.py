@@ -314,7 +314,7 @@ def is_wrapped(module: nn.Module) -> bool:
 def unwrap(module: nn.Module) -> None:
     """Undo `wrap_segment` on one module: its forward is the one it had before."""
     info: WrapInfo = module.__dict__.pop(MARK)
-    if info.had_instance_forward:
+    if info.had_instance_forward and info.previous_forward is not None:
         module.forward = info.previous_forward
     else:
         del module.forward

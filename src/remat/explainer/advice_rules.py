@@ -22,6 +22,7 @@ RESERVE_MARGIN = 0.10
 def measured_with_reserved_memory(ev: Evidence) -> list[Finding]:
     """The user's figure looks like nvidia-smi or memory_reserved, not the tensors' peak."""
     peak = _peak(ev)
+    seen: int | None
     if ev.observed_bytes:
         seen, source = ev.observed_bytes, "You saw"
     else:

@@ -240,7 +240,7 @@ class ExpandableAllocator(CachingAllocator):
             self.mapped[small] = pages & used
 
     def _allocated_blocks(self, small: bool) -> Iterable[_Block]:
-        b = self.heads[small]
+        b: _Block | None = self.heads[small]
         while b is not None:
             if not b.free:
                 yield b

@@ -213,7 +213,7 @@ def op_seconds(hw: Hardware, func, args, kwargs, out, flops: int | None = None) 
     moved = sum(t.numel() * t.element_size() for t in tensors)
     dtype = _dtype(tensors)
     if hw.gpu and flops and name.startswith(_ATTENTION):
-        return max(flops / attention_rate(hw, func, args, kwargs, dtype), hw.op_s)  # Rule 6
+        return max(flops / _attention_rate(hw, func, args, kwargs, dtype), hw.op_s)  # Rule 6
     if hw.gpu and flops and name.startswith("convolution"):
         return max(_convolution_s(hw, name, flops, moved, dtype), hw.op_s)  # Rule 6
     compute = flops / hw.matmul_rate(dtype) if flops else 0.0
@@ -226,7 +226,7 @@ _ATTENTION = ("_scaled_dot_product_flash", "_scaled_dot_product_efficient", "_sc
               "_flash_attention", "_efficient_attention")
 
 
-def attention_rate(hw: Hardware, func, args, kwargs, dtype: torch.dtype) -> float:
+def _attention_rate(hw: Hardware, func, args, kwargs, dtype: torch.dtype) -> float:
     """Rule 6: the FLOP/s one of SDPA's fused kernels reaches, forward or backward."""
     named = named_arguments(func, args, kwargs)
     name = op_name(func)

@@ -174,7 +174,12 @@ def time_loop(
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     held: list = []
     clear_grads(model, opt)
-    walls, phases, rounds, names, bounds, under_mode = [], [], [], [], [], []
+    walls: list[float] = []
+    phases: list[list[float]] = []
+    rounds: list = []
+    names: list = []
+    bounds: list[int] = []
+    under_mode: list[float] = []
 
     def last_pass(mark: Callable[[], None]) -> None:
         for _ in range(loop.accumulate - 1):
@@ -188,13 +193,14 @@ def time_loop(
     for _ in range(repeats):
         sync()
         stamps = [time.perf_counter()]
-        last_pass(lambda: (sync(), stamps.append(time.perf_counter())))
+        last_pass(lambda: _stamp(sync, stamps))
         clear_grads(model, opt)
         walls.append(stamps[-1] - stamps[0])
         phases.append([b - a for a, b in zip(stamps[1:], stamps[2:])])
         with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(identity, identity):
-            bounds, marks = [], []  # the hooks as the tracked step has them: the same ops run
-            last_pass(lambda: (sync(), bounds.append(len(timer.names)), marks.append(time.perf_counter())))
+            marks: list[float] = []
+            bounds = []  # the hooks as the tracked step has them: the same ops run
+            last_pass(lambda: _stamp(sync, marks, bounds, timer))
         clear_grads(model, opt)
         under_mode.append(marks[1] - marks[0])
         first = bounds[0]  # the ops of the pass before it (accumulate > 1) are not the tracked ones
@@ -208,6 +214,14 @@ def time_loop(
     # moved by 19-163 us per op between four profiles of one model on a busy machine, and the plans with it
     mode_op_s = statistics.median(m - p[0] for m, p in zip(under_mode, phases)) / max(1, bounds[1])
     return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds, max(0.0, mode_op_s))
+
+
+def _stamp(sync: Callable[[], None], stamps: list[float], ops: list[int] | None = None, timer=None) -> None:
+    """A boundary of a timed pass: the device drained, then (under the op timer) the ops so far, then the clock."""
+    sync()
+    if ops is not None:
+        ops.append(len(timer.names))
+    stamps.append(time.perf_counter())
 
 
 def identity(t):

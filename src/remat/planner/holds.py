@@ -35,6 +35,7 @@ class Hold(NamedTuple):
 def unit_holds(first: BlockProfile, end: int) -> tuple[Hold, ...]:
     """What a checkpoint whose first block is `first` holds, until `end` (its backward is over): each input
     autograd does not keep, from the later of `first`'s forward end and the input's own free."""
+    items: list[tuple[Hashable, int, int]]
     if first.held_inputs:
         items = [(key, nbytes, max(first.forward_end_op + 1, free)) for key, nbytes, free in first.held_inputs]
     elif first.input_unsaved_bytes:
@@ -88,7 +89,8 @@ def or_columns(held: list[tuple[int, list[tuple[int, int, int]]]], n_intervals: 
     """For a mixed-integer program: one column z per (tensor, set of holders spanning an interval), with the
     bytes it adds in each interval, and the links z >= x_u for each holder u of its set (z is then the OR of
     them, since it only costs memory).  Returns (matrix intervals x columns, [(column, unit index)])."""
-    columns, links = [], []
+    columns: list[np.ndarray] = []
+    links: list[tuple[int, int]] = []
     for nbytes, holders in held:
         sets: dict[frozenset, list[int]] = {}
         for k in range(min(k0 for _, k0, _ in holders), max(k1 for _, _, k1 in holders)):

@@ -86,7 +86,9 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     def program(scale: float) -> _Program:
         if scale not in rows:
             rows[scale] = _budget_rows(problem, budget_bytes, scale)
-        return _Program(costs, rows[scale], _upper_bounds(problem))
+        scaled = rows[scale]
+        assert scaled is not None  # None only when no unit acts on an interval over budget: the same at any scale
+        return _Program(costs, scaled, _upper_bounds(problem))
 
     x = _milp(problem, program, time_limit_s)
     if x is None:

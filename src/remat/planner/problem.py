@@ -161,8 +161,8 @@ class Problem:
     def breakpoints(self) -> list[int]:
         points = {0, len(self.live)}
         for u in self.units:
-            for e in (*u.effects, *u.holds):
-                points.update((e.start, e.end))
+            points.update(p for e in u.effects for p in (e.start, e.end))
+            points.update(p for h in u.holds for p in (h.start, h.end))
         return sorted(p for p in points if 0 <= p <= len(self.live))
 
     @cached_property
@@ -326,7 +326,7 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
     starts, out_starts, internal, output, reach, held, backward_starts = run_columns(names, i, stop, by_name)
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
-    flops = seconds = ops = 0  # of the whole forwards of names[i..j-1]
+    flops, seconds, ops = 0, 0.0, 0  # of the whole forwards of names[i..j-1]
     joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
     for j in range(i, stop):
         last = by_name[names[j]]
