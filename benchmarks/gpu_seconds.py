@@ -357,6 +357,8 @@ def on_the_gpu(args) -> dict:
                 r = {"error": f"{type(e).__name__}: {e}"[:300]}
             res["models"].setdefault(name, {})[variant] = r
             print(name, variant, r, flush=True)
+            if "compile" in variant:
+                torch.compiler.reset()  # the compiled graphs hold the variant's model
             if device == "cuda":
                 torch.cuda.empty_cache()
     return res

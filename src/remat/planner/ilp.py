@@ -152,8 +152,8 @@ def _milp(problem: Problem, program, time_limit_s: float):
     # byte-sized memory rows, and with rows scaled to max(L) = 1e4 on another model): try the forms in turn,
     # the scaled ones first (in bytes HiGHS may call a worse point optimal: a LoRA Llama-3-8B's least peak came
     # out 54.4 GiB where every scaled form that answers finds 27.7).
-    scale = _scale(problem)
-    for scale, presolve in [(scale, True), (scale * 10, True), (scale, False), (1.0, True), (1.0, False)]:
+    first = _scale(problem)
+    for scale, presolve in [(first, True), (first * 10, True), (first, False), (1.0, True), (1.0, False)]:
         p = program(scale)
         res = milp(
             p.objective,
