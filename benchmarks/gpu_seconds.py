@@ -279,8 +279,10 @@ def against_the_h100() -> None:
 def make_plans(size: str, plans: Path) -> dict:
     """Plans at 65% of each model's fake peak and at the least memory, with what they predict."""
     plans.mkdir(parents=True, exist_ok=True)
-    made = {"torch": torch.__version__, "made": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "size": size, "models": {}}
+    import transformers
+
+    made = {"torch": torch.__version__, "transformers": transformers.__version__, "size": size,
+            "made": datetime.now(timezone.utc).isoformat(timespec="seconds"), "models": {}}
     for name in MODELS:
         prof = fake_profile(name, size)
         entry = {"peak_bytes": prof.peak_bytes, "step_s": prof.step_time_s}
