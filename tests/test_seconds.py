@@ -213,7 +213,8 @@ def test_a_plans_seconds_include_checkpointings_own_cost_per_op():
 def test_bookkeeping_on_a_model_adds_its_dispatch_cost_to_the_policys_own():
     measured = Bookkeeping(checkpoint_op_s=16e-6, selective_op_s=25e-6, dispatch_op_s=10e-6)
     assert measured.selective_on(30e-6) == pytest.approx(45e-6)
-    assert Bookkeeping(1e-6, 5e-6, 9e-6).selective_on(3e-6) == pytest.approx(3e-6)  # never below the model's
+    assert Bookkeeping(1e-6, 5e-6, 9e-6).selective_on(3e-6) == pytest.approx(9e-6)  # never below a dispatch mode
+    assert measured.selective_on(0.0) == pytest.approx(25e-6)  # nor below the policy on the chain (a noisy model)
 
 
 def test_a_rank_of_a_job_is_not_timed_and_plans_by_flops():

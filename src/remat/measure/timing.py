@@ -25,7 +25,8 @@ NOTE [The seconds of a step]
           policy, a Python dispatch mode, on every op of the module in forward and again in the
           recomputation (`selective_op_s`).  In real mode both are measured once per process on
           this machine's CPU (`bookkeeping`: a chain of small ops, best of 15), the second on the
-          model's own ops too (what the op timer, a dispatch mode, adds to its forward); a
+          model's own ops too (what the op timer, a dispatch mode, adds to its forward; never less
+          than on the chain); a
           prediction takes the named hardware's (NOTE [An op's seconds, predicted], Rule 5: the
           reference machine's on a CPU, what the kernels do not hide on a GPU).
   Rule 6. Copies take the same seconds: candidates of one class whose forward and backward ran
@@ -254,8 +255,11 @@ class Bookkeeping:
     depends on the ops' arguments, measured on the model itself in real mode)."""
 
     def selective_on(self, mode_op_s: float) -> float:
-        """`selective_op_s` on a model whose ops a dispatch mode slows by `mode_op_s` each."""
-        return _micro(mode_op_s + max(0.0, self.selective_op_s - self.dispatch_op_s))
+        """`selective_op_s` on a model whose ops a dispatch mode slows by `mode_op_s` each; never below what the
+        policy and a do-nothing dispatch mode cost on the chain (`mode_op_s`, a difference of two forwards' wall
+        times, came out 0 on a busy machine, and a selective checkpoint looked free)."""
+        on_model = mode_op_s + max(0.0, self.selective_op_s - self.dispatch_op_s)
+        return _micro(max(on_model, self.selective_op_s, self.dispatch_op_s))
 
 
 @functools.cache
