@@ -73,6 +73,20 @@ class CheckpointedSequential(nn.Module):
         return checkpoint_sequential(self.seq, self.segments, x, use_reentrant=self.use_reentrant)
 
 
+class Autocast(nn.Module):
+    """`inner` run under `torch.autocast(device_type, bfloat16)` in its forward, as a bf16 training step writes it.
+    The autocast is part of the model, so `remat.profile` runs it (a simulated CUDA step enters CPU autocast
+    with CUDA's casts, NOTE [A CUDA step simulated on CPU]) and so does the loop on the GPU."""
+
+    def __init__(self, inner: nn.Module, device_type: str):
+        super().__init__()
+        self.inner, self.device_type = inner, device_type
+
+    def forward(self, **batch):
+        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+            return self.inner(**batch)
+
+
 def build(name: str, kwargs: dict | None = None, segments: int = 0, use_reentrant: bool = False, *, fake: bool = False):
     """`(model, inputs, loss_fn)`; `segments` wraps an nn.Sequential in checkpoint_sequential; `fake`
     builds it under FakeTensorMode (nothing allocated)."""

@@ -87,24 +87,10 @@ import remat  # noqa: E402
 from remat import zoo  # noqa: E402
 
 import models as peer_models  # noqa: E402  (benchmarks/peers/models.py)
-from _models import call, loss_of, replace_submodule  # noqa: E402
+from _models import Autocast, call, loss_of, replace_submodule  # noqa: E402
 
 
 # -- the models (random weights, nothing downloaded) ---------------------------------------------------------
-
-
-class Autocast(nn.Module):
-    """`inner` run under `torch.autocast(device_type, bfloat16)` in its forward, as a bf16 training step writes it.
-    The autocast is part of the model, so `remat.profile` runs it (a simulated CUDA step enters CPU autocast
-    with CUDA's casts, NOTE [A CUDA step simulated on CPU]) and so does the loop on the GPU."""
-
-    def __init__(self, inner: nn.Module, device_type: str):
-        super().__init__()
-        self.inner, self.device_type = inner, device_type
-
-    def forward(self, **batch):
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
-            return self.inner(**batch)
 
 
 def _bert(kw: dict, device_type: str):

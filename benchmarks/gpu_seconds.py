@@ -40,6 +40,7 @@ if (ROOT / "src").is_dir():
     sys.path.insert(0, str(ROOT / "src"))
 
 import remat  # noqa: E402
+from _models import Autocast  # noqa: E402  (a bf16 step's forward, as gpu_check builds it)
 from remat._torch_compat.compiler import activation_memory_budget  # noqa: E402
 
 FACTS = ROOT / "tests" / "gpu_facts" / "h100"
@@ -145,18 +146,6 @@ def op_table() -> tuple[dict, tuple[float, float]]:
 
 
 # -- issue 36's two models ----------------------------------------------------------------------------------
-
-
-class Autocast(nn.Module):
-    """The user's loop: the model's forward under bf16 autocast."""
-
-    def __init__(self, model, device_type: str = "cuda"):
-        super().__init__()
-        self.model, self.device_type = model, device_type
-
-    def forward(self, **batch):
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
-            return self.model(**batch)
 
 
 SIZES = {
@@ -305,7 +294,7 @@ def _sync(device: str) -> None:
 def run_variant(name: str, variant: str, size: str, device: str, plans: Path) -> dict:
     """One variant of one model, built afresh: the third step's peak, the median of TIMED steps."""
     model, batch = MODELS[name](size, device, autocast=device)
-    inner = model.model if isinstance(model, Autocast) else model
+    inner = model.inner if isinstance(model, Autocast) else model
     if variant == "hf":
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif variant == "every-block":

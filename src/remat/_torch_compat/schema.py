@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 
@@ -10,16 +12,12 @@ def written_tensors(func, args, kwargs) -> list[torch.Tensor]:
     schema = getattr(func, "_schema", None)
     if schema is None or not schema.is_mutable:
         return []
-    written = []
-    for i, arg in enumerate(schema.arguments):
-        if arg.alias_info is None or not arg.alias_info.is_write:
-            continue
-        value = args[i] if i < len(args) and not arg.kwarg_only else kwargs.get(arg.name)
-        if isinstance(value, torch.Tensor):
-            written.append(value)
-    return written
+    named = named_arguments(func, args, kwargs)
+    writes = (arg.name for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write)
+    return [value for value in map(named.get, writes) if isinstance(value, torch.Tensor)]
 
 
+@functools.cache
 def runs_no_kernel(func) -> bool:
     """`func` only answers a question about its arguments' metadata (`prim.device`, `aten.sym_size`,
     `prim.layout`): everything it returns is metadata and it writes nothing.  Such ops reach a dispatch
