@@ -7,6 +7,10 @@ process]); remat's prediction of that step must be within TOLERANCE of it, unpla
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -133,3 +137,30 @@ def test_a_loop_that_keeps_only_the_loss_is_predicted_and_holds_less(process_pea
     assert measured_held - measured_loss > 0.9 * logits_bytes
     assert (held.keep_output, loss_only.keep_output) == (True, False)
     assert "only the loss kept" in str(loss_only) and "output kept until after backward" in str(held)
+
+
+HEAP_POLLUTED = """
+import ctypes, json, torch, torch.nn as nn
+from remat.measure.loop import Loop
+from remat.verifier.process import forked_peak_bytes
+torch.manual_seed(0)
+model = nn.Sequential(*[nn.Linear(1024, 1024) for _ in range(4)])
+x = torch.randn(512, 1024)
+loop = Loop.of("steady", 1, True)
+peaks = [forked_peak_bytes(model, x, None, torch.optim.Adam, loop).peak_bytes]
+ctypes.CDLL(None).mallopt(-3, 32 << 20)  # as glibc's threshold rises in a long-running process
+model(x).sum().backward()  # these 4 MiB gradients now live on the heap; the copy's zero_grad frees them there
+peaks += [forked_peak_bytes(model, x, None, torch.optim.Adam, loop).peak_bytes for _ in range(3)]
+print(json.dumps(peaks))
+"""
+
+
+def test_the_forked_copy_counts_the_same_step_when_its_parent_left_tensors_on_the_heap():
+    # CI once saw the process 20 MiB under the tracker on a 245 MiB step: tensors the parent had put on its heap,
+    # freed in the copy, served the measured step from resident memory (NOTE [Measuring a step by the process]).
+    # In a subprocess: the heap settings changed here must not reach the other tests.
+    done = subprocess.run([sys.executable, "-c", HEAP_POLLUTED], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    clean, *polluted = json.loads(done.stdout.strip().splitlines()[-1])
+    for peak in polluted:  # before the fix: 4.2 MiB under or 2.1 MiB over, of 76 MiB
+        assert abs(peak - clean) <= 0.005 * clean, (clean, polluted)

@@ -55,10 +55,16 @@ class _MallInfo2(ctypes.Structure):
 
 def map_large_allocations() -> list[int]:
     """Rule 1 in a process that started without it: large allocations get their own mappings from now on,
-    and the free memory the heap already holds (resident, so reusing it would not show) is taken out of use
-    by holding it.  Returns the held blocks (never freed: call this only in a throw-away copy)."""
+    and the heap's free memory is held (`hold_free_heap`).  Returns the held blocks."""
+    ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
+    return hold_free_heap()
+
+
+def hold_free_heap() -> list[int]:
+    """Rule 1: take the heap's free memory out of use by holding it, so that what a step allocates next shows in
+    the resident set (free heap memory may be resident already).  Returns the held blocks, never freed: call
+    this only in a throw-away process."""
     libc = ctypes.CDLL(None)
-    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     libc.malloc.restype = ctypes.c_void_p
     libc.mallinfo2.restype = _MallInfo2
     held, size = [], 1 << 30

@@ -4,6 +4,11 @@ NOTE [Measuring a step by the process]
   Rule 1. The process runs with glibc's mmap threshold at 64 KiB (`PROCESS_ENV` for a fresh
           interpreter, `mallopt` in a forked one): every large tensor then gets a mapping of
           its own that is given back on free, so resident memory follows the live tensors.
+          Free heap memory is held (`hold_free_heap`) when the copy starts and again before
+          each step of the loop: a forked copy inherits tensors its parent put on the heap
+          (whose own threshold had risen), and once the copy frees them (`zero_grad`) their
+          resident memory would serve the measured step unseen (seen: 20 MiB of a 245 MiB
+          step), or hold a tensor the step frees and leave its memory resident (seen: 8 MiB).
   Rule 2. The resident set is read from /proc/self/statm; its high-water mark is
           VmHWM in /proc/self/status (not `ru_maxrss`, which Linux carries over from
           the parent across fork and exec).  Writing 5 to /proc/self/clear_refs resets
@@ -53,6 +58,7 @@ from remat.procmem import (
     PROCESS_ENV,
     CopyFailed,
     high_water_mark_bytes,
+    hold_free_heap,
     in_forked_copy,
     reset_high_water_mark,
     resident_bytes,
@@ -151,8 +157,10 @@ def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     held: list = []
     seconds = []
     for i in range(steps + timed_steps):
-        if i == steps - 1:
+        if i < steps:
             gc.collect()
+            hold_free_heap()  # Rule 1: what earlier steps freed on the heap serves no counted step unseen
+        if i == steps - 1:
             resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held)) + ddp_bucket_total(model)
             reset_high_water_mark()
             before = resident_bytes()
