@@ -17,8 +17,7 @@ MMAP_THRESHOLD_BYTES = 65536
 PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
 """Rule 1: the environment in which resident memory follows the live tensors."""
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number (malloc.h)
-SMALLEST_HELD_BYTES = 512
-"""Free heap memory is held down to blocks of this size (smaller ones are tcache and fastbin noise)."""
+IS_MMAPPED = 0x2  # glibc's bit in a chunk's size field: the chunk is a mapping of its own (malloc.c)
 PAGE_BYTES = os.sysconf("SC_PAGE_SIZE")
 
 
@@ -54,25 +53,22 @@ class _MallInfo2(ctypes.Structure):
 
 
 def map_large_allocations() -> list[int]:
-    """Rule 1 in a process that started without it: large allocations get their own mappings from now on,
-    and the heap's free memory is held (`hold_free_heap`).  Returns the held blocks."""
-    ctypes.CDLL(None).mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
-    return hold_free_heap()
-
-
-def hold_free_heap() -> list[int]:
-    """Rule 1: take the heap's free memory out of use by holding it, so that what a step allocates next shows in
-    the resident set (free heap memory may be resident already).  Returns the held blocks, never freed: call
-    this only in a throw-away process."""
+    """Rule 1 in a process that started without it, or again before a step: large allocations get mappings of their
+    own from now on, and the heap's free memory, resident or not, is taken out of use by holding it (else a step
+    reuses it unseen).  Blocks from MMAP_THRESHOLD_BYTES up are held: at that size malloc maps memory of its own
+    unless free heap memory serves it, which the chunk's header says (glibc's IS_MMAPPED bit); never more than
+    was free.  Returns the held blocks, never freed: call this only in a throw-away process."""
     libc = ctypes.CDLL(None)
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)
     libc.malloc.restype = ctypes.c_void_p
     libc.mallinfo2.restype = _MallInfo2
+    free = libc.mallinfo2().fordblks
     held, size = [], 1 << 30
-    while size >= SMALLEST_HELD_BYTES:
-        free_before = libc.mallinfo2().fordblks
-        block = libc.malloc(ctypes.c_size_t(size))
-        if block and libc.mallinfo2().fordblks < free_before:
+    while size >= MMAP_THRESHOLD_BYTES:
+        block = libc.malloc(ctypes.c_size_t(size)) if size <= free else None
+        if block and not ctypes.c_size_t.from_address(block - ctypes.sizeof(ctypes.c_size_t)).value & IS_MMAPPED:
             held.append(block)  # it came from the heap's free memory: keep it out of the step's way
+            free -= size
         else:
             if block:
                 libc.free(ctypes.c_void_p(block))

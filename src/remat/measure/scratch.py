@@ -137,7 +137,7 @@ def measure_scratch(
     def run() -> dict:
         meter = ScratchMeter()
         held = lead_in(model, step, loss_fn, opt, loop).held
-        procmem.hold_free_heap()  # NOTE [Measuring a step by the process], Rule 1
+        procmem.map_large_allocations()  # NOTE [Measuring a step by the process], Rule 1
         with meter:
             micro_batch(model, step, loss_fn, held, keep_output=loop.keep_output)
             if opt is not None:

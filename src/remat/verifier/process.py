@@ -4,7 +4,7 @@ NOTE [Measuring a step by the process]
   Rule 1. The process runs with glibc's mmap threshold at 64 KiB (`PROCESS_ENV` for a fresh
           interpreter, `mallopt` in a forked one): every large tensor then gets a mapping of
           its own that is given back on free, so resident memory follows the live tensors.
-          Free heap memory is held (`hold_free_heap`) when the copy starts and again before
+          Free heap memory is held (`map_large_allocations`) when the copy starts and again before
           each step of the loop: a forked copy inherits tensors its parent put on the heap
           (whose own threshold had risen), and once the copy frees them (`zero_grad`) their
           resident memory would serve the measured step unseen (seen: 20 MiB of a 245 MiB
@@ -58,7 +58,7 @@ from remat.procmem import (
     PROCESS_ENV,
     CopyFailed,
     high_water_mark_bytes,
-    hold_free_heap,
+    map_large_allocations,
     in_forked_copy,
     reset_high_water_mark,
     resident_bytes,
@@ -159,7 +159,7 @@ def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     for i in range(steps + timed_steps):
         if i < steps:
             gc.collect()
-            hold_free_heap()  # Rule 1: what earlier steps freed on the heap serves no counted step unseen
+            map_large_allocations()  # Rule 1: what earlier steps freed on the heap serves no counted step unseen
         if i == steps - 1:
             resident = storage_bytes(resident_tensors(model, step, opt) + tensors_in(held)) + ddp_bucket_total(model)
             reset_high_water_mark()
