@@ -56,7 +56,7 @@ def fixed_clock(monkeypatch):
         timed = real_time_loop(*args, **{**kwargs, "repeats": 1})  # for the names of the ops
         n, b = len(timed.op_names), timed.bounds
         phases = [(b[i + 1] - b[i]) * 1e-3 for i in range(3)]
-        return timing.StepTimes(n * 1e-3, timed.op_names, [1e-3] * n, phases, b, 0.0)
+        return timing.StepTimes(n * 1e-3, timed.op_names, [1e-3] * n, phases, b)
 
     def as_predicted(model, step_args, plan, loop, rounds):
         return (1.0, 1.0 + plan.extra_fraction, plan.extra_fraction) if rounds else (0.0, 0.0, 0.0)
@@ -65,7 +65,6 @@ def fixed_clock(monkeypatch):
     # kernel scratch estimated, not measured: measured in a forked copy, one op of the demo read 1 MiB more or less
     # from one process to the next (the text rounds it away, the JSON's timeline did not)
     monkeypatch.setattr(profiling._Run, "_measures_scratch", lambda self, prof: False)
-    monkeypatch.setattr(timing, "bookkeeping", lambda: timing.Bookkeeping(0.0, 0.0, 0.0))
     monkeypatch.setattr(verify, "interleaved_times", as_predicted)
 
 

@@ -21,7 +21,8 @@ NOTE [An op's seconds, predicted]
           every run and every machine.  A real profile measures this machine's own seconds.
   Rule 5. Checkpointing's own per-op costs (NOTE [The seconds of a step], Rule 5) are host
           Python.  On a CPU all of it shows: HOST_CHECKPOINT_OP_S and HOST_SELECTIVE_OP_S, as
-          measured on the reference machine.  On a GPU the host works while the kernels run and only
+          measured on the reference machine (`benchmarks/checkpoint_overheads.py`), in a real
+          profile as in a prediction (`overheads_on`).  On a GPU the host works while the kernels run and only
           what they do not hide shows: GPU_CHECKPOINT_OP_S per op re-run (and selective's in the same
           proportion), fitted to every-layer checkpointing measured on an H100.
   Rule 6. On a GPU, kernels of a class run at the fraction of the data sheet they reached on an H100
@@ -124,9 +125,17 @@ GPU_CHECKPOINT_OP_S = 4 * US
 a Llama-style decoder and +26% on BERT-base (issue 36, 2026-11-26), 4-5 us per op beyond the ops' own seconds."""
 HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S = 16 * US, 20 * US
 """Rule 5: what a checkpoint adds per op it re-runs, and selective checkpointing's policy per op and pass, on
-the reference machine (`remat.measure.timing.bookkeeping`, and a dispatch mode on a Llama's forward)."""
+the reference machine (`python benchmarks/checkpoint_overheads.py`, results/checkpoint_overheads.md)."""
 GPU_SELECTIVE_OP_S = HOST_SELECTIVE_OP_S * GPU_CHECKPOINT_OP_S / HOST_CHECKPOINT_OP_S
 """Rule 5: not measured on a GPU; hidden by the kernels in the proportion a checkpoint's own cost is."""
+
+
+def overheads_on(device: torch.device) -> dict[str, float]:
+    """Rule 5: a step's `checkpoint_op_s` and `selective_op_s` on `device`, measured or predicted alike
+    (NOTE [The seconds of a step], Rule 5)."""
+    if device.type == "cuda":
+        return {"checkpoint_op_s": GPU_CHECKPOINT_OP_S, "selective_op_s": GPU_SELECTIVE_OP_S}
+    return {"checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
 
 
 def _gpu(name: str, half: float, tf32: float, fp32: float, bandwidth: float) -> Hardware:

@@ -23,12 +23,13 @@ NOTE [The seconds of a step]
   Rule 5. Checkpointing costs more than the ops it re-runs: a non-reentrant checkpoint's hooks,
           detaches and frames per op re-run (`checkpoint_op_s`), and selective checkpointing's
           policy, a Python dispatch mode, on every op of the module in forward and again in the
-          recomputation (`selective_op_s`).  In real mode both are measured once per process on
-          this machine's CPU (`bookkeeping`: a chain of small ops, best of 15), the second on the
-          model's own ops too (what the op timer, a dispatch mode, adds to its forward; never less
-          than on the chain); a
-          prediction takes the named hardware's (NOTE [An op's seconds, predicted], Rule 5: the
-          reference machine's on a CPU, what the kernels do not hide on a GPU).
+          recomputation (`selective_op_s`).  Both are constants of the device the step runs on, in
+          real mode as in a prediction (NOTE [An op's seconds, predicted], Rule 5: the reference
+          machine's on a CPU, what the kernels do not hide on a GPU; `overheads_on`).  Measured in
+          each profile they moved 2-3x from one process to the next on this machine (a chain of
+          small ops: 13-36 and 7-22 us; on the demo's GPT-2 model, 27-94 us per op selective), more
+          than they differ from the constants, and `remat demo` printed two plans in four runs.
+          `python benchmarks/checkpoint_overheads.py` measures them on a machine.
   Rule 6. Copies take the same seconds: candidates of one class whose forward and backward ran
           the same ops (names and FLOPs, in order), as the layers of a transformer do, give each
           of those ops the median of its seconds over the copies.  Otherwise the clock's noise
@@ -38,7 +39,6 @@ NOTE [The seconds of a step]
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -46,13 +46,13 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from remat._torch_compat import TorchDispatchMode, op_name
 from remat.measure.build import Setup
+from remat.measure.roofline import overheads_on
 from remat.measure.loop import Loop, clear_grads, micro_batch
 from remat.measure.step import StepInputs, run_user_code
-from remat.module_tree import OWN_CHECKPOINT_MARK, class_name, within
+from remat.module_tree import class_name, within
 from remat.measure.tracker import OpRecord, Tracker
 
 REPEATS = 3
@@ -110,8 +110,6 @@ class StepTimes:
     """Seconds of the last pass's forward (with the loss), its backward, and the optimizer step."""
     bounds: list[int]
     """Where those phases start and end among the ops: phase i is ops bounds[i] .. bounds[i+1] - 1."""
-    mode_op_s: float = 0.0
-    """What a Python dispatch mode (the op timer) adds per op of this model's forward (Rule 5)."""
 
     def with_overhead(self) -> list[float]:
         """Rule 1: each op's seconds plus an even share of the time its phase spends outside ops."""
@@ -144,9 +142,8 @@ def settle(
     for op, s in zip(tracker.ops, seconds or []):
         op.seconds = s
     same_seconds_for_copies(tracker.ops, candidates)
-    if seconds is None:
-        return {"timing": "tracked", "step_time_s": times.step_s, **overheads(None)}
-    return {"timing": "measured", "step_time_s": times.step_s, **overheads(times.mode_op_s)}
+    return {"timing": "tracked" if seconds is None else "measured", "step_time_s": times.step_s,
+            **overheads_on(setup.target)}
 
 
 def same_seconds_for_copies(ops: list[OpRecord], candidates: dict[str, nn.Module]) -> None:
@@ -180,7 +177,6 @@ def time_loop(
     rounds: list = []
     names: list = []
     bounds: list[int] = []
-    under_mode: list[float] = []
 
     def last_pass(mark: Callable[[], None]) -> None:
         for _ in range(loop.accumulate - 1):
@@ -203,7 +199,6 @@ def time_loop(
             bounds = []  # the hooks as the tracked step has them: the same ops run
             last_pass(lambda: _stamp(sync, marks, bounds, timer))
         clear_grads(model, opt)
-        under_mode.append(marks[1] - marks[0])
         first = bounds[0]  # the ops of the pass before it (accumulate > 1) are not the tracked ones
         rounds.append(timer.seconds()[first:])
         names, bounds = timer.names[first:], [k - first for k in bounds]
@@ -211,10 +206,7 @@ def time_loop(
         return StepTimes(statistics.median(walls), names, [], [], [])
     per_op = [statistics.median(r[k] for r in rounds) for k in range(len(names))]
     per_phase = [statistics.median(p[i] for p in phases) for i in range(3)]
-    # each round's forward under the op timer against the same round's plain one: a difference of the medians
-    # moved by 19-163 us per op between four profiles of one model on a busy machine, and the plans with it
-    mode_op_s = statistics.median(m - p[0] for m, p in zip(under_mode, phases)) / max(1, bounds[1])
-    return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds, max(0.0, mode_op_s))
+    return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds)
 
 
 def _stamp(sync: Callable[[], None], stamps: list[float], ops: list[int] | None = None, timer=None) -> None:
@@ -241,70 +233,6 @@ def matched(times: StepTimes, tracked_names: list[str]) -> list[float] | None:
     return times.with_overhead()
 
 
-@dataclass(frozen=True)
-class Bookkeeping:
-    """NOTE [The seconds of a step], Rule 5: what checkpointing itself costs per op, beyond the ops."""
-
-    checkpoint_op_s: float
-    """Per op a non-reentrant checkpoint re-runs: its unpack hooks, detaches and frames."""
-    selective_op_s: float
-    """Per op of a selectively checkpointed module, in its forward and again in the recomputation: the
-    policy's dispatch mode."""
-    dispatch_op_s: float
-    """Per op, what a Python dispatch mode that does nothing costs (the part of `selective_op_s` that
-    depends on the ops' arguments, measured on the model itself in real mode)."""
-
-    def selective_on(self, mode_op_s: float) -> float:
-        """`selective_op_s` on a model whose ops a dispatch mode slows by `mode_op_s` each; never below what the
-        policy and a do-nothing dispatch mode cost on the chain (`mode_op_s`, a difference of two forwards' wall
-        times, came out 0 on a busy machine, and a selective checkpoint looked free)."""
-        on_model = mode_op_s + max(0.0, self.selective_op_s - self.dispatch_op_s)
-        return _micro(max(on_model, self.selective_op_s, self.dispatch_op_s))
-
-
-@functools.cache
-def bookkeeping(chain: int = 50, repeats: int = 15) -> Bookkeeping:
-    """Rule 5: measured once per process on a chain of `chain` small ops (linear, silu, mul, add) whose
-    kernels take next to nothing: plain, checkpointed, and selectively checkpointed (nothing saved)."""
-    w = torch.randn(64, 64, requires_grad=True)
-    x = torch.randn(4, 64, requires_grad=True)
-
-    def f(h):
-        for _ in range(chain // 5):
-            a = nn.functional.linear(h, w)
-            h = nn.functional.silu(a) * a + h
-        return h
-
-    setattr(f, OWN_CHECKPOINT_MARK, True)  # remat's own: `remat explain` running now must not take it for the model's
-
-    recompute_all = functools.partial(create_selective_checkpoint_contexts, lambda *a, **k: CheckpointPolicy.PREFER_RECOMPUTE)
-    runs = {
-        "forward": lambda: f(x),
-        "forward in a mode": lambda: _in_mode(lambda: f(x)),
-        "plain": lambda: f(x).sum().backward(),
-        "checkpoint": lambda: checkpoint(f, x, use_reentrant=False).sum().backward(),
-        "selective": lambda: checkpoint(f, x, use_reentrant=False, context_fn=recompute_all).sum().backward(),
-    }
-    best = {name: best_of(run, repeats) for name, run in runs.items()}
-    checkpoint_op_s = (best["checkpoint"] - best["plain"] - best["forward"]) / chain
-    selective_op_s = (best["selective"] - best["checkpoint"]) / (2 * chain)
-    dispatch_op_s = (best["forward in a mode"] - best["forward"]) / chain
-    return Bookkeeping(_micro(checkpoint_op_s), _micro(selective_op_s), _micro(dispatch_op_s))
-
-
-def _in_mode(run: Callable[[], object]) -> object:
-    with OpTimer():
-        return run()
-
-
-def overheads(mode_op_s: float | None) -> dict[str, float]:
-    """Rule 5: a timed real profile's `checkpoint_op_s` and `selective_op_s`; `mode_op_s` is what a dispatch
-    mode costs per op of the model's forward, measured by `time_loop` (None if not)."""
-    measured = bookkeeping()
-    selective = measured.selective_op_s if mode_op_s is None else measured.selective_on(mode_op_s)
-    return {"checkpoint_op_s": measured.checkpoint_op_s, "selective_op_s": selective}
-
-
 def best_of(run: Callable[[], object], repeats: int) -> float:
     """The least seconds of `repeats` calls of `run()`, after one more that warms up."""
     run()
@@ -314,11 +242,6 @@ def best_of(run: Callable[[], object], repeats: int) -> float:
         run()
         best = min(best, time.perf_counter() - t0)
     return best
-
-
-def _micro(seconds: float) -> float:
-    """Whole microseconds, at least 0: the noise of the measurement is about 1 us."""
-    return max(0, round(seconds * 1e6)) / 1e6
 
 
 def host_bandwidth(device: torch.device, nbytes: int = 64 * 2**20, repeats: int = 3) -> float:

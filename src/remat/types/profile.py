@@ -309,8 +309,8 @@ class StepProfile:
     """Seconds of one step of the loop without remat: the median of timed steps (real mode), or the sum of
     the roofline's op seconds (fake mode); 0.0 when not timed."""
     checkpoint_op_s: float = 0.0
-    """What a checkpoint costs per op it re-runs beyond the op itself (its hooks and frames), measured on
-    this machine's CPU (NOTE [The seconds of a step], Rule 5); 0.0 when not timed."""
+    """What a checkpoint costs per op it re-runs beyond the op itself (its hooks and frames): a constant of the
+    device, the reference machine's on a CPU (NOTE [The seconds of a step], Rule 5); 0.0 when not timed."""
     selective_op_s: float = 0.0
     """What selective checkpointing's policy costs per op of the module, in forward and again in the
     recomputation (Rule 5); 0.0 when not timed."""
