@@ -21,7 +21,8 @@ NOTE [Kernel scratch]
           ops without a model have none.
   Rule 4. A measurement belongs to the op's signature (`signature`: the op, the dtype, shape
           and stride of each tensor argument, the other arguments): a kernel given the same
-          arguments asks for the same scratch.  It is rounded to SCRATCH_GRAIN, so that the
+          arguments asks for the same scratch.  A view op allocates nothing: its signature is its
+          name and NO_KERNEL, known to need none without a measurement.  It is rounded to SCRATCH_GRAIN, so that the
           tens of KiB by which the mark wanders between runs give the same figure every run.
           The copy runs on one thread (a forked process hangs on its parent's OpenMP pool):
           scratch that a kernel takes per thread is counted for one.
@@ -62,6 +63,9 @@ SCRATCH_MODELS: dict[tuple[str, str], tuple[float, float]] = {}
 """Rule 3: {(device type, op): (bytes per input byte, bytes per output byte)}; filled below."""
 
 Signature = tuple
+NO_KERNEL = "a view: no kernel"
+"""Rule 4: a view op's whole signature after its name: it has no scratch, measured or not (a checkpoint's
+`detach`es, seen only in a planned step, sent `remat.verify` to measure the whole step again: 3 s of the demo)."""
 MEASURED: dict[Signature, int] = {}
 """Rule 5: the scratch bytes measured in this process, by op signature."""
 
@@ -69,6 +73,8 @@ MEASURED: dict[Signature, int] = {}
 def signature(func, args, kwargs) -> Signature:
     """Rule 4: what decides an op's kernel and its scratch: the op, each tensor's dtype, shape and stride,
     and the other arguments."""
+    if getattr(func, "is_view", False):
+        return (op_name(func), NO_KERNEL)  # a view (`detach`, `t`, `view`) allocates nothing, whatever its arguments
     parts: list = [op_name(func)]
     for a in tree_flatten((args, kwargs))[0]:
         if isinstance(a, torch.Tensor):
@@ -83,9 +89,9 @@ def signature(func, args, kwargs) -> Signature:
 
 def known(signatures: list[Signature]) -> list[int] | None:
     """Rule 5: the scratch of each op from earlier measurements, if every op has one."""
-    if not all(s in MEASURED for s in signatures):
+    if not all(s in MEASURED or s[1:] == (NO_KERNEL,) for s in signatures):
         return None
-    return [MEASURED[s] for s in signatures]
+    return [MEASURED.get(s, 0) for s in signatures]
 
 
 def unestimated_notes(device: str) -> list[str]:
