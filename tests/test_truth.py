@@ -110,6 +110,34 @@ def test_kernel_scratch_is_measured_once_and_the_same_on_the_next_profile(monkey
     assert again.timeline.live_bytes == first.timeline.live_bytes and again.peak_bytes == first.peak_bytes
 
 
+def test_the_planned_step_takes_its_scratch_from_the_unplanned_ones_measurement(monkeypatch):
+    """A plan re-runs the same kernels, plus a checkpoint's views (`detach`), which need no measurement: verify's
+    planned step forked a second copy of the process for them (2-3 s of `remat demo`)."""
+    from remat.measure import scratch
+
+    model, inputs, loss_fn = _target("attention")
+    first = remat.profile(model, inputs, loss_fn, optimizer=_adam)
+    plan = remat.plan(first, CASES["attention"])
+    monkeypatch.setattr(scratch, "measure_scratch", lambda *a, **k: pytest.fail("a second copy was forked"))
+    remat.apply(model, plan)
+    try:
+        planned = remat.profile(model, inputs, loss_fn, optimizer=_adam, timed=False)
+    finally:
+        remat.remove(model)
+    assert planned.peak_bytes <= plan.peak_bytes
+
+
+def test_a_view_op_needs_no_scratch_measurement(monkeypatch):
+    from remat.measure import scratch
+
+    monkeypatch.setattr(scratch, "MEASURED", {})
+    t = torch.ones(4, 4)
+    detach = scratch.signature(torch.ops.aten.detach.default, (t,), {})
+    mm = scratch.signature(torch.ops.aten.mm.default, (t, t), {})
+    assert detach == ("detach", scratch.NO_KERNEL) and mm[0] == "mm" and len(mm) == 3
+    assert scratch.known([detach]) == [0] and scratch.known([detach, mm]) is None
+
+
 def test_scratch_measured_on_ops_the_tracked_step_did_not_run_is_reported_not_placed(monkeypatch):
     from remat.measure import scratch
 
