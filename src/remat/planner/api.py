@@ -81,9 +81,8 @@ def plan(
 
     Known limitations: a real profile's seconds vary a little from run to run, so two
     plans within that noise of each other may swap between runs (both fit the budget);
-    checkpointing's own per-op cost is a constant of the device (16 and 20 us per op on
-    a CPU, measured on the reference machine; 4 and 5 on a GPU), not measured on the
-    plan's modules: measured per profile it moved 2-3x between runs, and the plans with it.
+    checkpointing's own cost per op is the device's constant (16 and 20 us on a CPU, 4
+    and 5 on a GPU), not measured per profile (it moved 2-3x between runs, plans with it).
     """
     _check_profile(profile)
     _check_max_segment(max_segment)
