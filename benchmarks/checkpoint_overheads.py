@@ -16,7 +16,6 @@ import argparse
 import functools
 import statistics
 import sys
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -27,20 +26,11 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from _common import machine_info, main_or_worker, md_table, run_fresh, write_results  # noqa: E402
 from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S  # noqa: E402
+from remat.measure.timing import best_of  # noqa: E402
 
 CHAIN = 50
 REPEATS = 15
 US = 1e-6
-
-
-def best_of(run, repeats: int) -> float:
-    run()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        run()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def worker(spec: dict) -> dict:
