@@ -108,6 +108,10 @@ class Hardware:
             return self.tf32_flops
         return self.fp32_flops / 2 if dtype == torch.float64 else self.fp32_flops
 
+    def overheads(self) -> dict[str, float]:
+        """Rule 5: a step's `checkpoint_op_s` and `selective_op_s` on this device."""
+        return {"checkpoint_op_s": self.checkpoint_op_s, "selective_op_s": self.selective_op_s}
+
     def describe(self) -> str:
         if not self.gpu:
             return (f"a nominal CPU ({CPU_FLOPS / 1e9:g} GFLOP/s, {CPU_BANDWIDTH / 1e9:g} GB/s, {CPU_OP_S / US:g} us "
@@ -130,14 +134,6 @@ GPU_SELECTIVE_OP_S = HOST_SELECTIVE_OP_S * GPU_CHECKPOINT_OP_S / HOST_CHECKPOINT
 """Rule 5: not measured on a GPU; hidden by the kernels in the proportion a checkpoint's own cost is."""
 
 
-def overheads_on(device: torch.device) -> dict[str, float]:
-    """Rule 5: a step's `checkpoint_op_s` and `selective_op_s` on `device`, measured or predicted alike
-    (NOTE [The seconds of a step], Rule 5)."""
-    if device.type == "cuda":
-        return {"checkpoint_op_s": GPU_CHECKPOINT_OP_S, "selective_op_s": GPU_SELECTIVE_OP_S}
-    return {"checkpoint_op_s": HOST_CHECKPOINT_OP_S, "selective_op_s": HOST_SELECTIVE_OP_S}
-
-
 def _gpu(name: str, half: float, tf32: float, fp32: float, bandwidth: float) -> Hardware:
     return Hardware(name, half * TFLOPS, tf32 * TFLOPS, fp32 * TFLOPS, bandwidth * TBS, GPU_OP_S, True,
                     GPU_CHECKPOINT_OP_S, GPU_SELECTIVE_OP_S)
@@ -158,6 +154,12 @@ HARDWARE["cpu"] = Hardware("cpu", CPU_FLOPS / ACHIEVED_COMPUTE, CPU_FLOPS / ACHI
 NAMES = tuple(HARDWARE)
 GPUS = tuple(n for n, hw in HARDWARE.items() if hw.gpu)
 DEFAULT_GPU = "H100"
+
+
+def overheads_on(device: torch.device) -> dict[str, float]:
+    """Rule 5: a measured step's `checkpoint_op_s` and `selective_op_s` on `device`: the same as a prediction's
+    (NOTE [The seconds of a step], Rule 5; every GPU has the same)."""
+    return HARDWARE[DEFAULT_GPU if device.type == "cuda" else "cpu"].overheads()
 
 
 def hardware(name: str | None, target: torch.device) -> tuple[Hardware, str]:

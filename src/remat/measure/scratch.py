@@ -22,8 +22,9 @@ NOTE [Kernel scratch]
   Rule 4. A measurement belongs to the op's signature (`signature`: the op, the dtype, shape
           and stride of each tensor argument, the other arguments): a kernel given the same
           arguments asks for the same scratch.  A view op allocates nothing: its signature is its
-          name and NO_KERNEL, known to need none without a measurement.  It is rounded to SCRATCH_GRAIN, so that the
-          tens of KiB by which the mark wanders between runs give the same figure every run.
+          name and NO_KERNEL, known to need none without a measurement.  A measurement is rounded
+          to SCRATCH_GRAIN, so that the tens of KiB by which the mark wanders between runs give the
+          same figure every run.
           The copy runs on one thread (a forked process hangs on its parent's OpenMP pool):
           scratch that a kernel takes per thread is counted for one.
           Each tracked op gets the most its signature was measured to need (the copy runs

@@ -131,7 +131,7 @@ def settle(
     `time_again()` runs `time_loop` after the tracked step."""
     if setup.hardware is not None:  # Rule 3
         return {"timing": f"roofline {setup.hardware.name}", "step_time_s": sum(op.seconds for op in tracker.ops),
-                "checkpoint_op_s": setup.hardware.checkpoint_op_s, "selective_op_s": setup.hardware.selective_op_s}
+                **setup.hardware.overheads()}
     if ranked or not setup.timed:  # Rule 4, or a step whose memory alone is wanted
         notes.extend([RANK_NOTE] if ranked else [])
         return {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
@@ -195,9 +195,8 @@ def time_loop(
         walls.append(stamps[-1] - stamps[0])
         phases.append([b - a for a, b in zip(stamps[1:], stamps[2:])])
         with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(identity, identity):
-            marks: list[float] = []
             bounds = []  # the hooks as the tracked step has them: the same ops run
-            last_pass(lambda: _stamp(sync, marks, bounds, timer))
+            last_pass(lambda: _bound(sync, bounds, timer))
         clear_grads(model, opt)
         first = bounds[0]  # the ops of the pass before it (accumulate > 1) are not the tracked ones
         rounds.append(timer.seconds()[first:])
@@ -209,12 +208,16 @@ def time_loop(
     return StepTimes(statistics.median(walls), names, per_op, per_phase, bounds)
 
 
-def _stamp(sync: Callable[[], None], stamps: list[float], ops: list[int] | None = None, timer=None) -> None:
-    """A boundary of a timed pass: the device drained, then (under the op timer) the ops so far, then the clock."""
+def _stamp(sync: Callable[[], None], stamps: list[float]) -> None:
+    """A boundary of a timed pass: the device drained, then the clock."""
     sync()
-    if ops is not None:
-        ops.append(len(timer.names))
     stamps.append(time.perf_counter())
+
+
+def _bound(sync: Callable[[], None], bounds: list[int], timer: OpTimer) -> None:
+    """A boundary of a pass under the op timer: the device drained, then how many ops ran so far."""
+    sync()
+    bounds.append(len(timer.names))
 
 
 def identity(t):
