@@ -162,6 +162,28 @@ def test_the_roofline_takes_the_slower_of_compute_and_memory_and_a_floor_per_op(
         assert roofline.op_seconds(hw, aten.sym_size.default, (v,), {}, [2**24]) == 0.0
 
 
+def test_the_nominal_cpu_charges_transcendental_ops_the_passes_the_reference_machine_measured():
+    """Rule 4: CPU_PASSES is benchmarks/results/cpu_passes.json (the committed measurement), every op over its
+    threshold and none under; tanh (a GPT-2 block's activation) costs several times its bytes' pass, an add one."""
+    import json
+    from pathlib import Path
+
+    results = json.loads((Path(__file__).parents[1] / "benchmarks/results/cpu_passes.json").read_text())
+    least = {op: min(rs) for op, rs in results["data"]["ratios"].items()}
+    over = {op for op, m in least.items() if m > results["data"]["passes_at"]}
+    assert set(roofline.CPU_PASSES) == over and "tanh" in over and "add" not in over
+    for op in over:
+        assert roofline.CPU_PASSES[op] == pytest.approx(least[op], abs=0.05)
+    cpu, v = roofline.HARDWARE["cpu"], torch.empty(2**24, device="meta")
+    one_pass = 2 * 4 * 2**24 / (cpu.bandwidth * roofline.ACHIEVED_BANDWIDTH)
+    assert roofline.op_seconds(cpu, aten.tanh.default, (v,), {}, v.clone()) == pytest.approx(
+        roofline.CPU_PASSES["tanh"] * one_pass)
+    assert roofline.op_seconds(cpu, aten.relu.default, (v,), {}, v.clone()) == pytest.approx(one_pass)
+    h100 = roofline.HARDWARE["H100"]  # a GPU's tanh streams its bytes
+    assert roofline.op_seconds(h100, aten.tanh.default, (v,), {}, v.clone()) == pytest.approx(
+        2 * 4 * 2**24 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH))
+
+
 def test_a_fake_step_counts_the_ops_an_eager_step_runs_and_no_metadata_question():
     """Fake tensors ask `prim.device` and the like (thousands of times in a Hugging Face model); an eager step does
     not: they are neither timed nor counted among the ops a checkpoint re-runs (each costs `checkpoint_op_s`)."""

@@ -202,6 +202,7 @@ class _Run:
         tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed, sync,
                           skip_host=cuda_real)  # NOTE [What counts as live memory], Rule 8
         tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
+        tracker.nominal = None if self.setup.hardware else roofline.nominal(self.setup.target)
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             # NOTE [A rank's step], Rule 3

@@ -18,7 +18,10 @@ NOTE [An op's seconds, predicted]
           nothing: t0.
   Rule 4. "cpu" is a nominal CPU (CPU_FLOPS, CPU_BANDWIDTH, CPU_OP_S, near the 2-core machine
           this project is tested on), not this machine measured: a prediction is the same on
-          every run and every machine.  A real profile measures this machine's own seconds.
+          every run and every machine.  Its transcendental functions (tanh, erf, exp, ...) take
+          CPU_PASSES times their bytes: they compute more per element than its memory feeds.  A
+          real profile measures this machine's own seconds, and asks the roofline of its device
+          (`nominal`) only for orders the clock's noise must not decide (`OpRecord.predicted_s`).
   Rule 5. Checkpointing's own per-op costs (NOTE [The seconds of a step], Rule 5) are host
           Python.  On a CPU all of it shows: HOST_CHECKPOINT_OP_S and HOST_SELECTIVE_OP_S, as
           measured on the reference machine (`benchmarks/checkpoint_overheads.py`), in a real
@@ -75,6 +78,11 @@ PASSES = {"native_batch_norm": 3.3, "cudnn_batch_norm": 3.3, "native_batch_norm_
 """Rule 6: ops measured over their bytes more than once on the H100 (2026-11-26): the measured kernel's seconds over
 the one-pass prediction (batch norm 335 / 861 us on 128 MiB, softmax's backward 287, pooling's 372, an embedding's
 gradient 274)."""
+CPU_PASSES = {"tanh": 4.8, "where": 4.0, "erf": 2.5, "gelu_backward": 2.2, "log": 1.9, "exp": 1.6}
+"""Rule 4: on the nominal CPU, ops measured at more than 1.5 passes over their bytes on the reference machine
+(2026-11-27, float32, 16 MiB, the least of 15 rounds; `python benchmarks/cpu_passes.py`, results/cpu_passes.md):
+transcendental functions compute more per element than the memory feeds.  By it a GPT-2 block's tanh outranks its
+q @ k, as measured (NOTE [Which outputs a selective checkpoint keeps], Rule 2)."""
 
 
 @dataclass(frozen=True)
@@ -156,10 +164,16 @@ GPUS = tuple(n for n, hw in HARDWARE.items() if hw.gpu)
 DEFAULT_GPU = "H100"
 
 
+def nominal(device: torch.device) -> Hardware:
+    """The roofline of a real step's device: this machine's GPU when it is a named one, else DEFAULT_GPU for
+    CUDA, the nominal CPU (Rule 4) for a CPU."""
+    return HARDWARE[(_local_gpu() or DEFAULT_GPU) if device.type == "cuda" else "cpu"]
+
+
 def overheads_on(device: torch.device) -> dict[str, float]:
     """Rule 5: a measured step's `checkpoint_op_s` and `selective_op_s` on `device`: the same as a prediction's
     (NOTE [The seconds of a step], Rule 5; every GPU has the same)."""
-    return HARDWARE[DEFAULT_GPU if device.type == "cuda" else "cpu"].overheads()
+    return nominal(device).overheads()
 
 
 def hardware(name: str | None, target: torch.device) -> tuple[Hardware, str]:
@@ -228,7 +242,7 @@ def op_seconds(hw: Hardware, func, args, kwargs, out, flops: int | None = None) 
     if hw.gpu and flops and name.startswith("convolution"):
         return max(_convolution_s(hw, name, flops, moved, dtype), hw.op_s)  # Rule 6
     compute = flops / hw.matmul_rate(dtype) if flops else 0.0
-    passes = PASSES.get(name, 1.0) if hw.gpu else 1.0
+    passes = (PASSES if hw.gpu else CPU_PASSES).get(name, 1.0)
     return max(compute, passes * moved / (hw.bandwidth * ACHIEVED_BANDWIDTH), hw.op_s)
 
 

@@ -13,9 +13,11 @@ NOTE [Which outputs a selective checkpoint keeps]
           backward; it spares the re-run of its ops.  A class whose outputs take no bytes of their own
           (views) is always re-run: keeping a view would keep its base; so is one whose output a later op
           writes in place (`StorageRecord.written`: torch refuses a cached tensor that changed).
-  Rule 2. Classes are ranked by seconds spared per byte kept, dearest first, in powers of two (measured
-          seconds are noisy; FLOPs per byte break ties, and decide when the profile is not timed, then the
-          order they first ran in).  A variant keeps the first k: for j
+  Rule 2. Classes are ranked by seconds spared per byte kept, dearest first, the seconds the roofline
+          predicts (`OpRecord.predicted_s`; FLOPs per byte break ties, then the order they first ran in).  Not
+          the clock's: measured, a tril and a matmul of a GPT-2 block swapped places from one profile to the
+          next (even in powers of two), and so did the variants and the plans; the planner weighs each
+          variant's measured seconds (Rule 3).  A variant keeps the first k: for j
           = 1 .. VARIANTS, the fewest whose bytes reach j / (VARIANTS + 1) of what all classes take, and
           j / (VARIANTS + 1) of the classes (one dear class can hold most of the bytes): from a variant
           that frees almost everything and re-runs the dearest ops, to one that frees little and re-runs
@@ -33,7 +35,6 @@ NOTE [Which outputs a selective checkpoint keeps]
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 from remat.measure.tracker import OpRecord, StorageRecord
@@ -56,14 +57,8 @@ class _Class:
         return self.saved_bytes + self.cached_bytes
 
     def rank(self) -> tuple:
-        spared_s, spared_flops = sum(op.seconds for op in self.ops), sum(op.flops for op in self.ops)
-        return (-_octave(spared_s / self.bytes), -spared_flops / self.bytes, self.first)
-
-
-def _octave(seconds_per_byte: float) -> int:
-    """Rule 2: seconds per byte to a power of two (measured seconds are noisy: finer, their order changed from one
-    profile to the next, and so did the variants and the plans)."""
-    return math.floor(math.log2(seconds_per_byte)) if seconds_per_byte > 0 else -(2**31)
+        spared_s, spared_flops = sum(op.predicted_s for op in self.ops), sum(op.flops for op in self.ops)
+        return (-spared_s / self.bytes, -spared_flops / self.bytes, self.first)
 
 
 def selective_variants(rerun: list[tuple[int, OpRecord]], after: list[tuple[int, OpRecord]],

@@ -143,6 +143,9 @@ class OpRecord:
     """A forward op, under grad mode, with an input that requires grad: its output joins the graph."""
     signature: str = ""
     """`remat.ops.op_signature`: its name and its tensor arguments' shapes."""
+    predicted_s: float = 0.0
+    """Its seconds by the roofline (NOTE [An op's seconds, predicted]): the same on every run, for orders that the
+    clock's noise must not decide (NOTE [Which outputs a selective checkpoint keeps], Rule 2)."""
 
 
 @dataclass
@@ -171,6 +174,8 @@ class Tracker(_SeesResizes):
     """Kernel scratch of each op (Rule 5): estimated as ops run, or set after the step from a measurement."""
     roofline: Hardware | None = None
     """Predicts each op's seconds instead of the clock (fake mode: NOTE [An op's seconds, predicted])."""
+    nominal: Hardware | None = None
+    """A real step's: predicts each op's `predicted_s` beside the clock's seconds (the device's nominal roofline)."""
 
     def __post_init__(self):
         super().__init__()
@@ -276,9 +281,9 @@ class Tracker(_SeesResizes):
                 self._made_by[t] = len(self.ops)
         if probe is not None:
             self.scratch.append(probe.stop(started, func, args, kwargs, out))
-        flops = flops_of(func, args, kwargs, out)
-        if self.roofline is not None:
-            dt = op_seconds(self.roofline, func, args, kwargs, out, flops)
+        flops, hw = flops_of(func, args, kwargs, out), self.roofline or self.nominal
+        predicted = op_seconds(hw, func, args, kwargs, out, flops) if hw is not None else 0.0
+        dt = predicted if self.roofline is not None else dt
         self.ops.append(
             OpRecord(
                 op_name(func),
@@ -289,6 +294,7 @@ class Tracker(_SeesResizes):
                 in_backward() and torch.is_grad_enabled(),  # NOTE [Recomputation]
                 reads_grad=reads_forward and reads_grad and torch.is_grad_enabled(),
                 signature=op_signature(op_name(func), tensors),
+                predicted_s=predicted,
             )
         )
         return out
