@@ -268,9 +268,9 @@ def test_auto_warns_when_its_plan_needs_an_allocator_setting_this_process_lacks(
     """remat.auto applies the plan in a process whose allocator is set already: it says what to set, and where."""
     import dataclasses
 
-    import remat.compiled
+    import remat.entry
 
-    monkeypatch.setattr(remat.compiled, "fit_gpu", lambda m, s, p, plan, o: dataclasses.replace(plan, allocator=EXPANDABLE))
+    monkeypatch.setattr(remat.entry, "fit_gpu", lambda m, s, p, plan, o: dataclasses.replace(plan, allocator=EXPANDABLE))
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)))
     x = torch.randn(512, 64)

@@ -7,7 +7,7 @@ from remat import report as _report  # noqa: F401  (registers the text reports t
 from remat.applier import apply, checkpoint, remove
 from remat.errors import InfeasibleBudget, RematError, UnsupportedOp
 from remat.explainer import explain
-from remat.compiled import auto, profile
+from remat.entry import auto, profile
 from remat.planner import frontier, plan
 from remat.types import (
     BlockProfile,

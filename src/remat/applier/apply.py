@@ -1,5 +1,5 @@
 """`remat.apply`, `remat.remove`, `remat.checkpoint`: plans made real (`remat.auto`, which profiles and plans
-first, is in remat/compiled.py)."""
+first, is in remat/entry.py)."""
 
 from __future__ import annotations
 

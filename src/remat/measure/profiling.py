@@ -69,7 +69,7 @@ def profile(
     keep_output: bool = True,
     timed: bool = True,
 ) -> StepProfile:
-    """The eager step of `model` measured or predicted: `remat.profile` (in `remat.compiled`, whose docstring says
+    """The eager step of `model` measured or predicted: `remat.profile` (in `remat.entry`, whose docstring says
     what each argument does) without the compiled step's own peak, which it adds for a compiled model."""
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)

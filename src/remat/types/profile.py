@@ -317,7 +317,7 @@ class StepProfile:
     compiled_peak_bytes: int = 0
     """Of a compiled model (`torch.compile(model)`, `model.compile()`), the compiled step's own peak by a counter
     that is not remat's tracker (`compiled_counter`), measured by `remat.profile`; 0 otherwise.  Every other
-    figure is the eager step's (NOTE [A compiled step's peak] in `remat.compiled`)."""
+    figure is the eager step's (NOTE [A compiled step's peak] in `remat.entry`)."""
     compiled_counter: str = ""
     """The counter that measured `compiled_peak_bytes` (as `VerifyReport.independent_counter` names it)."""
     compiled_step_s: float = 0.0

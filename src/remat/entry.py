@@ -1,5 +1,6 @@
-"""`remat.profile` and `remat.auto` as users call them: the step profiled by `remat.measure`, and for a compiled
-model the compiled step's own peak measured beside it, and plans for it chosen by measuring them.
+"""The calls that take a model, `remat.profile` and `remat.auto`, as users call them: the step profiled by
+`remat.measure`, and for a compiled model the compiled step's own peak measured beside it, and plans for it
+chosen by measuring them.
 
 NOTE [A compiled step's peak]
 remat's tracker sees tensors through a dispatch mode, which cannot look inside the kernels Inductor generates,
