@@ -19,7 +19,8 @@ import remat
 from remat import zoo
 from remat.planner import dp, ilp
 from remat.planner import baseline_plans
-from remat.planner.problem import Effect, Group, Problem, Unit
+from remat.planner.effects import Effect
+from remat.planner.problem import Group, Problem, Unit
 
 MIB = 2**20
 

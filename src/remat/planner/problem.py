@@ -1,4 +1,5 @@
-"""The planning problem: which checkpoint units to use, and what each one does to memory.
+"""The planning problem: the units of a profile (`remat.planner.units`) on its timeline, and the exact evaluation
+of a choice of them (memory in each interval, peak, cost) that every solver is judged by.
 
 NOTE [The memory model of a plan]
   The profile gives L(t), the live bytes after each op t of the unplanned step.  A
@@ -62,23 +63,17 @@ NOTE [The memory model of a plan]
 
 from __future__ import annotations
 
-import math
 from functools import cached_property
 
 import numpy as np
 
-from remat.module_tree import CALLED_DIRECTLY, main_chain, parent_name, within
+from remat.module_tree import main_chain
 from remat.planner import holds as held
-from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
-from remat.planner.holds import unit_holds
-from remat.planner.units import Group, Unit  # the solvers import them from here too
-from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
+from remat.planner.units import MAX_SEGMENT, Group, Unit, build_units  # the solvers import them from here too
+from remat.types import Action, StepProfile
 
-MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
 SECONDS_NOISE = 0.02
 """Rule 8: measured seconds within this share of the step's of each other count as equal."""
-RUN_CONTAINERS = ("Sequential", "ModuleList", CALLED_DIRECTLY)
-"""Containers in which remat.apply wraps a run of several siblings as one checkpoint (Rule 5)."""
 
 
 class NotAChain(ValueError):
@@ -126,30 +121,7 @@ class Problem:
     ) -> "Problem":
         """The units of `prof`; `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6).
         A step sharded with FSDP2 gets one checkpoint per module (`result.FSDP_NOTE`)."""
-        max_segment = 1 if prof.parallel == ParallelKind.FSDP else max_segment
-        blocks = [
-            b for b in prof.blocks
-            if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not b.checkpointed
-            and not (b.extra and b.calls > 1)
-        ]  # the model checkpoints some itself (apply leaves them to it); an embedder shared by encoder and
-        # decoder runs twice, and Rules 1-2 model one forward per block
-        groups: dict[Group, list[str]] = {}
-        for b in blocks:
-            groups.setdefault(Group(b.parent or "", parent_name(b.name)), []).append(b.name)
-        by_name = {b.name: b for b in blocks}
-        nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
-        units: list[Unit] = []
-        per_op = (prof.checkpoint_op_s, prof.selective_op_s)
-        uncalled = set(called_directly(prof))  # Rule 5: recomputed only
-        for group, names in groups.items():
-            for i in range(len(names)):
-                units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op)
-                if names[i] in uncalled:
-                    continue
-                units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed)
-                if offload is not None:
-                    units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
-        units = [u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))]
+        units, groups, blocks = build_units(prof, max_segment, offload)
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         extras = frozenset(b.name for b in blocks if b.extra)
         slack = round(SECONDS_NOISE * prof.step_time_s * 1e9) if prof.timing == "measured" else 0  # Rule 8
@@ -282,29 +254,6 @@ class Problem:
         return True
 
 
-def _whole_uncalled(unit: Unit, groups: dict[Group, list[str]], blocks: set[str]) -> bool:
-    """A run of all the children of a never-called nn.Sequential that is a block itself: the unit of that block is
-    the same checkpoint (NOTE [An nn.Sequential the model never calls], Rule 2), and plans name it."""
-    container = unit.group.container
-    return container in blocks and len(unit.blocks) > 1 and len(unit.blocks) == len(groups[unit.group])
-
-
-def called_directly(prof: StepProfile) -> list[str]:
-    """The nn.Sequential modules whose forward the profiled step never ran, their children called by the model's
-    code (NOTE [An nn.Sequential the model never calls] in `remat.measure.chains`), in order: `Plan.called_directly`."""
-    return list(dict.fromkeys(parent_name(b.name) for b in prof.blocks if b.container == CALLED_DIRECTLY))
-
-
-def in_turn(names: list[str]) -> bool:
-    """Rule 5: `names`, children of one container in the order the step called them, are consecutive in the order
-    they are registered (positions 3, 4, 5; a loop over `reversed(layers)` or `layers[::2]` is not).  Children
-    registered by name (an nn.Sequential built from an OrderedDict) are taken to be, as remat.apply checks."""
-    ends = [n.rsplit(".", 1)[-1] for n in names]
-    if not all(e.isdigit() for e in ends):
-        return True
-    return all(int(b) == int(a) + 1 for a, b in zip(ends, ends[1:]))
-
-
 def chain_group(problem: Problem) -> Group:
     """The group of the chain (`remat.module_tree.main_chain` of the problem's blocks): what `dp` and
     the hand recipes plan."""
@@ -313,88 +262,3 @@ def chain_group(problem: Problem) -> Group:
     if group is None or not any(problem.is_useful(u) for u in problem.units if u.group == group):
         raise NotAChain("no block of the chain frees memory when checkpointed")
     return group
-
-
-def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, BlockProfile], group: Group,
-               nested: dict[str, frozenset], *, per_op: tuple[float, float] = (0.0, 0.0)) -> list[Unit]:
-    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
-    that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
-    `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7)."""
-    first = by_name[names[i]]
-    appliable_multi = first.container in RUN_CONTAINERS
-    stop = min(len(names), i + max_segment)
-    starts, out_starts, internal, output, reach, held, backward_starts = run_columns(names, i, stop, by_name)
-    units: list[Unit] = []
-    covers: frozenset[str] = frozenset()
-    flops, seconds, ops = 0, 0.0, 0  # of the whole forwards of names[i..j-1]
-    joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
-    for j in range(i, stop):
-        last = by_name[names[j]]
-        joined = joined and (j == i or (not last.grad_ops_before and not last.foreign_grad_inputs
-                                         and in_turn([names[j - 1], last.name])))
-        covers = covers | nested[last.name]
-        end = last.backward_start_op
-        m = j - i + 1
-        effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
-        effects += recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
-        rerun = ops + last.checkpoint_recompute_ops
-        units.append(Unit(
-            tuple(names[i : j + 1]), group, i, covers,
-            flops + last.checkpoint_recompute_flops, seconds + last.checkpoint_recompute_s + rerun * per_op[0],
-            tuple(effects), j == i or (appliable_multi and joined), Action.RECOMPUTE, rerun,
-            holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
-        ))
-        flops += last.forward_flops
-        seconds += last.forward_s
-        ops += _forward_ops(last)
-    return units
-
-
-def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *,
-                          per_op: tuple[float, float] = (0.0, 0.0), timed: bool = False) -> list[Unit]:
-    """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
-    [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
-    autograd would have dropped, keeps the inputs, and runs its policy on every op of the block twice (Rule 7).
-    Of two that free about as much, the one cheaper by Rule 7's cost (`timed` or not) stays: ranked by seconds in
-    a profile whose cost is FLOPs, a variant re-running a matmul once pushed out the matmul policy."""
-    if b.has_batchnorm:
-        return []  # BatchNorm: remat restores its statistics only around a full recompute
-    held_end = max(b.backward_start_op, b.backward_end_op + 1)
-    matmuls = SelectiveVariant([], b.selective_free_bytes, b.selective_extra_bytes, b.selective_recompute_flops,
-                               b.selective_recompute_s, b.selective_recompute_ops, b.selective_stranded_bytes)
-    units = []
-    for v in (matmuls, *b.selective_variants):
-        if v.free_bytes <= 0:
-            continue
-        effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
-        if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
-            effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
-        if v.stranded_bytes:  # ... but for what it stops before
-            effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
-        seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
-        units.append(Unit((b.name,), group, position, nested[b.name], v.recompute_flops, seconds,
-                          tuple(e for e in effects if e.start < e.end), True, Action.SELECTIVE, v.recompute_ops,
-                          holds=unit_holds(b, held_end), keeps=tuple(v.keeps)))
-    near = max(4096, b.internal_bytes // 1000)  # Rule 4: within the ILP's tolerance (a variant 8 bytes over the
-    kept: list[Unit] = []  # budget made it drop a cheaper unit at it), so a costlier unit must free more than this
-    for u in sorted(units, key=lambda u: (*u.cost(timed), u.cost_ops)):
-        kept += [u] if all(u.reduction_bytes > k.reduction_bytes + near for k in kept) else []
-    return kept
-
-
-def _make_offload_unit(
-    b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], bandwidth: float, flops_per_s: float
-) -> list[Unit]:
-    """Offloading one block's saved tensors to CPU memory (Rule 6); none if it would free nothing."""
-    freed = b.internal_bytes + (output_freeable(b) if b.output_kept_by == [b.name] else 0)
-    if freed <= 0 or b.offload_bytes <= 0 or b.forward_end_op + 1 >= b.backward_start_op:
-        return []
-    seconds = 2 * b.offload_bytes / bandwidth
-    effects = (Effect(b.forward_end_op + 1, b.backward_start_op, freed),)
-    return [Unit((b.name,), group, position, nested[b.name], math.ceil(seconds * flops_per_s), seconds, effects,
-                 True, Action.OFFLOAD, 0, b.offload_bytes)]
-
-
-def _forward_ops(b: BlockProfile) -> int:
-    """Ops of a whole forward of `b` (a segment re-runs its non-last blocks entirely)."""
-    return max(b.checkpoint_recompute_ops, b.forward_end_op - b.forward_start_op + 1)

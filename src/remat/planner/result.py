@@ -5,7 +5,8 @@ from __future__ import annotations
 import dataclasses
 
 from remat.errors import listing
-from remat.planner.problem import Problem, Unit, called_directly
+from remat.planner.problem import Problem, Unit
+from remat.planner.units import called_directly
 from remat.types import KEEP_ALL_SOLVER, Action, Plan, PlannedBlock, StepProfile
 from remat.types.kinds import ParallelKind
 
