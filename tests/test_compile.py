@@ -17,8 +17,8 @@ from remat import zoo
 from remat.applier.apply import applied
 from remat.applier.runs import wrap_run
 from remat.applier.wrapping import is_wrapped, wrap_segment
-import remat.entry as compiled_mod
-from remat.entry import Measured, _fastest_fit, _hybrid_candidates
+import remat.compiled_plans as compiled_mod
+from remat.compiled_plans import Measured, _fastest_fit, _hybrid_candidates
 from remat.measure.loop import Loop
 from remat.measure.profiling import COMPILED_NOTE
 from remat.types.profile import COMPILED_PEAK_MARGIN

@@ -29,7 +29,7 @@ import torch
 import torch._functorch.config as functorch_config
 
 import remat
-from remat.compiled import plan_for
+from remat.compiled_plans import plan_for
 
 from _common import timed
 from measure import adam_params, compare_grads, grads_of, rss_step_peak, zero_grads

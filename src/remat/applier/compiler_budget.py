@@ -22,7 +22,7 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           Rule 6).
 
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
-(NOTE [Plans for a compiled step] in `remat.entry`).
+(NOTE [Plans for a compiled step] in `remat.compiled_plans`).
 """
 
 from __future__ import annotations

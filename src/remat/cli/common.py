@@ -64,6 +64,11 @@ def add_step_options(p: argparse.ArgumentParser) -> None:
                    "`out = model(**batch); out.loss.backward()`)")
     p.add_argument("--accumulate", type=int, default=1, metavar="K",
                    help="forward/backward passes per optimizer step: gradient accumulation (default: 1)")
+    _add_rank_options(p)
+
+
+def _add_rank_options(p: argparse.ArgumentParser) -> None:
+    """The ranks and the device a fake-mode step is predicted for."""
     p.add_argument("--world-size", type=int, default=1, metavar="N",
                    help="with --mode fake, predict one rank of N data-parallel ranks; the TARGET's inputs are the "
                    "global batch (default: 1, one process)")

@@ -25,6 +25,12 @@ def register(verbs) -> None:
     p.add_argument("--gpu", required=True, metavar="G",
                    help='the GPU\'s memory ("24GiB", "80GB") or its name (H100, H200, A100, A100-40GB, L4, L40S, '
                    "4090, 3090, A10G, T4)")
+    _add_step_shape(p)
+    p.set_defaults(command=_cmd_fit)
+
+
+def _add_step_shape(p: argparse.ArgumentParser) -> None:
+    """The step `remat fit` predicts: its size, dtype, adapters, ranks, and what to try where it does not fit."""
     p.add_argument("--seq", type=int, default=2048, metavar="N", help="tokens per sequence (default: 2048)")
     p.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per GPU and step (default: 1)")
     p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16",
@@ -41,7 +47,6 @@ def register(verbs) -> None:
                    "(default: all), or none")
     p.add_argument("--out", metavar="F", type=Path,
                    help="write the plan as JSON to F when it fits with one (remat.load_plan reads it)")
-    p.set_defaults(command=_cmd_fit)
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:

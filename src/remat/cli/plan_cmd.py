@@ -53,6 +53,14 @@ def register(verbs) -> None:
                    help='peak memory allowed for the whole step: "6GiB", "6GB", "800MiB", bytes (6442450944), '
                    "a fraction of the unplanned peak (0.5) or a percentage (50%%); "
                    "required unless --frontier or --plot")
+    _add_solver_options(p)
+    add_step_options(p)
+    _add_plan_outputs(p)
+    p.set_defaults(command=_cmd_plan)
+
+
+def _add_solver_options(p: argparse.ArgumentParser) -> None:
+    """How the plan is searched: the solver, the longest run, and what offload is weighed with."""
     p.add_argument("--solver", choices=SOLVERS, default="auto",
                    help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
                    "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)")
@@ -66,7 +74,10 @@ def register(verbs) -> None:
     p.add_argument("--device-flops", metavar="R", default=None,
                    help='the GPU\'s FLOP rate, e.g. "400TFLOPs/s", to weigh copies against recomputation in a '
                    "fake-mode profile (a real profile measures it)")
-    add_step_options(p)
+
+
+def _add_plan_outputs(p: argparse.ArgumentParser) -> None:
+    """What `remat plan` writes and checks besides the plan it prints."""
     p.add_argument("--out", metavar="F", type=Path, help="also write the plan as JSON to F (remat.load_plan reads it)")
     p.add_argument("--frontier", action="store_true",
                    help="also print the frontier: every Pareto-optimal plan from keep-everything to the least memory")
@@ -76,7 +87,6 @@ def register(verbs) -> None:
     p.add_argument("--verify", action="store_true",
                    help="apply the plan to the model and run the step with and without it: gradients, buffers, "
                    "extra FLOPs and measured peak against the prediction (needs a TARGET, real mode)")
-    p.set_defaults(command=_cmd_plan)
 
 
 def _solver_options(args: argparse.Namespace) -> dict:

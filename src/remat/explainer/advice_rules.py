@@ -145,17 +145,23 @@ FUSED_TIME = 0.10
 """...and recomputing them eagerly costs at least this share of the step's measured seconds."""
 
 
+def _selective_everywhere(problem: Problem) -> list:
+    """The selective checkpoints that free the most, one per block, as many blocks as can take one."""
+    chosen: list = []
+    for u in sorted((u for u in problem.units if u.action == Action.SELECTIVE and problem.is_useful(u)),
+                    key=lambda u: -u.reduction_bytes):
+        if Problem.compatible([*chosen, u]):
+            chosen.append(u)
+    return chosen
+
+
 def compiler_fuses_it(ev: Evidence) -> list[Finding]:
     """Much of the peak is outputs of cheap ops (pointwise, norms, softmax) that eager recomputation pays for in
     time although their FLOPs are few: torch.compile's fused kernels do not store most of them.  Given when the
     user is choosing how to save memory: no checkpoint in the model, not compiled, op seconds measured."""
     if ev.compiled or ev.regions or ev.plain.timing != "measured" or not ev.plain.step_time_s:
         return []
-    chosen: list = []
-    for u in sorted((u for u in ev.problem.units if u.action == Action.SELECTIVE and ev.problem.is_useful(u)),
-                    key=lambda u: -u.reduction_bytes):
-        if Problem.compatible([*chosen, u]):
-            chosen.append(u)
+    chosen = _selective_everywhere(ev.problem)
     peak = ev.plain.peak_bytes
     freed = peak - ev.problem.peak(chosen) if chosen else 0
     seconds = sum(u.cost_s for u in chosen)

@@ -86,7 +86,16 @@ def explain(
     compiled, model = is_compiled(check_model(model)), uncompiled(model)  # the model inside torch.compile
     normalize_inputs(inputs)
     step = _Step(model, inputs, loss_fn, optimizer, mode, device)
-    observed_bytes = _observed(observed)
+    ev, calls = _evidence(step, model, _observed(observed), compiled)
+    findings = sorted((f for rule in RULES for f in rule(ev)), key=_order)
+    notes = _notes(ev.plain, ev.regions, calls, ev.written is None)
+    return Explanation(findings, profile=ev.plain, written_profile=ev.written, plan=ev.plan, checkpoints=ev.regions,
+                       notes=notes)
+
+
+def _evidence(step: "_Step", model: nn.Module, observed_bytes: int | None, compiled: bool) -> tuple[Evidence, list]:
+    """The step as written and without its checkpoints, each checkpoint's region, and the plan remat recommends
+    (NOTE [How explain gets its numbers]); and the checkpoint calls seen."""
     written, recorder, error = step.run_as_written()
     calls = recorder.calls
     plain = step.run(lambda i: False)[0] if calls else written
@@ -101,11 +110,7 @@ def explain(
         kv_cache=_kv_cache(step, model, written, plain), observed_bytes=observed_bytes,
         reserved_bytes=step.reserved_bytes, compiled=compiled,
     )
-    findings = sorted((f for rule in RULES for f in rule(ev)), key=_order)
-    return Explanation(
-        findings, profile=plain, written_profile=written, plan=recommended, checkpoints=regions,
-        notes=_notes(plain, regions, calls, written is None),
-    )
+    return ev, calls
 
 
 def _seen_run(step: "_Step", plain: StepProfile, plan: Plan) -> Plan:

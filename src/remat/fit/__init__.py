@@ -79,12 +79,7 @@ def will_it_fit(
     """
     gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
     setup = check_setup(Setup(seq=seq, batch=batch, dtype=dtype, lora=lora, world_size=world_size))
-    changes = check_kinds(tuple(changes))
-
-    def say(phase: str) -> None:
-        if progress is not None:
-            progress(phase, 0)
-
+    changes, say = check_kinds(tuple(changes)), _announcer(progress)
     say("reading the config")
     config, source = load_config(config)
     head, head_note = head_of(config)
@@ -92,11 +87,21 @@ def will_it_fit(
     built, prof = profile_step(config, head, setup, gpu)
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
-    answer = FitAnswer(built.name if not lora else f"{built.name} with LoRA", _source(source), built.params,
-                       built.trainable, gpu, outcome, notes=[head_note] if head_note else [])
+    name, notes = built.name if not lora else f"{built.name} with LoRA", [head_note] if head_note else []
+    answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)
     return answer
+
+
+def _announcer(progress: Callable[[str, int], None] | None) -> Callable[[str], None]:
+    """`say(phase)`: tells `progress` a phase begins (nothing without one)."""
+
+    def say(phase: str) -> None:
+        if progress is not None:
+            progress(phase, 0)
+
+    return say
 
 
 def _source(source: str) -> str:

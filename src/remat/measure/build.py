@@ -2,7 +2,8 @@
 
 Pure bookkeeping over what `remat.measure.tracker.Tracker` logged: live bytes after
 each op (NOTE [What counts as live memory]), the breakdown at the peak and at the end of
-forward, and the candidate blocks (`remat.measure.blocks`).
+forward, and the candidate blocks (`remat.measure.blocks`); and what kind of tensor each storage holds
+(`register_state` before the step, `classify` after: NOTE [What counts as live memory], Rule 3).
 """
 
 from __future__ import annotations
@@ -10,10 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn as nn
 
 from remat.errors import RematError, listing
 from remat.measure.blocks import BlockIO, block_profiles
 from remat.measure.cuda_allocator import gpu_reserve
+from remat._torch_compat.distributed import fsdp_gathered
+from remat.measure.loop import optimizer_state, tensors_in
 from remat.measure.roofline import Hardware
 from remat.measure.tracker import Tracker
 from remat.types import Breakdown, Mode, StepProfile, Timeline
@@ -137,3 +141,35 @@ def _last_index(tracker: Tracker, phases: tuple[str, ...]) -> int:
         if tracker.ops[i].phase in phases:
             return i
     return -1
+
+
+def register_state(tracker: Tracker, model: nn.Module, step, opt, held: list) -> dict[str, list]:
+    """Pre-existing storages (Rule 3) and the tensors whose category is known; `held` (the previous pass's
+    output and loss) is pre-existing too, and ends up a temporary."""
+    kinds: dict[str, list] = {
+        "params": list(model.parameters()),
+        "buffers": list(model.buffers()),
+        "inputs": step.tensors(),
+        "grads": [p.grad for p in model.parameters() if p.grad is not None],
+        "optimizer": [],
+        "gathered": fsdp_gathered(model),  # resized to nothing between uses (NOTE [A rank's step], Rule 2)
+    }
+    if opt is not None:
+        kinds["optimizer"] = optimizer_state(opt)
+    for t in [t for ts in kinds.values() for t in ts] + tensors_in(held):
+        tracker.record_of(t, before_step=True)
+    return kinds
+
+
+def classify(tracker: Tracker, kinds: dict[str, list]) -> None:
+    """Give each record its category; the first kind that claims a storage wins."""
+    for kind in ("params", "buffers", "inputs", "grads", "optimizer", "gathered"):
+        for t in kinds[kind]:
+            rec = tracker.record_of(t)  # seen already, or made without dispatch (Adam's step counters)
+            while rec is not None and not rec.category:  # and its records before resizes (FSDP2)
+                rec.category = kind
+                rec = rec.resized_from
+    for rec in tracker.records:
+        if not rec.category:
+            made_in_forward = rec.phase in ("forward", "loss") and rec.alloc_step >= 0
+            rec.category = "activations" if (rec.saved and made_in_forward) else "temporaries"

@@ -12,15 +12,15 @@ import torch
 import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode, ModuleTracker
-from remat._torch_compat.distributed import fsdp_gathered, is_compiled, uncompiled
+from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
 from remat.measure import cuda_kernels, cuda_workspaces, fake, roofline, scratch
 from remat.measure.blocks import BlockIO
-from remat.measure.build import Setup, build_profile
+from remat.measure.build import Setup, build_profile, classify, register_state
 from remat.measure.cuda_allocator import ROUND
-from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state, tensors_in
+from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state
 from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
 from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note
 from remat.measure.ranks import rank_share, sharded_copy
@@ -196,19 +196,15 @@ class _Run:
     def measure(self, step: StepInputs, opt: torch.optim.Optimizer | None, restore=None) -> StepProfile:
         """The profile of the step; `restore()` puts the model and optimizer back as before it (real mode)."""
         cuda_real = self.setup.cuda_real
-        sync = torch.cuda.synchronize if cuda_real else None
         # NOTE [The seconds of a step], Rule 4
         timed = self.setup.mode == Mode.REAL and self.setup.timed and not self.parallel.kind
-        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed, sync,
-                          skip_host=cuda_real)  # NOTE [What counts as live memory], Rule 8
-        tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
-        tracker.nominal = None if self.setup.hardware else roofline.nominal(self.setup.target)
+        tracker = self._new_tracker(timed)
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             # NOTE [A rank's step], Rule 3
             lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
                            warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)
-            kinds = _register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
+            kinds = register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             base_allocated = _reset_cuda_peak() if cuda_real else 0
             t0 = time.perf_counter()
             self._step(tracker, io, step, opt, kinds, lead.held)
@@ -225,7 +221,20 @@ class _Run:
             say(self.progress, "kernel scratch, in a copy of the process")
             tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
             prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s, self.notes)
-        first_peak = lead.first_peak
+        return self._with_loop(prof, opt, lead.first_peak, timing)
+
+    def _new_tracker(self, timed: bool) -> Tracker:
+        cuda_real = self.setup.cuda_real
+        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed,
+                          torch.cuda.synchronize if cuda_real else None,
+                          skip_host=cuda_real)  # NOTE [What counts as live memory], Rule 8
+        tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
+        tracker.nominal = None if self.setup.hardware else roofline.nominal(self.setup.target)
+        return tracker
+
+    def _with_loop(self, prof: StepProfile, opt, first_peak: int | None, timing: dict) -> StepProfile:
+        """`prof` with what the loop and the ranks add: the step, the optimizer, the first step's peak, their
+        notes, and the seconds (`timing`)."""
         notes = first_step_note(first_peak, prof.peak_bytes) if first_peak is not None else [FIRST_STEP_NOTE]
         par = self.parallel
         notes += par.notes() if self.setup.mode == Mode.REAL else []  # a prediction says so itself
@@ -236,7 +245,7 @@ class _Run:
             notes=prof.notes + notes, parallel=par.kind, world_size=par.world_size, rank=par.rank,
             **timing,
         )
-        if cuda_real:
+        if self.setup.cuda_real:
             prof = dataclasses.replace(prof, host_bandwidth_bytes_s=host_bandwidth(self.setup.target))
         return prof
 
@@ -289,7 +298,7 @@ class _Run:
 
     def _step(self, tracker: Tracker, io: BlockIO, step: StepInputs, opt, kinds: dict[str, list], held: list) -> None:
         """Forward, loss, backward and the optimizer step, each phase labelled on the tracker; `kinds` are the
-        tensors whose category is known (`_register_state`), grown by the gradients and optimizer state;
+        tensors whose category is known (`register_state`), grown by the gradients and optimizer state;
         `held`, the previous pass's output and loss, is let go when the forward returns
         (NOTE [The step that is measured], Rule 4)."""
         model, runner = self.model, self.runner
@@ -314,7 +323,7 @@ class _Run:
                     phase("optimizer")
                     run_user_code("the optimizer step", opt.step)
                     kinds["optimizer"] += optimizer_state(opt)
-                _classify(tracker, kinds)
+                classify(tracker, kinds)
                 self.notes.extend(ddp_buckets(tracker, self.parallel))
                 del out, loss
             finally:
@@ -340,35 +349,3 @@ def _phase_setter(tracker: Tracker, progress: Progress | None):
         say(progress, name, len(tracker.ops))
 
     return set_phase
-
-
-def _register_state(tracker: Tracker, model: nn.Module, step, opt, held: list) -> dict[str, list]:
-    """Pre-existing storages (Rule 3) and the tensors whose category is known; `held` (the previous pass's
-    output and loss) is pre-existing too, and ends up a temporary."""
-    kinds: dict[str, list] = {
-        "params": list(model.parameters()),
-        "buffers": list(model.buffers()),
-        "inputs": step.tensors(),
-        "grads": [p.grad for p in model.parameters() if p.grad is not None],
-        "optimizer": [],
-        "gathered": fsdp_gathered(model),  # resized to nothing between uses (NOTE [A rank's step], Rule 2)
-    }
-    if opt is not None:
-        kinds["optimizer"] = optimizer_state(opt)
-    for t in [t for ts in kinds.values() for t in ts] + tensors_in(held):
-        tracker.record_of(t, before_step=True)
-    return kinds
-
-
-def _classify(tracker: Tracker, kinds: dict[str, list]) -> None:
-    """Give each record its category; the first kind that claims a storage wins."""
-    for kind in ("params", "buffers", "inputs", "grads", "optimizer", "gathered"):
-        for t in kinds[kind]:
-            rec = tracker.record_of(t)  # seen already, or made without dispatch (Adam's step counters)
-            while rec is not None and not rec.category:  # and its records before resizes (FSDP2)
-                rec.category = kind
-                rec = rec.resized_from
-    for rec in tracker.records:
-        if not rec.category:
-            made_in_forward = rec.phase in ("forward", "loss") and rec.alloc_step >= 0
-            rec.category = "activations" if (rec.saved and made_in_forward) else "temporaries"

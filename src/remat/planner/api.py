@@ -89,15 +89,24 @@ def plan(
     budget_bytes = parse_budget(budget, profile.peak_bytes)
     problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)  # before the budget test: an unknown solver is an error either way
-    if budget_bytes >= profile.peak_bytes:
-        return with_tensors_note(profile, keep_all(profile, budget_bytes, KEEP_ALL))
-    if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:  # NOTE [A compiled step's peak]
-        return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
-                        f"the {profile.compiled_counter}, within the budget: nothing to recompute")
+    kept = _nothing_to_recompute(profile, budget_bytes)
+    if kept is not None:
+        return kept
     chosen = in_stable_order(problem, _solve(problem, name, budget_bytes, time_limit_s))  # Rule 9
     if chosen is None or problem.peak(chosen) > budget_bytes:
         raise _infeasible(profile, problem, name, budget_bytes, time_limit_s)
     return with_tensors_note(profile, make_plan(profile, problem, chosen, name, budget_bytes))
+
+
+def _nothing_to_recompute(profile: StepProfile, budget_bytes: int) -> Plan | None:
+    """The keep-everything plan when the budget is at or above the unplanned peak, or above the compiled step's
+    measured peak (NOTE [A compiled step's peak]); else None."""
+    if budget_bytes >= profile.peak_bytes:
+        return with_tensors_note(profile, keep_all(profile, budget_bytes, KEEP_ALL))
+    if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:
+        return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
+                        f"the {profile.compiled_counter}, within the budget: nothing to recompute")
+    return None
 
 
 TENSORS_NOTE = "This plan counts live tensors;"
@@ -141,8 +150,21 @@ def frontier(
     _check_max_segment(max_segment)
     problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)
+    plans, costs, step = _descend(profile, problem, name, max_points, time_limit_s)
+    least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
+    if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
+        least_cost = (problem.cost(least), problem.tie(least))
+        _end_with(plans, costs, make_plan(profile, problem, least, name, None), least_cost, max_points, step,
+                  slack=problem.cost_slack)
+    return plans
+
+
+def _descend(profile: StepProfile, problem: Problem, name: Solver, max_points: int, time_limit_s: float
+             ) -> tuple[list[Plan], list[tuple[int, int]], int]:
+    """The frontier's plans from keep-everything down, each at least `step` below the last, at most `max_points`;
+    their (cost, tie-break), the solvers' own order (`Problem.cost_of`); and `step`."""
     plans = [keep_all(profile, None, "keep everything")]
-    costs = [(0, 0)]  # (cost, tie-break) of each plan: the solvers' own order (Problem.cost_of)
+    costs = [(0, 0)]
     step = max(1, int(profile.peak_bytes * FRONTIER_STEP))
     budget = profile.peak_bytes - step
     while len(plans) < max_points:
@@ -159,12 +181,7 @@ def frontier(
         plans.append(p)
         costs.append(cost)
         budget = p.peak_bytes - step
-    least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
-    if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
-        least_cost = (problem.cost(least), problem.tie(least))
-        _end_with(plans, costs, make_plan(profile, problem, least, name, None), least_cost, max_points, step,
-                  slack=problem.cost_slack)
-    return plans
+    return plans, costs, step
 
 
 def _end_with(plans: list[Plan], costs: list, least: Plan, cost: tuple, max_points: int, step: int, *,

@@ -138,20 +138,17 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
     first = by_name[names[i]]
     appliable_multi = first.container in RUN_CONTAINERS
     stop = min(len(names), i + max_segment)
-    starts, out_starts, internal, output, reach, held, backward_starts = run_columns(names, i, stop, by_name)
+    columns = run_columns(names, i, stop, by_name)
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
     flops, seconds, ops = 0, 0.0, 0  # of the whole forwards of names[i..j-1]
     joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
     for j in range(i, stop):
         last = by_name[names[j]]
-        joined = joined and (j == i or (not last.grad_ops_before and not last.foreign_grad_inputs
-                                         and in_turn([names[j - 1], last.name])))
+        joined = joined and (j == i or _follows(names[j - 1], last))
         covers = covers | nested[last.name]
         end = last.backward_start_op
-        m = j - i + 1
-        effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
-        effects += recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
+        effects = _run_effects(columns, j - i + 1, j, end)
         rerun = ops + last.checkpoint_recompute_ops
         units.append(Unit(
             tuple(names[i : j + 1]), group, i, covers,
@@ -163,6 +160,20 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
         seconds += last.forward_s
         ops += _forward_ops(last)
     return units
+
+
+def _follows(previous: str, block: BlockProfile) -> bool:
+    """`block` runs right after `previous` with no code between them that joins the graph, in registration order:
+    a checkpoint of a run can replay them (Rule 5)."""
+    return not block.grad_ops_before and not block.foreign_grad_inputs and in_turn([previous, block.name])
+
+
+def _run_effects(columns: list[np.ndarray], m: int, j: int, end: int) -> list[Effect]:
+    """Rule 1's effects of the run of its first `m` blocks (the last one names[j]), recomputed from `end` on;
+    `columns` are `effects.run_columns` of the blocks from the run's first."""
+    starts, out_starts, internal, output, reach, held, backward_starts = columns
+    effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
+    return effects + recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
 
 
 def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *,
@@ -181,20 +192,33 @@ def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: 
     for v in (matmuls, *b.selective_variants):
         if v.free_bytes <= 0:
             continue
-        effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
-        if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
-            effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
-        if v.stranded_bytes:  # ... but for what it stops before
-            effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
         units.append(Unit((b.name,), group, position, nested[b.name], v.recompute_flops, seconds,
-                          tuple(e for e in effects if e.start < e.end), True, Action.SELECTIVE, v.recompute_ops,
+                          _selective_effects(b, v, held_end), True, Action.SELECTIVE, v.recompute_ops,
                           holds=unit_holds(b, held_end), keeps=tuple(v.keeps)))
-    near = max(4096, b.internal_bytes // 1000)  # Rule 4: within the ILP's tolerance (a variant 8 bytes over the
-    kept: list[Unit] = []  # budget made it drop a cheaper unit at it), so a costlier unit must free more than this
+    return _cheapest_apart(units, max(4096, b.internal_bytes // 1000), timed)
+
+
+def _cheapest_apart(units: list[Unit], near: int, timed: bool) -> list[Unit]:
+    """Rule 4: of units that free within `near` bytes of each other, the cheapest.  `near` is within the ILP's
+    tolerance (a variant 8 bytes over the budget made it drop a cheaper unit at it), so a costlier unit must free
+    more than this."""
+    kept: list[Unit] = []
     for u in sorted(units, key=lambda u: (*u.cost(timed), u.cost_ops)):
         kept += [u] if all(u.reduction_bytes > k.reduction_bytes + near for k in kept) else []
     return kept
+
+
+def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> tuple[Effect, ...]:
+    """Rule 4: a variant frees what it does not keep until the block's backward starts; its cache holds what it keeps
+    that autograd would have dropped until the recomputation takes it, and what that stops before (stranded) until
+    `held_end`."""
+    effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
+    if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
+        effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
+    if v.stranded_bytes:  # ... but for what it stops before
+        effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
+    return tuple(e for e in effects if e.start < e.end)
 
 
 def _make_offload_unit(

@@ -25,18 +25,7 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     """The decisions and the predicted figures; with `baselines`, the hand recipes beside it."""
     out = io.StringIO()
     console = Console(file=out, width=REPORT_WIDTH, force_terminal=False, color_system=None)
-    budget = fmt_bytes(plan.budget_bytes, "auto") if plan.budget_bytes else "none"
-    saved = plan.unplanned_peak_bytes - plan.peak_bytes
-    console.print(
-        f"remat plan for {plan.model} ({plan.solver}): predicted peak {fmt_bytes(plan.peak_bytes, 'auto')} "
-        f"(unplanned {fmt_bytes(plan.unplanned_peak_bytes, 'auto')}, budget {budget}), "
-        f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
-        f"(+{plan.recompute_fraction:.1%} of the step's FLOPs"
-        + (f"; ~{plan.recompute_s * 1e3:,.1f} ms, +{plan.recompute_s / plan.step_time_s:.1%} of the step's "
-           f"{plan.step_time_s * 1e3:,.1f} ms, {fmt_timing(plan.timing)})" if plan.step_time_s else ")")
-        + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
-           f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
-    )
+    console.print(_headline(plan))
     if plan.measured_peak_bytes:
         seconds = (f", {plan.measured_step_s * 1e3:,.1f} ms a step in the copy that measured it"
                    if plan.measured_step_s else "")
@@ -62,6 +51,22 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     for note in plan.notes:
         console.print(f"note: {note}")
     return out.getvalue().rstrip() + "\n"
+
+
+def _headline(plan: Plan) -> str:
+    """The plan's predicted peak against the unplanned one and the budget, and what it costs."""
+    budget = fmt_bytes(plan.budget_bytes, "auto") if plan.budget_bytes else "none"
+    saved = plan.unplanned_peak_bytes - plan.peak_bytes
+    return (
+        f"remat plan for {plan.model} ({plan.solver}): predicted peak {fmt_bytes(plan.peak_bytes, 'auto')} "
+        f"(unplanned {fmt_bytes(plan.unplanned_peak_bytes, 'auto')}, budget {budget}), "
+        f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
+        f"(+{plan.recompute_fraction:.1%} of the step's FLOPs"
+        + (f"; ~{plan.recompute_s * 1e3:,.1f} ms, +{plan.recompute_s / plan.step_time_s:.1%} of the step's "
+           f"{plan.step_time_s * 1e3:,.1f} ms, {fmt_timing(plan.timing)})" if plan.step_time_s else ")")
+        + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
+           f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
+    )
 
 
 _KINDS = {

@@ -184,13 +184,8 @@ def judge_cap(
     without a cap where the capped one ran out), `capped` the run under the cap with the default allocator,
     `expandable` the rerun with EXPANDABLE (None: not run), `uncapped_reserved` the reserved peak of a run with
     no cap (None: not run)."""
-    if budget is None:
-        return CapVerdict(capped.ran, "default allocator" if capped.ran else "",
-                          "no budget to cap at" + ("" if capped.ran else f": {capped.out_of_memory.split('. ')[0]}"))
-    if capped.holds(budget):
-        which = EXPANDABLE if capped.expandable else "default allocator"
-        return CapVerdict(True, which, f"ran under a cap of its budget {gib(budget)} with the {which}: "
-                          f"reserved {gib(capped.reserved_bytes)}, allocated {gib(capped.allocated_bytes)}")
+    if budget is None or capped.holds(budget):
+        return _held(budget, capped)
     why = f"with the default allocator it {why_not(capped, budget, allocated)}"
     if expandable is not None and expandable.holds(budget):
         return CapVerdict(True, EXPANDABLE, f"{why}; with {EXPANDABLE} it ran: reserved "
@@ -209,6 +204,16 @@ def judge_cap(
     by = gib(short) if exact else f"at least {gib(short)}"
     return CapVerdict(False, "", why, f"the plan needs a budget {by} lower (reserved minus budget): plan again for "
                       f"{gib(budget - short)} or less", short)
+
+
+def _held(budget: int | None, capped: CappedStep) -> CapVerdict:
+    """The verdict where there is no budget to cap at, or the step ran under its cap."""
+    if budget is None:
+        return CapVerdict(capped.ran, "default allocator" if capped.ran else "",
+                          "no budget to cap at" + ("" if capped.ran else f": {capped.out_of_memory.split('. ')[0]}"))
+    which = EXPANDABLE if capped.expandable else "default allocator"
+    return CapVerdict(True, which, f"ran under a cap of its budget {gib(budget)} with the {which}: "
+                      f"reserved {gib(capped.reserved_bytes)}, allocated {gib(capped.allocated_bytes)}")
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from remat.errors import RematError, listing
 from remat.types import _json
 from remat.types._text import render
 from remat.types.kinds import Mode, ParallelKind, Step
+from remat.types.profile_versions import UPGRADES
 from remat.types.reserve import GpuReserve
 
 PROFILE_FORMAT = "remat.StepProfile"
@@ -359,7 +360,7 @@ class StepProfile:
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
             text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
-            upgrades={2: _from_version_2, 3: _from_version_3, 4: _from_version_4, 5: _from_version_5, 6: dict},
+            upgrades=UPGRADES,
         )
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
@@ -375,23 +376,3 @@ class StepProfile:
 def _block(fields: dict) -> BlockProfile:
     variants = [SelectiveVariant(**v) for v in fields.get("selective_variants", [])]
     return BlockProfile(**{**fields, "selective_variants": variants})
-
-
-def _from_version_2(data: dict) -> dict:
-    """Version 2 profiles measured the first step of the optimizer as given."""
-    return _from_version_3({**data, "step": "first"})
-
-
-def _from_version_3(data: dict) -> dict:
-    """Version 3 profiles timed ops on the tracked step only (real mode), and fake ones not at all."""
-    return _from_version_4({**data, "timing": "tracked" if data.get("step_s") else ""})
-
-
-def _from_version_4(data: dict) -> dict:
-    """Version 4 profiles had no selective variants: their plans keep matmul-like outputs only."""
-    return _from_version_5(data)
-
-
-def _from_version_5(data: dict) -> dict:
-    """Version 5 profiles measured a loop that keeps the output through backward."""
-    return {**data, "keep_output": True}

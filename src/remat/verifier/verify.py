@@ -64,9 +64,9 @@ def verify(
     The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted: 0.0
     (bit-exact) for deterministic CPU kernels, plus 10x the step's own noise on CUDA (`_grad_noise`).  The planned
     step's peak is measured twice: by remat's tracker, and by a counter that is not remat's
-    (NOTE [Measuring a step by the process]): on CPU the high-water mark of a forked copy of this process running the
-    training loop (`step`, `accumulate`, `keep_output` as in `remat.profile`), on CUDA
-    `torch.cuda.max_memory_allocated`.  Of a `torch.compile(model)`, the tracker sees the eager model inside; that counter and the times see the compiled step (usually keeping less).
+    (NOTE [Measuring a step by the process]): on CPU the high-water mark of a forked copy of this process running
+    the loop (`step`, `accumulate`, `keep_output` as in `remat.profile`), on CUDA `max_memory_allocated`.  Of a
+    `torch.compile(model)` the tracker sees the eager model inside, that counter and the times the compiled step.
     On CUDA it also runs in a fresh process capped at the budget (`report.cuda`, NOTE [The budget is the GPU's memory]).
 
     The step's time is measured too: `time_rounds` rounds of one step of the loop without the plan and one
@@ -78,8 +78,7 @@ def verify(
     figure alone); the optimizer step is part of the peak but not of the gradients.
     """
     compiled, model = model, uncompiled(check_model(model))  # the tracker runs the model inside (see uncompiled)
-    if not isinstance(plan, Plan):
-        raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
+    _check_plan(plan)
     loop = Loop.of(step, accumulate, keep_output)
     check_optimizer(optimizer, model)
     rounds, progress = TIME_ROUNDS if time_rounds is None else time_rounds, resolve(progress, "verify")
@@ -90,6 +89,11 @@ def verify(
             say(progress, "the planned step capped at the budget, in a fresh process")
         report = _with_cuda_check(report, compiled, (inputs, loss_fn, optimizer), plan, loop, target=target)
     return replace(report, compiled=is_compiled(compiled), grad_noise=noise)
+
+
+def _check_plan(plan) -> None:
+    if not isinstance(plan, Plan):
+        raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
 
 
 def _compared(compiled: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, tolerance: float, rounds: int,

@@ -1,0 +1,254 @@
+"""Plans for a compiled model, chosen by compiling and measuring candidates: what `remat.auto` applies to a
+compiled step over its budget (NOTE [Plans for a compiled step])."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+from remat.applier import apply, remove
+from remat.errors import InfeasibleBudget, RematError, listing
+from remat.measure.loop import Loop
+from remat.planner import plan
+from remat.planner.result import keep_all
+from remat.report.text import fmt_bytes
+from remat.types import Plan, StepProfile
+from remat.types.profile import COMPILED_PEAK_MARGIN
+from remat.verifier.process import ProcessPeak
+from remat.verifier.verify import independent_step
+
+# NOTE [Plans for a compiled step]
+# A budget below the compiled step's peak needs a plan, and the planner can only price plans on the eager
+# step (the tracker cannot see inside Inductor's kernels), which keeps much more: on the peers' large models a
+# plan predicted at 886 MiB eager measured 544 MiB compiled.  A plan made for the budget as if it were eager
+# fits, mostly, but recomputes what the compiled step never needed to.  And Inductor recomputes fused pointwise
+# ops inside its backward kernels almost for free when given its own budget, where remat's units are modules or
+# whole ops (peers, BERT at torch.compile's budget 0.5: remat's plan ran at 0.76x the eager step, compile's 0.67x).
+# `remat.auto` has the model and the inputs, so it measures candidates of both kinds, and of both together, instead:
+#
+# Rule 1: a remat candidate is a plan priced eagerly for a larger eager budget (its target); the first target
+#         is the budget scaled by the unplanned eager/compiled ratio.
+# Rule 2: a compiler candidate checkpoints nothing and sets torch.compile's activation memory budget
+#         (`Plan.compiler_budget`, NOTE [The compiler's budget as a plan]); the first is the fraction of the
+#         compiled step's activations (its peak less the resident bytes) that the budget leaves room for.
+# Rule 3: each candidate is applied, measured by the counter `remat.verify` trusts (`independent_step`: a forked
+#         copy compiling and running the loop on CPU, `torch.cuda.max_memory_allocated` on CUDA), peak and
+#         seconds of a step, and removed.
+# Rule 4: the next remat candidate scales the last one's target by budget / measured, kept strictly between the
+#         largest eager peak whose plan fitted and the smallest whose plan did not (their middle otherwise).  The
+#         next compiler candidate is the middle of the largest fraction that fitted and the smallest that did
+#         not: the compiled step's peak is neither linear nor monotone in the fraction (a 6-block MLP: 128 MiB
+#         at every fraction from 0.52 to 0.95, 136 MiB at 0.47, 126 MiB at 0.39).  A fit within CLOSE_ENOUGH
+#         of the budget, a candidate measured before, or `trials` compilations end the search of that kind.
+# Rule 5: of the candidates measured to fit, the fastest measured is applied; those within TIME_NOISE of it
+#         count as equal, and the one of them with the lower measured peak wins.  It carries its measured peak,
+#         counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`, `measured_step_s`).  None fitting
+#         is `remat.InfeasibleBudget`, naming each measured peak: never a plan that was measured not to fit.
+# Rule 6: a hybrid sets a compiler fraction that was measured over the budget and adds remat's checkpoints for
+#         what it missed by.  Tried when that fraction ran faster than every candidate that fitted by more than
+#         TIME_NOISE (or none fitted): the fastest such fraction, at most `trials` hybrids.  Inductor's budget
+#         acts on what the checkpoints leave, not always for the better, so hybrids are measured, never
+#         predicted (6-block MLPs, 3 checkpoints / budget 0.5 / both: 662 / 661 / 600 MiB at width 256,
+#         151 / 167 / 203 MiB at width 128).  The checkpoints are a plan priced eagerly for the eager peak less
+#         the miss times the eager/compiled ratio; after a hybrid, the eager saving is scaled by the compiled
+#         saving still needed over the one measured, kept strictly between the largest eager peak whose hybrid
+#         fitted and the smallest whose hybrid did not (as in Rule 4).  A fit within CLOSE_ENOUGH, a hybrid
+#         measured before, or a miss already slower than the fits ends it.  Rule 5 chooses among all kinds.
+# Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
+
+SEARCH_TRIALS = 4
+CLOSE_ENOUGH = 0.05
+TIMED_STEPS = 2
+"""Steps a measuring copy runs after the measured one, for the seconds of a step: the fastest of steps 2 to 5."""
+TIME_NOISE = 0.05
+"""Candidates within this fraction of the fastest count as equal.  Six copies timing one compiled plan by the
+faster of steps 2 and 3 spread over 10% (one thread, CPU); the fastest of four steps is steadier, by how much
+not measured."""
+
+class Measured(NamedTuple):
+    """A candidate plan and what the counter measured of the compiled step with it applied (Rule 3)."""
+
+    plan: Plan
+    peak: ProcessPeak
+    counter: str
+
+
+def plan_for(model, step: tuple, prof: StepProfile, budget: int, trials: int = SEARCH_TRIALS,
+             plan_options: dict | None = None) -> Plan:
+    """The plan `remat.auto` applies, not applied: `remat.plan`'s, unless `model` is compiled and its compiled step is
+    over `budget` (then NOTE [Plans for a compiled step]).  `step` is (inputs, loss_fn, optimizer); `prof` is
+    `remat.profile` of `model`."""
+    plan_options = plan_options or {}
+    compiled = prof.compiled_peak_bytes
+    if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
+        return plan(prof, budget, **plan_options)
+    tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
+    tried += _compiler_candidates(model, step, prof, budget, trials)
+    return _fastest_fit(tried + _hybrid_candidates(model, step, prof, budget, (trials, tried), plan_options),
+                        budget, prof)
+
+
+def _remat_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int,
+                      plan_options: dict) -> list[Measured]:
+    """Rules 1, 3 and 4 for plans of remat's checkpoints."""
+    eager = dataclasses.replace(prof, compiled_peak_bytes=0)  # priced eagerly, with no compiled-step shortcut
+    tried: dict[str, Measured] = {}
+    fit, miss = 0, prof.peak_bytes  # eager peaks: the largest whose plan fitted, the smallest whose plan did not
+    target = budget * prof.peak_bytes / prof.compiled_peak_bytes
+    for _ in range(trials):
+        target = target if fit < target < miss else (fit + miss) / 2
+        candidate = _eager_plan(eager, int(target), plan_options)
+        if _key(candidate) in tried:
+            break
+        measured, counter = _measured(model, candidate, step)
+        tried[_key(candidate)] = Measured(candidate, measured, counter)
+        fit, miss, close = _bracketed(measured.peak_bytes, budget, candidate.peak_bytes, (fit, miss))
+        if close:
+            break
+        target = candidate.peak_bytes * budget / measured.peak_bytes
+    return list(tried.values())
+
+
+def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int) -> list[Measured]:
+    """Rules 2, 3 and 4 for torch.compile's activation memory budget (a fraction: 1.0 is the unplanned step)."""
+    base = keep_all(dataclasses.replace(prof, compiled_peak_bytes=0), budget, "")
+    resident = prof.param_bytes + prof.optimizer_bytes
+    tried: list[Measured] = []
+    fit, miss = 0.0, 1.0  # fractions: the largest whose step fitted, the smallest whose step did not
+    fraction = min(max((budget - resident) / max(prof.compiled_peak_bytes - resident, 1), 0.0), 0.95)
+    for _ in range(trials):
+        fraction = round(fraction, 3)
+        if any(c.compiler_budget == fraction for c, _, _ in tried):
+            break
+        note = (f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
+                "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
+                "(docs/compile.md).")
+        candidate = dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
+        try:
+            measured, counter = _measured(model, candidate, step)
+        except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
+            break
+        tried.append(Measured(candidate, measured, counter))
+        if measured.peak_bytes <= budget:
+            fit = max(fit, fraction)
+            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
+                break
+        else:
+            miss = min(miss, fraction)
+        fraction = (fit + miss) / 2
+    return tried
+
+
+def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, search: tuple[int, list[Measured]],
+                       plan_options: dict) -> list[Measured]:
+    """Rule 6: remat's checkpoints under torch.compile's budget, for a fraction measured fast but over `budget`.
+    `search` is (trials, the candidates measured so far)."""
+    trials, tried = search
+    fits = [m.step_s for _, m, _ in tried if m.peak_bytes <= budget]
+    bar = min(fits) * (1 - TIME_NOISE) if fits else float("inf")
+    over = [t for t in tried if t.plan.compiler_budget < 1.0 and t.peak.peak_bytes > budget and t.peak.step_s < bar]
+    if not over:
+        return []
+    knob, alone, _ = min(over, key=lambda t: t.peak.step_s)
+    eager = dataclasses.replace(prof, compiled_peak_bytes=0)
+    hybrids: dict[str, Measured] = {}
+    fit, miss = 0, prof.peak_bytes  # eager peaks of remat's part: the largest whose hybrid fitted, the smallest not
+    saving = (alone.peak_bytes - budget) * prof.peak_bytes / prof.compiled_peak_bytes
+    for _ in range(trials):
+        target = prof.peak_bytes - saving
+        target = target if fit < target < miss else (fit + miss) / 2
+        checkpoints = _eager_plan(eager, int(target), plan_options)
+        if _key(checkpoints) in hybrids or not _checkpoints(checkpoints):
+            break
+        note = (f"torch.compile's activation memory budget {knob.compiler_budget:g} over remat's checkpoints: "
+                "Inductor recomputes within what they leave (docs/compile.md).")
+        candidate = dataclasses.replace(checkpoints, compiler_budget=knob.compiler_budget,
+                                        notes=[note, *checkpoints.notes])
+        measured, counter = _measured(model, candidate, step)
+        hybrids[_key(checkpoints)] = Measured(candidate, measured, counter)
+        fit, miss, close = _bracketed(measured.peak_bytes, budget, checkpoints.peak_bytes, (fit, miss))
+        if close or measured.peak_bytes > budget and measured.step_s >= bar:  # more checkpoints: slower still
+            break
+        saved = max(alone.peak_bytes - measured.peak_bytes, 1 << 20)  # on the compiled step, by this hybrid
+        saving = (prof.peak_bytes - checkpoints.peak_bytes) * (alone.peak_bytes - budget) / saved
+    return list(hybrids.values())
+
+
+def _key(plan: Plan) -> str:
+    """What a plan of remat's checkpoints checkpoints, to tell a candidate measured before."""
+    return repr((plan.segments, plan.selective, plan.selective_keeps, plan.offload))
+
+
+def _bracketed(peak: int, budget: int, eager_peak: int, bracket: tuple[int, int]) -> tuple[int, int, bool]:
+    """Rule 4's bracket of eager peaks (the largest whose candidate fitted, the smallest whose candidate did not)
+    after a candidate priced at `eager_peak` measured `peak`, and whether that is a fit close enough to stop."""
+    fit, miss = bracket
+    if peak <= budget:
+        return max(fit, eager_peak), miss, peak >= budget * (1 - CLOSE_ENOUGH)
+    return fit, min(miss, eager_peak), False
+
+
+def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
+    try:
+        return plan(eager, target, **plan_options)
+    except InfeasibleBudget as e:  # below the least-memory plan's eager peak: that plan
+        return plan(eager, e.min_bytes, **plan_options)
+
+
+def _measured(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tuple[ProcessPeak, str]:
+    """The compiled step's peak and seconds with `candidate` applied, by the independent counter (Rule 3)."""
+    apply(model, candidate)
+    try:
+        measured, counter = independent_step(model, *step, Loop(), TIMED_STEPS)
+    finally:
+        remove(model)
+    if measured is None:  # profile measured the compiled step with this counter: it cannot be gone
+        raise RematError("remat: the compiled step's counter gave no figure. Expected the one remat.profile used. "
+                         "Fix: report this to remat.")
+    return measured, counter
+
+
+def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
+    """Rule 5."""
+    fitting = [t for t in tried if t.peak.peak_bytes <= budget]
+    if not fitting:
+        least = min(m.peak_bytes for _, m, _ in tried)
+        raise InfeasibleBudget(
+            f"remat: no plan tried fits the compiled step in {fmt_bytes(budget, 'auto')}: {len(tried)} compiled and "
+            f"measured by the {tried[0].counter} peaked at "
+            f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
+            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or more trials (trials=8).",
+            least, budget,
+        )
+    fastest = min(m.step_s for _, m, _ in fitting)
+    best, measured, counter = min((t for t in fitting if t.peak.step_s <= fastest * (1 + TIME_NOISE)),
+                                  key=lambda t: t.peak.peak_bytes)
+    knobs = sum(c.compiler_budget < 1.0 and not _checkpoints(c) for c, _, _ in tried)
+    both = sum(c.compiler_budget < 1.0 and _checkpoints(c) for c, _, _ in tried)
+    versus = (f", {measured.step_s / prof.compiled_step_s - 1:+.1%} against the unplanned compiled step's "
+              f"{prof.compiled_step_s * 1e3:,.1f} ms" if prof.compiled_step_s else "")
+    eager = f" (eager prediction {fmt_bytes(best.peak_bytes, 'auto')})" if best.compiler_budget == 1.0 else ""
+    note = (f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter} "
+            f"({len(tried) - knobs - both} of remat's checkpoints, {knobs} of torch.compile's own budget"
+            f"{f', {both} of both' if both else ''}); this one "
+            f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"
+            f"{versus}, the fastest within the budget (docs/compile.md).")
+    each = "; ".join(f"{_kind(c)}: {fmt_bytes(m.peak_bytes, 'auto')}, {m.step_s * 1e3:,.0f} ms" for c, m, _ in tried)
+    return dataclasses.replace(best, budget_bytes=budget, measured_peak_bytes=measured.peak_bytes,
+                               measured_counter=counter, measured_step_s=measured.step_s,
+                               notes=[note, f"measured: {each}.", *best.notes])
+
+
+def _checkpoints(plan: Plan) -> bool:
+    return bool(plan.segments or plan.selective or plan.offload)
+
+
+def _kind(candidate: Plan) -> str:
+    """A candidate in a few words: "compiler budget 0.42", "remat 2 checkpoints + 3 selective", "compiler budget
+    0.6 + remat 1 checkpoints + 0 selective"."""
+    knob = f"compiler budget {candidate.compiler_budget:g}" if candidate.compiler_budget < 1.0 else ""
+    if knob and not _checkpoints(candidate):
+        return knob
+    ours = (f"remat {len(candidate.segments)} checkpoints + {len(candidate.selective)} selective"
+            + (f" + {len(candidate.offload)} offloaded" if candidate.offload else ""))
+    return f"{knob} + {ours}" if knob else ours
