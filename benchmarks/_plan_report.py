@@ -39,8 +39,13 @@ def render(data: dict) -> list[tuple[str, str]]:
     if "speed" in data:
         headers = ["solver", "model", "candidate blocks", "budget", "outcome", "remat.plan seconds", "target"]
         sections.append(("Speed", SPEED_NOTE + "\n\n" + md_table(headers, [speed_row(r) for r in data["speed"]])))
-    sections.append(("", f"Total run time {data['elapsed_s']:,.0f} s; load average at the end {data['loadavg_end']} "
-                         f"(1, 5, 15 min) on {data['cores']} cores: other work was running, so seconds are upper bounds."))
+    sections.append(
+        (
+            "",
+            f"Total run time {data['elapsed_s']:,.0f} s; load average at the end {data['loadavg_end']} "
+            f"(1, 5, 15 min) on {data['cores']} cores: other work was running, so seconds are upper bounds.",
+        )
+    )
     return sections
 
 
@@ -85,7 +90,7 @@ def baselines_row(entry: dict, peak: int) -> list[str]:
         f"{entry['budget_fraction']:.0%}",
         _solver_cell(entry["dp"], peak),
         _solver_cell(entry["ilp"], peak),
-        cell(seq, peak, f"k={seq['name'][len(SEQ):-1]}: ") if seq else "none fits",
+        cell(seq, peak, f"k={seq['name'][len(SEQ) : -1]}: ") if seq else "none fits",
         cell(entry["every_block"], peak) if entry["every_block"] else "does not fit",
         cell(entry["chen"], peak) if entry["chen"] else "does not fit",
     ]
@@ -109,9 +114,19 @@ def baselines_table(case: dict) -> str:
 
 # -- 2. the prediction holds -------------------------------------------------------------------------
 
-PREDICTION_HEADERS = ["model", "checkpoint (applied by hand)", "predicted peak MiB", "remat.profile MiB", "vs predicted",
-                      "process MiB", "vs predicted", "process − overhead, vs predicted", "predicted extra GFLOP",
-                      "measured extra GFLOP", "predicted extra s"]
+PREDICTION_HEADERS = [
+    "model",
+    "checkpoint (applied by hand)",
+    "predicted peak MiB",
+    "remat.profile MiB",
+    "vs predicted",
+    "process MiB",
+    "vs predicted",
+    "process − overhead, vs predicted",
+    "predicted extra GFLOP",
+    "measured extra GFLOP",
+    "predicted extra s",
+]
 
 
 def _pct(measured: int, predicted: int) -> str:
@@ -120,12 +135,21 @@ def _pct(measured: int, predicted: int) -> str:
 
 def prediction_row(r: dict) -> list[str]:
     pp, proc_peak, offset = r["predicted_peak_bytes"], r["process_peak_bytes"], r["process_overhead_bytes"]
-    proc = ["not run (--quick)"] * 3 if proc_peak is None else [
-        f"{proc_peak / MiB:,.1f}", _pct(proc_peak, pp), _pct(proc_peak - offset, pp)]
+    proc = (
+        ["not run (--quick)"] * 3
+        if proc_peak is None
+        else [f"{proc_peak / MiB:,.1f}", _pct(proc_peak, pp), _pct(proc_peak - offset, pp)]
+    )
     return [
-        r["model"], r["checkpoint"], f"{pp / MiB:,.1f}", f"{r['profile_peak_bytes'] / MiB:,.1f}",
-        _pct(r["profile_peak_bytes"], pp), *proc,
-        f"{r['predicted_flops'] / 1e9:,.3f}", f"{r['measured_flops'] / 1e9:,.3f}", f"{r['predicted_recompute_s']:.2f}",
+        r["model"],
+        r["checkpoint"],
+        f"{pp / MiB:,.1f}",
+        f"{r['profile_peak_bytes'] / MiB:,.1f}",
+        _pct(r["profile_peak_bytes"], pp),
+        *proc,
+        f"{r['predicted_flops'] / 1e9:,.3f}",
+        f"{r['measured_flops'] / 1e9:,.3f}",
+        f"{r['predicted_recompute_s']:.2f}",
     ]
 
 

@@ -48,7 +48,9 @@ def measure(spec: dict) -> dict:
     torch.set_num_threads(int(spec.get("threads", 2)))
     gc.collect()
     base = resident_bytes()
-    model, inputs, loss_fn = build(spec["model"], spec.get("kwargs"), spec.get("segments", 0), spec.get("reentrant", False))
+    model, inputs, loss_fn = build(
+        spec["model"], spec.get("kwargs"), spec.get("segments", 0), spec.get("reentrant", False)
+    )
     model = apply_by_hand(model, spec.get("how", {}))
     opt = make_optimizer(spec.get("optimizer", "adam"), model)
     built = resident_bytes()
@@ -68,9 +70,15 @@ def _process(method, model, inputs, loss_fn, opt) -> dict:
 
 def _remat(method, model, inputs, loss_fn, opt) -> dict:
     prof = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=opt, mode="fake" if method == "fake" else "real")
-    return {"peak": prof.peak_bytes, "peak_phase": prof.peak_phase, "peak_op": prof.peak_op,
-            "peak_module": prof.peak_module, "at_peak": prof.at_peak.as_dict(),
-            "recompute_flops": prof.recompute_flops, "step_s": prof.step_s}
+    return {
+        "peak": prof.peak_bytes,
+        "peak_phase": prof.peak_phase,
+        "peak_op": prof.peak_op,
+        "peak_module": prof.peak_module,
+        "at_peak": prof.at_peak.as_dict(),
+        "recompute_flops": prof.recompute_flops,
+        "step_s": prof.step_s,
+    }
 
 
 def _memtracker(method, model, inputs, loss_fn, opt) -> dict:

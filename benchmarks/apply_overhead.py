@@ -40,8 +40,9 @@ from _models import Switch, replace_submodule, unwrap_checkpoints  # noqa: E402
 
 def small_chain(blocks: int = 64, width: int = 256, batch: int = 256):
     torch.manual_seed(0)
-    model = nn.Sequential(*[nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width))
-                            for _ in range(blocks)])
+    model = nn.Sequential(
+        *[nn.Sequential(nn.Linear(width, width), nn.GELU(), nn.Linear(width, width)) for _ in range(blocks)]
+    )
     return model, torch.randn(batch, width)
 
 
@@ -79,8 +80,16 @@ def pair(model, inputs, a: Switch, b: Switch, rounds: int) -> dict:
             ratios.append(tb / ta)
             a_s.append(ta)
             b_s.append(tb)
-    return {"a": a.name, "b": b.name, "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios),
-            "a_median_s": statistics.median(a_s), "b_median_s": statistics.median(b_s), "ratios": ratios}
+    return {
+        "a": a.name,
+        "b": b.name,
+        "ratio_median": statistics.median(ratios),
+        "ratio_min": min(ratios),
+        "ratio_max": max(ratios),
+        "a_median_s": statistics.median(a_s),
+        "b_median_s": statistics.median(b_s),
+        "ratios": ratios,
+    }
 
 
 def nothing() -> None:
@@ -98,13 +107,24 @@ def measure(model, inputs, rounds: int) -> dict[str, dict]:
         remat.remove(model)
 
     return {
-        "keep": pair(model, inputs, Switch("no plan", nothing, nothing),
-                     Switch("remat keep-everything plan", lambda: remat.apply(model, keep), remove), rounds),
-        "wrapper": pair(model, inputs,
-                        Switch("torch checkpoint_wrapper on every block", lambda: torch_every_block(model, blocks),
-                               lambda: unwrap_checkpoints(model)),
-                        Switch('remat.apply(model, "every-block")', lambda: remat.apply(model, "every-block"), remove),
-                        rounds),
+        "keep": pair(
+            model,
+            inputs,
+            Switch("no plan", nothing, nothing),
+            Switch("remat keep-everything plan", lambda: remat.apply(model, keep), remove),
+            rounds,
+        ),
+        "wrapper": pair(
+            model,
+            inputs,
+            Switch(
+                "torch checkpoint_wrapper on every block",
+                lambda: torch_every_block(model, blocks),
+                lambda: unwrap_checkpoints(model),
+            ),
+            Switch('remat.apply(model, "every-block")', lambda: remat.apply(model, "every-block"), remove),
+            rounds,
+        ),
     }
 
 
@@ -127,19 +147,36 @@ def main() -> None:
         results = measure(model, inputs, rounds)
         for name, res in results.items():
             verdict = "met" if abs(res["ratio_median"] - 1) <= 0.02 else "**missed**"
-            rows.append([label, f"{res['b']} / {res['a']}", f"{res['a_median_s']:.3f}", f"{res['b_median_s']:.3f}",
-                         f"{res['ratio_median']:.3f}", f"{res['ratio_min']:.3f}–{res['ratio_max']:.3f}",
-                         f"within 2%: {verdict}"])
+            rows.append(
+                [
+                    label,
+                    f"{res['b']} / {res['a']}",
+                    f"{res['a_median_s']:.3f}",
+                    f"{res['b_median_s']:.3f}",
+                    f"{res['ratio_median']:.3f}",
+                    f"{res['ratio_min']:.3f}–{res['ratio_max']:.3f}",
+                    f"within 2%: {verdict}",
+                ]
+            )
             data[f"{label} | {name}"] = res
-        print(f"{label}: keep {results['keep']['ratio_median']:.3f}, wrapper {results['wrapper']['ratio_median']:.3f}",
-              flush=True)
+        print(
+            f"{label}: keep {results['keep']['ratio_median']:.3f}, wrapper {results['wrapper']['ratio_median']:.3f}",
+            flush=True,
+        )
     table = md_table(["model", "B / A", "A median s", "B median s", "median ratio", "range", "target"], rows)
-    text = (f"{rounds} interleaved rounds after one warm-up round; each round times A and B (one forward + "
-            "backward each; A first in even rounds, B first in odd ones); ratio = B / A within the round; "
-            "median over rounds.\n\n" + table)
-    path = write_results("apply_overhead", "What remat.apply costs per step beyond the recomputation", info,
-                         "python benchmarks/apply_overhead.py" + (" --quick" if args.quick else ""),
-                         [("Results", text)], {"rounds": rounds, "results": data})
+    text = (
+        f"{rounds} interleaved rounds after one warm-up round; each round times A and B (one forward + "
+        "backward each; A first in even rounds, B first in odd ones); ratio = B / A within the round; "
+        "median over rounds.\n\n" + table
+    )
+    path = write_results(
+        "apply_overhead",
+        "What remat.apply costs per step beyond the recomputation",
+        info,
+        "python benchmarks/apply_overhead.py" + (" --quick" if args.quick else ""),
+        [("Results", text)],
+        {"rounds": rounds, "results": data},
+    )
     print(f"wrote {path}")
 
 

@@ -70,8 +70,11 @@ def variants(model, prof):
     return [
         Switch("no checkpointing", lambda: None, lambda: None),
         Switch("HF gradient checkpointing (every layer)", hf_on, model.activation_checkpointing_disable),
-        Switch(f"remat at {plan50.budget_bytes / prof.peak_bytes:.0%} ({plan50.solver}, {len(plan50.segments)} checkpoints)",
-                lambda: remat.apply(model, plan50), lambda: remat.remove(model)),
+        Switch(
+            f"remat at {plan50.budget_bytes / prof.peak_bytes:.0%} ({plan50.solver}, {len(plan50.segments)} checkpoints)",
+            lambda: remat.apply(model, plan50),
+            lambda: remat.remove(model),
+        ),
         Switch("remat keep-everything plan", lambda: remat.apply(model, keep), lambda: remat.remove(model)),
     ], plan50
 
@@ -88,12 +91,14 @@ def measure(name, factory, rounds):
         v.on()
         p = remat.profile(model, inputs, optimizer=opt)
         g = grads(model, inputs)
-        rows.append({
-            "variant": v.name,
-            "peak": p.peak_bytes,
-            "extra_flops": flops(model, inputs) - base_flops,
-            "grads_equal": all(torch.equal(a, b) for a, b in zip(g, ref_grads)),
-        })
+        rows.append(
+            {
+                "variant": v.name,
+                "peak": p.peak_bytes,
+                "extra_flops": flops(model, inputs) - base_flops,
+                "grads_equal": all(torch.equal(a, b) for a, b in zip(g, ref_grads)),
+            }
+        )
         v.off()
     times = {v.name: [] for v in vs}
     for _ in range(2):  # warm-up
@@ -121,10 +126,19 @@ def main():
     ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    size = dict(n_layer=2, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048) if args.quick else \
-        dict(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=8192)
-    bsize = dict(n_layer=size["n_layer"], hidden=size["n_embd"], heads=size["n_head"], seq=size["seq"],
-                 batch=size["batch"], vocab=size["vocab"])
+    size = (
+        dict(n_layer=2, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
+        if args.quick
+        else dict(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=8192)
+    )
+    bsize = dict(
+        n_layer=size["n_layer"],
+        hidden=size["n_embd"],
+        heads=size["n_head"],
+        seq=size["seq"],
+        batch=size["batch"],
+        vocab=size["vocab"],
+    )
     rounds = args.rounds or (3 if args.quick else 7)
     models = [("GPT-2", lambda: zoo.gpt2(**size)), ("BERT", lambda: zoo.bert(**bsize))]
     lines = [

@@ -70,14 +70,20 @@ def main() -> None:
     rows = []
     for key, constant in (("checkpoint_op_us", HOST_CHECKPOINT_OP_S), ("selective_op_us", HOST_SELECTIVE_OP_S)):
         values = sorted(r[key] for r in runs)
-        rows.append([key, f"{values[0]:.1f}", f"{statistics.median(values):.1f}", f"{values[-1]:.1f}",
-                     f"{constant / US:g}"])
+        rows.append(
+            [key, f"{values[0]:.1f}", f"{statistics.median(values):.1f}", f"{values[-1]:.1f}", f"{constant / US:g}"]
+        )
     table = md_table(["per op", "min us", "median us", "max us", "remat's constant us"], rows)
     print(table)
     command = f"python benchmarks/checkpoint_overheads.py --processes {args.processes}"
-    path = write_results("checkpoint_overheads", "Checkpointing's own cost per op, one measurement per process",
-                         info, command, [(f"{args.processes} fresh processes, best of {REPEATS} each", table)],
-                         {"runs": runs})
+    path = write_results(
+        "checkpoint_overheads",
+        "Checkpointing's own cost per op, one measurement per process",
+        info,
+        command,
+        [(f"{args.processes} fresh processes, best of {REPEATS} each", table)],
+        {"runs": runs},
+    )
     print(f"wrote {path}")
 
 

@@ -28,12 +28,21 @@ import remat  # noqa: E402
 from remat import zoo  # noqa: E402
 
 CASES = {  # name: (builder, default size, quick size)
-    "Llama 12x256, seq 256, batch 8": (_llama, dict(n_layer=12, hidden=256, heads=8, seq=256, batch=8, vocab=4096),
-                                       dict(n_layer=3, hidden=128, heads=4, seq=128, batch=4, vocab=2048)),
-    "GPT-2 12x256, seq 256, batch 8": (lambda kw: zoo.gpt2(**kw), dict(n_layer=12, n_embd=256, n_head=8, seq=256,
-                                                                       batch=8, vocab=4096), None),
-    "report-001 chain 16xLinear(256), batch 8192": (lambda kw: zoo.chain_report001(**kw),
-                                                     dict(width=256, blocks=16, batch=8192), None),
+    "Llama 12x256, seq 256, batch 8": (
+        _llama,
+        dict(n_layer=12, hidden=256, heads=8, seq=256, batch=8, vocab=4096),
+        dict(n_layer=3, hidden=128, heads=4, seq=128, batch=4, vocab=2048),
+    ),
+    "GPT-2 12x256, seq 256, batch 8": (
+        lambda kw: zoo.gpt2(**kw),
+        dict(n_layer=12, n_embd=256, n_head=8, seq=256, batch=8, vocab=4096),
+        None,
+    ),
+    "report-001 chain 16xLinear(256), batch 8192": (
+        lambda kw: zoo.chain_report001(**kw),
+        dict(width=256, blocks=16, batch=8192),
+        None,
+    ),
 }
 BUDGETS = (1.0, 0.7, 0.5, None)  # fractions of the unplanned peak; None: the least-memory plan
 
@@ -53,14 +62,25 @@ def run_case(name: str, build, kw: dict) -> list[dict]:
         eager = remat.verify(model, inputs, plan, loss_fn=loss_fn, optimizer=opt, time_rounds=0)
         report = remat.verify(compiled, inputs, plan, loss_fn=loss_fn, optimizer=opt, time_rounds=0)
         budget = plan.budget_bytes if plan.budget_bytes is not None else plan.peak_bytes
-        rows.append({
-            "model": name, "budget_fraction": frac, "budget_mib": budget / MiB, "plan_mib": plan.peak_bytes / MiB,
-            "unplanned_mib": prof.peak_bytes / MiB, "units": _units(plan),
-            "eager_mib": eager.independent_peak_bytes / MiB, "compiled_mib": report.independent_peak_bytes / MiB,
-            "fits": report.independent_peak_bytes <= budget * 1.01, "grads_equal": report.grads_equal,
-        })
-        print(f"{name} {frac}: plan {plan.peak_bytes / MiB:.0f} MiB, eager {rows[-1]['eager_mib']:.0f}, "
-              f"compiled {rows[-1]['compiled_mib']:.0f}", flush=True)
+        rows.append(
+            {
+                "model": name,
+                "budget_fraction": frac,
+                "budget_mib": budget / MiB,
+                "plan_mib": plan.peak_bytes / MiB,
+                "unplanned_mib": prof.peak_bytes / MiB,
+                "units": _units(plan),
+                "eager_mib": eager.independent_peak_bytes / MiB,
+                "compiled_mib": report.independent_peak_bytes / MiB,
+                "fits": report.independent_peak_bytes <= budget * 1.01,
+                "grads_equal": report.grads_equal,
+            }
+        )
+        print(
+            f"{name} {frac}: plan {plan.peak_bytes / MiB:.0f} MiB, eager {rows[-1]['eager_mib']:.0f}, "
+            f"compiled {rows[-1]['compiled_mib']:.0f}",
+            flush=True,
+        )
     return rows
 
 
@@ -83,10 +103,21 @@ def main() -> None:
         rows += run_case(name, build, quick if args.quick else default)
     table = md_table(
         ["model", "budget", "plan's peak", "plan", "eager step", "compiled step", "compiled fits", "grads equal"],
-        [[r["model"], "least plan" if r["budget_fraction"] is None else f"{r['budget_fraction']:.0%} = {r['budget_mib']:.0f} MiB",
-          f"{r['plan_mib']:.0f} MiB (unplanned {r['unplanned_mib']:.0f})", r["units"], f"{r['eager_mib']:.0f} MiB",
-          f"{r['compiled_mib']:.0f} MiB", "yes" if r["fits"] else "NO", "yes" if r["grads_equal"] else "NO"]
-         for r in rows],
+        [
+            [
+                r["model"],
+                "least plan"
+                if r["budget_fraction"] is None
+                else f"{r['budget_fraction']:.0%} = {r['budget_mib']:.0f} MiB",
+                f"{r['plan_mib']:.0f} MiB (unplanned {r['unplanned_mib']:.0f})",
+                r["units"],
+                f"{r['eager_mib']:.0f} MiB",
+                f"{r['compiled_mib']:.0f} MiB",
+                "yes" if r["fits"] else "NO",
+                "yes" if r["grads_equal"] else "NO",
+            ]
+            for r in rows
+        ],
     )
     fits = sum(r["fits"] for r in rows)
     body = (
@@ -96,8 +127,14 @@ def main() -> None:
         f"The budget of the least plan is its own peak. Elapsed {time.time() - t0:.0f} s."
     )
     command = "python benchmarks/compile_peaks.py" + (" --quick" if args.quick else "")
-    write_results("compile_peaks" + ("_quick" if args.quick else ""), "Plans under torch.compile: the compiled step's "
-                  "peak by the process", machine_info(), command, [("Results", body)], rows)
+    write_results(
+        "compile_peaks" + ("_quick" if args.quick else ""),
+        "Plans under torch.compile: the compiled step's peak by the process",
+        machine_info(),
+        command,
+        [("Results", body)],
+        rows,
+    )
 
 
 if __name__ == "__main__":

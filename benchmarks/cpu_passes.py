@@ -38,18 +38,31 @@ def cases() -> dict:
     ln = a.native_layer_norm.default(x, [SHAPE[-1]], w, w, 1e-5)
     soft = torch.softmax(x, -1)
     return {
-        "mul": (a.mul.Tensor, (x, y), {}), "add": (a.add.Tensor, (x, y), {}), "clone": (a.clone.default, (x,), {}),
-        "tanh": (a.tanh.default, (x,), {}), "tanh_backward": (a.tanh_backward.default, (g, x), {}),
-        "exp": (a.exp.default, (x,), {}), "log": (a.log.default, (x.abs(),), {}), "erf": (a.erf.default, (x,), {}),
-        "rsqrt": (a.rsqrt.default, (x.abs(),), {}), "pow": (a.pow.Tensor_Scalar, (x, 3.0), {}),
-        "sigmoid": (a.sigmoid.default, (x,), {}), "silu": (a.silu.default, (x,), {}),
-        "silu_backward": (a.silu_backward.default, (g, x), {}), "gelu": (a.gelu.default, (x,), {}),
-        "gelu_backward": (a.gelu_backward.default, (g, x), {}), "relu": (a.relu.default, (x,), {}),
-        "where": (a.where.self, (mask, x, y), {}), "_softmax": (a._softmax.default, (x, -1, False), {}),
+        "mul": (a.mul.Tensor, (x, y), {}),
+        "add": (a.add.Tensor, (x, y), {}),
+        "clone": (a.clone.default, (x,), {}),
+        "tanh": (a.tanh.default, (x,), {}),
+        "tanh_backward": (a.tanh_backward.default, (g, x), {}),
+        "exp": (a.exp.default, (x,), {}),
+        "log": (a.log.default, (x.abs(),), {}),
+        "erf": (a.erf.default, (x,), {}),
+        "rsqrt": (a.rsqrt.default, (x.abs(),), {}),
+        "pow": (a.pow.Tensor_Scalar, (x, 3.0), {}),
+        "sigmoid": (a.sigmoid.default, (x,), {}),
+        "silu": (a.silu.default, (x,), {}),
+        "silu_backward": (a.silu_backward.default, (g, x), {}),
+        "gelu": (a.gelu.default, (x,), {}),
+        "gelu_backward": (a.gelu_backward.default, (g, x), {}),
+        "relu": (a.relu.default, (x,), {}),
+        "where": (a.where.self, (mask, x, y), {}),
+        "_softmax": (a._softmax.default, (x, -1, False), {}),
         "_softmax_backward_data": (a._softmax_backward_data.default, (g, soft, -1, torch.float32), {}),
         "native_layer_norm": (a.native_layer_norm.default, (x, [SHAPE[-1]], w, w, 1e-5), {}),
-        "native_layer_norm_backward": (a.native_layer_norm_backward.default,
-                                       (g, x, [SHAPE[-1]], ln[1], ln[2], w, w, [True, True, True]), {}),
+        "native_layer_norm_backward": (
+            a.native_layer_norm_backward.default,
+            (g, x, [SHAPE[-1]], ln[1], ln[2], w, w, [True, True, True]),
+            {},
+        ),
     }
 
 
@@ -83,14 +96,26 @@ def main() -> None:
     ratios = measure()
     rows = []
     for name, rs in ratios.items():
-        rows.append([name, f"{min(rs):.2f}", f"{statistics.median(rs):.2f}", f"{max(rs):.2f}",
-                     f"{roofline.CPU_PASSES.get(name, 1.0):g}", "yes" if min(rs) > PASSES_AT else ""])
+        rows.append(
+            [
+                name,
+                f"{min(rs):.2f}",
+                f"{statistics.median(rs):.2f}",
+                f"{max(rs):.2f}",
+                f"{roofline.CPU_PASSES.get(name, 1.0):g}",
+                "yes" if min(rs) > PASSES_AT else "",
+            ]
+        )
     table = md_table(["op", "least", "median", "most", "CPU_PASSES", f"least over {PASSES_AT}"], rows)
     print(table)
-    path = write_results("cpu_passes", "CPU ops against one pass over their bytes (the nominal CPU's roofline)",
-                         info, "python benchmarks/cpu_passes.py",
-                         [(f"seconds over one pass, {ROUNDS} rounds, float32 {SHAPE}", table)],
-                         {"ratios": ratios, "passes_at": PASSES_AT})
+    path = write_results(
+        "cpu_passes",
+        "CPU ops against one pass over their bytes (the nominal CPU's roofline)",
+        info,
+        "python benchmarks/cpu_passes.py",
+        [(f"seconds over one pass, {ROUNDS} rounds, float32 {SHAPE}", table)],
+        {"ratios": ratios, "passes_at": PASSES_AT},
+    )
     print(f"wrote {path}")
 
 

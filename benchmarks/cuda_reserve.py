@@ -42,8 +42,9 @@ def predicted(name: str, kind: str) -> remat.StepProfile:
     if kind != "unplanned":
         made = json.loads((PLANS / "made.json").read_text())
         model = remat.apply(model, remat.load_plan(PLANS / made["models"][name]["plans"][kind]["file"]))
-    return remat.profile(model, inputs, loss_fn, gpu_check.adam, mode="fake", device="cuda", hardware="H100",
-                         keep_output=True)
+    return remat.profile(
+        model, inputs, loss_fn, gpu_check.adam, mode="fake", device="cuda", hardware="H100", keep_output=True
+    )
 
 
 def _cell(pred: int, truth: int | None) -> str:
@@ -55,9 +56,11 @@ def _cell(pred: int, truth: int | None) -> str:
 def row(name: str, kind: str, truth: dict) -> str:
     prof = predicted(name, kind)
     r = prof.gpu_reserve
-    return (f"| {name} | {kind} | {prof.peak_bytes / MiB:,.1f} | {_cell(r.allocated_bytes, truth['allocated'])} | "
-            f"{_cell(r.reserved_bytes, truth['reserved'])} | "
-            f"{_cell(r.expandable_reserved_bytes, truth.get('expandable_reserved'))} |")
+    return (
+        f"| {name} | {kind} | {prof.peak_bytes / MiB:,.1f} | {_cell(r.allocated_bytes, truth['allocated'])} | "
+        f"{_cell(r.reserved_bytes, truth['reserved'])} | "
+        f"{_cell(r.expandable_reserved_bytes, truth.get('expandable_reserved'))} |"
+    )
 
 
 def fit_row(name: str, kind: str) -> str:
@@ -74,8 +77,10 @@ def fit_row(name: str, kind: str) -> str:
     except remat.InfeasibleBudget as e:
         return f"| {name} | {budget / MiB:,.1f} | {made['peak_bytes'] / MiB:,.1f} | none fits: least {e.min_bytes / MiB:,.1f} | | |"
     r = plan.gpu_reserve
-    return (f"| {name} | {budget / MiB:,.1f} | {made['peak_bytes'] / MiB:,.1f} | {plan.peak_bytes / MiB:,.1f} | "
-            f"{r.reserved_bytes / MiB:,.1f} / {r.expandable_reserved_bytes / MiB:,.1f} | {plan.allocator or 'default'} |")
+    return (
+        f"| {name} | {budget / MiB:,.1f} | {made['peak_bytes'] / MiB:,.1f} | {plan.peak_bytes / MiB:,.1f} | "
+        f"{r.reserved_bytes / MiB:,.1f} / {r.expandable_reserved_bytes / MiB:,.1f} | {plan.allocator or 'default'} |"
+    )
 
 
 def main() -> int:
@@ -84,18 +89,24 @@ def main() -> int:
     ap.add_argument("--fit", action="store_true", help="the plans fitted to the GPU reserve for the same budgets")
     args = ap.parse_args()
     if args.fit:
-        print("| model | budget MiB | committed plan's tensors MiB | fitted plan's tensors MiB | its reserve: default / "
-              "expandable MiB | allocator it needs |")
+        print(
+            "| model | budget MiB | committed plan's tensors MiB | fitted plan's tensors MiB | its reserve: default / "
+            "expandable MiB | allocator it needs |"
+        )
         print("|---|---|---|---|---|---|")
         for name in args.models.split(","):
             for kind in ("plan65", "least"):
                 print(fit_row(name, kind), flush=True)
         return 0
     truth = json.loads(TRUTH.read_text())
-    print(f"Measured: {truth['device']}, torch {truth['torch']}, {truth['date']}; predicted here, torch "
-          f"{torch.__version__}.\n")
-    print("| model | step | tensors MiB (fake) | allocated: replay / H200 MiB | reserved: replay / H200 MiB | "
-          "reserved with expandable segments: replay / H200 MiB |")
+    print(
+        f"Measured: {truth['device']}, torch {truth['torch']}, {truth['date']}; predicted here, torch "
+        f"{torch.__version__}.\n"
+    )
+    print(
+        "| model | step | tensors MiB (fake) | allocated: replay / H200 MiB | reserved: replay / H200 MiB | "
+        "reserved with expandable segments: replay / H200 MiB |"
+    )
     print("|---|---|---|---|---|---|")
     for name in args.models.split(","):
         for kind, measured in truth["steps"].get(name, {}).items():

@@ -34,8 +34,14 @@ def op_rows() -> list[dict]:
         truth, simulated = sim.OP_FACTS[name], sim._simulate(sim.CASES[name])
         footprint = max(truth[f] for f in sim.FIGURES)
         worst = max(abs(simulated[f] - truth[f]) for f in sim.FIGURES) / footprint
-        rows.append({"case": name, "simulated": simulated, "h100": {f: truth[f] for f in sim.FIGURES},
-                     "worst_of_footprint": worst})
+        rows.append(
+            {
+                "case": name,
+                "simulated": simulated,
+                "h100": {f: truth[f] for f in sim.FIGURES},
+                "worst_of_footprint": worst,
+            }
+        )
     return rows
 
 
@@ -44,12 +50,26 @@ def zoo_rows() -> list[dict]:
     for name in sorted(sim.ZOO_TRUTH):
         built = sim.AS_MEASURED.get(name, getattr(zoo, name))()  # as the H100 measured it
         for loop in ("held", "loss"):
-            prof = remat.profile(built[0], built[1], built[2] if len(built) > 2 else None,
-                                 optimizer=torch.optim.Adam, mode="fake", device="cuda", hardware="H100",
-                                 keep_output=loop == "held")
+            prof = remat.profile(
+                built[0],
+                built[1],
+                built[2] if len(built) > 2 else None,
+                optimizer=torch.optim.Adam,
+                mode="fake",
+                device="cuda",
+                hardware="H100",
+                keep_output=loop == "held",
+            )
             truth = sim.ZOO_TRUTH[name][loop]["peak"]
-            rows.append({"model": name, "loop": loop, "predicted_bytes": prof.peak_bytes, "h100_bytes": truth,
-                         "error": prof.peak_bytes / truth - 1})
+            rows.append(
+                {
+                    "model": name,
+                    "loop": loop,
+                    "predicted_bytes": prof.peak_bytes,
+                    "h100_bytes": truth,
+                    "error": prof.peak_bytes / truth - 1,
+                }
+            )
     return rows
 
 
@@ -68,8 +88,10 @@ def print_tables(ops: list[dict], models: list[dict]) -> None:
     print("|---|---|---|---|---|")
     for r in models:
         loop = "output held" if r["loop"] == "held" else "loss only"
-        print(f"| {r['model']} | {loop} | {_mib(r['predicted_bytes'])} | {_mib(r['h100_bytes'])} | "
-              f"{100 * r['error']:+.2f}% |")
+        print(
+            f"| {r['model']} | {loop} | {_mib(r['predicted_bytes'])} | {_mib(r['h100_bytes'])} | "
+            f"{100 * r['error']:+.2f}% |"
+        )
 
 
 def main() -> None:
@@ -79,8 +101,12 @@ def main() -> None:
     ops, models = op_rows(), zoo_rows()
     print_tables(ops, models)
     if args.json:
-        meta = {"date": datetime.date.today().isoformat(), "machine": platform.machine(), "torch": torch.__version__,
-                "truth": "tests/gpu_facts/h100 (H100 80GB HBM3, torch 2.11.0+cu130, 2026-11-26)"}
+        meta = {
+            "date": datetime.date.today().isoformat(),
+            "machine": platform.machine(),
+            "torch": torch.__version__,
+            "truth": "tests/gpu_facts/h100 (H100 80GB HBM3, torch 2.11.0+cu130, 2026-11-26)",
+        }
         Path(args.json).write_text(json.dumps({**meta, "ops": ops, "models": models}, indent=1))
 
 

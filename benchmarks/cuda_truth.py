@@ -34,17 +34,29 @@ MiB = 2**20
 def _llama():
     tf = zoo._hf()
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(hidden_size=1024, intermediate_size=2816, num_hidden_layers=8, num_attention_heads=16,
-                         num_key_value_heads=16, vocab_size=32000, max_position_embeddings=1024, use_cache=False)
+    cfg = tf.LlamaConfig(
+        hidden_size=1024,
+        intermediate_size=2816,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        vocab_size=32000,
+        max_position_embeddings=1024,
+        use_cache=False,
+    )
     ids = torch.randint(0, 32000, (4, 1024))
     return tf.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
 
 
 MODELS = {
-    "gpt2_medium": ("GPT-2 medium's shape (24 x 1024, 355M parameters), seq 1024, batch 4",
-                    lambda: zoo.gpt2_medium(seq=1024, batch=4)),
-    "bert_base": ("BERT-base's shape (12 x 768), seq 512, batch 16",
-                  lambda: zoo.bert(n_layer=12, hidden=768, heads=12, seq=512, batch=16, vocab=30522)),
+    "gpt2_medium": (
+        "GPT-2 medium's shape (24 x 1024, 355M parameters), seq 1024, batch 4",
+        lambda: zoo.gpt2_medium(seq=1024, batch=4),
+    ),
+    "bert_base": (
+        "BERT-base's shape (12 x 768), seq 512, batch 16",
+        lambda: zoo.bert(n_layer=12, hidden=768, heads=12, seq=512, batch=16, vocab=30522),
+    ),
     "llama": ("Llama-like decoder (8 x 1024, 16 heads, MLP 2816), seq 1024, batch 4", _llama),
 }
 
@@ -57,15 +69,24 @@ def _cuda(x):
 
 def _plan_row(name: str, plan, report) -> dict:
     return {
-        "model": name, "plan": f"{len(plan.segments)} ckpt + {len(plan.selective)} selective",
-        "budget": plan.budget_bytes, "predicted": plan.peak_bytes, "tracked": report.measured_peak_bytes,
-        "cuda_counter": report.independent_peak_bytes, "counter": report.independent_counter,
-        "fits": report.independent_peak_bytes is not None and plan.budget_bytes is not None
+        "model": name,
+        "plan": f"{len(plan.segments)} ckpt + {len(plan.selective)} selective",
+        "budget": plan.budget_bytes,
+        "predicted": plan.peak_bytes,
+        "tracked": report.measured_peak_bytes,
+        "cuda_counter": report.independent_peak_bytes,
+        "counter": report.independent_counter,
+        "fits": report.independent_peak_bytes is not None
+        and plan.budget_bytes is not None
         and report.independent_peak_bytes <= plan.budget_bytes,
-        "ok": report.ok, "grads_equal": report.grads_equal, "fits_budget": report.fits_budget,
+        "ok": report.ok,
+        "grads_equal": report.grads_equal,
+        "fits_budget": report.fits_budget,
         "grad_max_abs_diff": max(report.grad_max_abs_diff.values(), default=0.0),
-        "flops_predicted": report.predicted_recompute_flops, "flops_measured": report.measured_recompute_flops,
-        "overhead_predicted": report.predicted_overhead, "overhead_measured": report.measured_overhead,
+        "flops_predicted": report.predicted_recompute_flops,
+        "flops_measured": report.measured_recompute_flops,
+        "overhead_predicted": report.predicted_overhead,
+        "overhead_measured": report.measured_overhead,
     }
 
 
@@ -106,8 +127,9 @@ def one(name: str, compiled: bool) -> dict:
             budget = int(0.8 * cprof.compiled_peak_bytes)
             plan = remat.auto(cm, inputs, budget, optimizer=torch.optim.Adam, trials=2)
             report = remat.verify(cm, inputs, plan, optimizer=torch.optim.Adam)
-            out["compiled_plan"] = dict(_plan_row(name, plan, report), search=plan.notes[:2],
-                                        search_measured=plan.measured_peak_bytes)
+            out["compiled_plan"] = dict(
+                _plan_row(name, plan, report), search=plan.notes[:2], search_measured=plan.measured_peak_bytes
+            )
             remat.remove(cm)
         except Exception as e:  # remat.InfeasibleBudget, or the compiler's own failure: a result either way
             out["compiled_plan"] = {"error": f"{type(e).__name__}: {e}"[:1000]}
@@ -126,35 +148,51 @@ def _pct(a, b) -> str:
 
 
 def markdown(results: dict) -> str:
-    lines = ["# remat on a CUDA GPU against torch.cuda.max_memory_allocated", "",
-             f"Run {results['date']} on {results['device']}, torch {results['torch']}, remat at {results['commit']}.",
-             "Command: `" + results["command"] + "`.", "",
-             "| model | parameters | unplanned, CUDA counter MiB | remat real-mode prediction | fake-mode prediction "
-             "| step s |", "|---|---|---|---|---|---|"]
+    lines = [
+        "# remat on a CUDA GPU against torch.cuda.max_memory_allocated",
+        "",
+        f"Run {results['date']} on {results['device']}, torch {results['torch']}, remat at {results['commit']}.",
+        "Command: `" + results["command"] + "`.",
+        "",
+        "| model | parameters | unplanned, CUDA counter MiB | remat real-mode prediction | fake-mode prediction "
+        "| step s |",
+        "|---|---|---|---|---|---|",
+    ]
     for r in results["models"]:
         if "error" in r:
             lines.append(f"| {r['model']} | error: {r['error'][:200]} | | | | |")
             continue
         c = r["cuda_counter_unplanned"]
-        lines.append(f"| {r['model']}: {r['what']} | {r['params'] / 1e6:,.0f}M | {c / MiB:,.1f} | "
-                     f"{r['predicted_real'] / MiB:,.1f} ({_pct(r['predicted_real'], c)}) | "
-                     + (f"{r['predicted_fake'] / MiB:,.1f} ({_pct(r['predicted_fake'], c)})" if "predicted_fake" in r
-                        else r.get("fake_error", "—")[:120]) + f" | {r['step_s']:.3f} |")
-    lines += ["", "Gradients: the largest |difference| of any gradient element between two runs of the unplanned step "
-              "from the same RNG state (keep-everything plan, nothing applied): "
-              + ", ".join(f"{r['model']} {r['grad_run_to_run']:.1e}"
-                          for r in results["models"] if "grad_run_to_run" in r)
-              + ".  On CUDA `remat.verify` accepts GRAD_NOISE_FACTOR (10) times its own measure of that difference.", "",
-              "| model | plan | budget MiB | predicted MiB | CUDA counter MiB | over the budget | "
-              "max \\|grad diff\\| | extra FLOPs predicted = measured | overhead predicted / measured |",
-              "|---|---|---|---|---|---|---|---|---|"]
+        lines.append(
+            f"| {r['model']}: {r['what']} | {r['params'] / 1e6:,.0f}M | {c / MiB:,.1f} | "
+            f"{r['predicted_real'] / MiB:,.1f} ({_pct(r['predicted_real'], c)}) | "
+            + (
+                f"{r['predicted_fake'] / MiB:,.1f} ({_pct(r['predicted_fake'], c)})"
+                if "predicted_fake" in r
+                else r.get("fake_error", "—")[:120]
+            )
+            + f" | {r['step_s']:.3f} |"
+        )
+    lines += [
+        "",
+        "Gradients: the largest |difference| of any gradient element between two runs of the unplanned step "
+        "from the same RNG state (keep-everything plan, nothing applied): "
+        + ", ".join(f"{r['model']} {r['grad_run_to_run']:.1e}" for r in results["models"] if "grad_run_to_run" in r)
+        + ".  On CUDA `remat.verify` accepts GRAD_NOISE_FACTOR (10) times its own measure of that difference.",
+        "",
+        "| model | plan | budget MiB | predicted MiB | CUDA counter MiB | over the budget | "
+        "max \\|grad diff\\| | extra FLOPs predicted = measured | overhead predicted / measured |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in results["models"]:
         for p in r.get("plans", []) + ([r["compiled_plan"]] if "predicted" in r.get("compiled_plan", {}) else []):
-            lines.append(f"| {p['model']} | {p['plan']}{' (compiled, remat.auto)' if 'search' in p else ''} | "
-                         f"{p['budget'] / MiB:,.1f} | {p['predicted'] / MiB:,.1f} | {p['cuda_counter'] / MiB:,.1f} | "
-                         f"{_over(p['cuda_counter'], p['budget'])} | {p['grad_max_abs_diff']:.1e} | "
-                         f"{'yes' if p['flops_predicted'] == p['flops_measured'] else '**no**'} | "
-                         f"{p['overhead_predicted']:+.1%} / {p['overhead_measured']:+.1%} |")
+            lines.append(
+                f"| {p['model']} | {p['plan']}{' (compiled, remat.auto)' if 'search' in p else ''} | "
+                f"{p['budget'] / MiB:,.1f} | {p['predicted'] / MiB:,.1f} | {p['cuda_counter'] / MiB:,.1f} | "
+                f"{_over(p['cuda_counter'], p['budget'])} | {p['grad_max_abs_diff']:.1e} | "
+                f"{'yes' if p['flops_predicted'] == p['flops_measured'] else '**no**'} | "
+                f"{p['overhead_predicted']:+.1%} / {p['overhead_measured']:+.1%} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -165,8 +203,11 @@ def main(argv=None) -> int:
     ap.add_argument("--out-dir", default=str(Path(__file__).resolve().parent / "results"))
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
-        print("remat: cuda_truth.py measures on a CUDA GPU, and this machine has none. Fix: run it where "
-              "torch.cuda.is_available() is True.", file=sys.stderr)
+        print(
+            "remat: cuda_truth.py measures on a CUDA GPU, and this machine has none. Fix: run it where "
+            "torch.cuda.is_available() is True.",
+            file=sys.stderr,
+        )
         return 2
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _common import git_state
@@ -175,10 +216,14 @@ def main(argv=None) -> int:
         commit = git_state().get("commit", "?")
     except Exception:  # a copy of the tree without its .git (the device tool sends files, not the repository)
         commit = "?"
-    results = {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "device": torch.cuda.get_device_name(),
-               "torch": torch.__version__, "commit": commit,
-               "command": "python benchmarks/cuda_truth.py " + " ".join(sys.argv[1:] if argv is None else argv),
-               "models": []}
+    results = {
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "commit": commit,
+        "command": "python benchmarks/cuda_truth.py " + " ".join(sys.argv[1:] if argv is None else argv),
+        "models": [],
+    }
     out_dir = Path(args.out_dir)
     for name in args.models.split(","):
         try:

@@ -104,9 +104,17 @@ def _llama_gqa(kw: dict, device_type: str):
     tf = zoo._hf()
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(
-        hidden_size=kw["hidden"], intermediate_size=kw["mlp"], num_hidden_layers=kw["n_layer"],
-        num_attention_heads=kw["heads"], num_key_value_heads=kw["kv_heads"], vocab_size=kw["vocab"],
-        max_position_embeddings=kw["seq"], use_cache=False, bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        hidden_size=kw["hidden"],
+        intermediate_size=kw["mlp"],
+        num_hidden_layers=kw["n_layer"],
+        num_attention_heads=kw["heads"],
+        num_key_value_heads=kw["kv_heads"],
+        vocab_size=kw["vocab"],
+        max_position_embeddings=kw["seq"],
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
         attn_implementation="sdpa",
     )
     model = Autocast(tf.LlamaForCausalLM(cfg), device_type)
@@ -118,9 +126,19 @@ def _t5(kw: dict, device_type: str):
     """T5ForConditionalGeneration from a config (dropout 0.1), encoder input and decoder labels."""
     tf = zoo._hf()
     torch.manual_seed(0)
-    cfg = tf.T5Config(vocab_size=kw["vocab"], d_model=kw["d_model"], d_kv=kw["d_kv"], d_ff=kw["d_ff"],
-                      num_layers=kw["n_layer"], num_heads=kw["heads"], dropout_rate=0.1, use_cache=False,
-                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1)
+    cfg = tf.T5Config(
+        vocab_size=kw["vocab"],
+        d_model=kw["d_model"],
+        d_kv=kw["d_kv"],
+        d_ff=kw["d_ff"],
+        num_layers=kw["n_layer"],
+        num_heads=kw["heads"],
+        dropout_rate=0.1,
+        use_cache=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
     model = tf.T5ForConditionalGeneration(cfg)
     ids = torch.randint(2, kw["vocab"], (kw["batch"], kw["seq"]))
     labels = torch.randint(2, kw["vocab"], (kw["batch"], kw["target"]))
@@ -155,21 +173,42 @@ class Spec:
 
 
 MODELS = {
-    "bert": Spec("BertForMaskedLM, dropout 0.1, fp32", _bert, {
-        "full": dict(n_layer=6, hidden=768, heads=12, seq=512, batch=8, vocab=8192),
-        "smoke": dict(n_layer=2, hidden=32, heads=2, seq=64, batch=8, vocab=64)}),
-    "llama_gqa": Spec("LlamaForCausalLM, GQA 16/4 heads, SDPA, bf16 autocast", _llama_gqa, {
-        "full": dict(n_layer=8, hidden=1024, mlp=2816, heads=16, kv_heads=4, seq=1024, batch=4, vocab=8192),
-        "smoke": dict(n_layer=2, hidden=32, mlp=64, heads=4, kv_heads=2, seq=64, batch=8, vocab=64)}),
-    "t5": Spec("T5ForConditionalGeneration, dropout 0.1, fp32", _t5, {
-        "full": dict(n_layer=6, d_model=512, d_kv=64, d_ff=2048, heads=8, seq=512, target=128, batch=8, vocab=32128),
-        "smoke": dict(n_layer=2, d_model=32, d_kv=8, d_ff=64, heads=4, seq=64, target=32, batch=8, vocab=64)}),
-    "unet_bn": Spec("U-Net, BatchNorm, skip concatenations, fp32", _unet_bn, {
-        "full": dict(ch=32, depth=3, image=128, batch=16),
-        "smoke": dict(ch=8, depth=2, image=32, batch=8)}),
-    "resmlp": Spec("MLP with skips (zoo.skipnet), dropout 0.1, fp32", _resmlp, {
-        "full": dict(width=1024, depth=4, batch=16384),
-        "smoke": dict(width=32, depth=4, batch=1024)}),
+    "bert": Spec(
+        "BertForMaskedLM, dropout 0.1, fp32",
+        _bert,
+        {
+            "full": dict(n_layer=6, hidden=768, heads=12, seq=512, batch=8, vocab=8192),
+            "smoke": dict(n_layer=2, hidden=32, heads=2, seq=64, batch=8, vocab=64),
+        },
+    ),
+    "llama_gqa": Spec(
+        "LlamaForCausalLM, GQA 16/4 heads, SDPA, bf16 autocast",
+        _llama_gqa,
+        {
+            "full": dict(n_layer=8, hidden=1024, mlp=2816, heads=16, kv_heads=4, seq=1024, batch=4, vocab=8192),
+            "smoke": dict(n_layer=2, hidden=32, mlp=64, heads=4, kv_heads=2, seq=64, batch=8, vocab=64),
+        },
+    ),
+    "t5": Spec(
+        "T5ForConditionalGeneration, dropout 0.1, fp32",
+        _t5,
+        {
+            "full": dict(
+                n_layer=6, d_model=512, d_kv=64, d_ff=2048, heads=8, seq=512, target=128, batch=8, vocab=32128
+            ),
+            "smoke": dict(n_layer=2, d_model=32, d_kv=8, d_ff=64, heads=4, seq=64, target=32, batch=8, vocab=64),
+        },
+    ),
+    "unet_bn": Spec(
+        "U-Net, BatchNorm, skip concatenations, fp32",
+        _unet_bn,
+        {"full": dict(ch=32, depth=3, image=128, batch=16), "smoke": dict(ch=8, depth=2, image=32, batch=8)},
+    ),
+    "resmlp": Spec(
+        "MLP with skips (zoo.skipnet), dropout 0.1, fp32",
+        _resmlp,
+        {"full": dict(width=1024, depth=4, batch=16384), "smoke": dict(width=32, depth=4, batch=1024)},
+    ),
 }
 
 
@@ -212,13 +251,21 @@ def utc_now() -> str:
 
 def _plan_summary(plan, path: Path) -> dict:
     reserve = plan.gpu_reserve
-    return {"file": path.name, "peak_bytes": plan.peak_bytes, "budget_bytes": plan.budget_bytes,
-            "segments": len(plan.segments), "selective": len(plan.selective), "offload": len(plan.offload),
-            "recompute_fraction": plan.recompute_fraction, "solver": plan.solver, "allocator": plan.allocator,
-            "reserved_bytes": reserve.reserved_bytes if reserve else None,
-            "allocated_bytes": reserve.allocated_bytes if reserve else None,
-            "expandable_allocated_bytes": reserve.expandable_allocated_bytes if reserve else None,
-            "expandable_reserved_bytes": reserve.expandable_reserved_bytes if reserve else None}
+    return {
+        "file": path.name,
+        "peak_bytes": plan.peak_bytes,
+        "budget_bytes": plan.budget_bytes,
+        "segments": len(plan.segments),
+        "selective": len(plan.selective),
+        "offload": len(plan.offload),
+        "recompute_fraction": plan.recompute_fraction,
+        "solver": plan.solver,
+        "allocator": plan.allocator,
+        "reserved_bytes": reserve.reserved_bytes if reserve else None,
+        "allocated_bytes": reserve.allocated_bytes if reserve else None,
+        "expandable_allocated_bytes": reserve.expandable_allocated_bytes if reserve else None,
+        "expandable_reserved_bytes": reserve.expandable_reserved_bytes if reserve else None,
+    }
 
 
 def _makers(model, inputs, loss_fn, prof, hardware: str) -> dict[str, Callable]:
@@ -254,11 +301,16 @@ def plan_model(name: str, size: str, plans_dir: Path) -> dict:
     t0 = time.perf_counter()
     prof = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=adam, mode="fake", **target, **profile_options())
     reserve = prof.gpu_reserve
-    row = {"title": MODELS[name].title, "size": MODELS[name].sizes[size],
-           "params": sum(p.numel() for p in model.parameters()), "unplanned_peak_bytes": prof.peak_bytes,
-           "unplanned_reserved_bytes": reserve.reserved_bytes if reserve else None,
-           "unplanned_allocated_bytes": reserve.allocated_bytes if reserve else None,
-           "profile_s": round(time.perf_counter() - t0, 1), "plans": {}}
+    row = {
+        "title": MODELS[name].title,
+        "size": MODELS[name].sizes[size],
+        "params": sum(p.numel() for p in model.parameters()),
+        "unplanned_peak_bytes": prof.peak_bytes,
+        "unplanned_reserved_bytes": reserve.reserved_bytes if reserve else None,
+        "unplanned_allocated_bytes": reserve.allocated_bytes if reserve else None,
+        "profile_s": round(time.perf_counter() - t0, 1),
+        "plans": {},
+    }
     t0 = time.perf_counter()
     for kind, make in _makers(model, inputs, loss_fn, prof, target["hardware"]).items():
         try:
@@ -278,17 +330,28 @@ def make_plans(size: str, plans_dir: Path, names: list[str], command: str) -> di
     from _common import git_state, machine_info
 
     plans_dir.mkdir(parents=True, exist_ok=True)
-    made = {"date": utc_now(), "machine": machine_info(), "torch": torch.__version__,
-            "transformers": _transformers_version(), "remat_commit": git_commit(),
-            "src_dirty": git_state()["src_dirty"], "size": size,
-            "profile": {"mode": "fake", **PLANNED_FOR[size], "optimizer": "Adam", **profile_options()},
-            "plan_fraction": PLAN_FRACTION, "command": command, "models": {}}
+    made = {
+        "date": utc_now(),
+        "machine": machine_info(),
+        "torch": torch.__version__,
+        "transformers": _transformers_version(),
+        "remat_commit": git_commit(),
+        "src_dirty": git_state()["src_dirty"],
+        "size": size,
+        "profile": {"mode": "fake", **PLANNED_FOR[size], "optimizer": "Adam", **profile_options()},
+        "plan_fraction": PLAN_FRACTION,
+        "command": command,
+        "models": {},
+    }
     t0 = time.perf_counter()
     for name in names:
         made["models"][name] = row = plan_model(name, size, plans_dir)
         peaks = ", ".join(f"{k} {_mib(p.get('peak_bytes'))}" for k, p in row["plans"].items())
-        print(f"{name}: unplanned {_mib(row['unplanned_peak_bytes'])} MiB predicted; {peaks} "
-              f"(profile {row['profile_s']} s, plans {row['plan_s']} s)", flush=True)
+        print(
+            f"{name}: unplanned {_mib(row['unplanned_peak_bytes'])} MiB predicted; {peaks} "
+            f"(profile {row['profile_s']} s, plans {row['plan_s']} s)",
+            flush=True,
+        )
     made["make_plans_s"] = round(time.perf_counter() - t0, 1)
     (plans_dir / "made.json").write_text(json.dumps(made, indent=1) + "\n")
     return made
@@ -329,8 +392,10 @@ def _peaks(device: str) -> dict:
     """The measured step's peaks by CUDA's caching allocator; none on the CPU (reported as n/a)."""
     if device != "cuda":
         return {"peak_allocated_bytes": None, "peak_reserved_bytes": None}
-    return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(),
-            "peak_reserved_bytes": torch.cuda.max_memory_reserved()}
+    return {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(),
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(),
+    }
 
 
 def _save_grads(model: nn.Module, path: str) -> None:
@@ -381,8 +446,11 @@ def real_profile(model: nn.Module, inputs, loss_fn, device: str) -> dict:
     except Exception as e:  # its failure is a result, not the measurement's
         return {"real_profile_error": f"{type(e).__name__}: {e}"[:800]}
     reserve = prof.gpu_reserve  # real mode's step replayed through the allocator: its blocks handed out whole too
-    return {"real_profile_peak_bytes": prof.peak_bytes, "real_profile_s": round(time.perf_counter() - t0, 2),
-            "real_profile_allocated_bytes": reserve.allocated_bytes if reserve else None}
+    return {
+        "real_profile_peak_bytes": prof.peak_bytes,
+        "real_profile_s": round(time.perf_counter() - t0, 2),
+        "real_profile_allocated_bytes": reserve.allocated_bytes if reserve else None,
+    }
 
 
 def measure_one(args) -> dict:
@@ -390,9 +458,16 @@ def measure_one(args) -> dict:
     t0 = time.perf_counter()
     plan = None if args.plan == "none" else remat.load_plan(args.plan)
     budget = None if plan is None else (plan.budget_bytes or plan.peak_bytes)
-    r = {"model": args.one, "label": args.label, "plan_file": args.plan, "budget_bytes": budget,
-         "device": args.device, "torch": torch.__version__, "keep_output": bool(profile_options()),
-         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    r = {
+        "model": args.one,
+        "label": args.label,
+        "plan_file": args.plan,
+        "budget_bytes": budget,
+        "device": args.device,
+        "torch": torch.__version__,
+        "keep_output": bool(profile_options()),
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    }
     try:
         if not args.no_cap:
             r.update(_cap(args.device, budget))
@@ -451,13 +526,34 @@ def jobs_for(name: str, made: dict, opts: RunOptions, tmp: Path) -> list[Job]:
         return Job(name, label, plan_path, tmp / f"{name}.{label}.json", tmp / f"{name}.{label}.pt", real, alloc_conf)
 
     plans = made["models"][name]["plans"]
-    return [job("unplanned", real=True), *(job(k, opts.plans_dir / plans[k]["file"], alloc_conf=plans[k].get(
-        "allocator", "")) for k in KINDS if "file" in plans.get(k, {})), job("noise")]
+    return [
+        job("unplanned", real=True),
+        *(
+            job(k, opts.plans_dir / plans[k]["file"], alloc_conf=plans[k].get("allocator", ""))
+            for k in KINDS
+            if "file" in plans.get(k, {})
+        ),
+        job("noise"),
+    ]
 
 
 def _child_argv(job: Job, opts: RunOptions) -> list[str]:
-    argv = ["--one", job.model, "--label", job.label, "--plan", str(job.plan_path or "none"), "--out", str(job.out),
-            "--grads", str(job.grads), "--device", opts.device, "--size", opts.size]
+    argv = [
+        "--one",
+        job.model,
+        "--label",
+        job.label,
+        "--plan",
+        str(job.plan_path or "none"),
+        "--out",
+        str(job.out),
+        "--grads",
+        str(job.grads),
+        "--device",
+        opts.device,
+        "--size",
+        opts.size,
+    ]
     return argv + (["--real-profile"] if job.real_profile else []) + ([] if opts.cap else ["--no-cap"])
 
 
@@ -494,8 +590,13 @@ def _launch(job: Job, opts: RunOptions):
         return _Forked(_child_argv(job, opts), log)
     env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=job.alloc_conf) if job.alloc_conf else None
     with open(log, "w") as f:
-        return subprocess.Popen([sys.executable, str(Path(__file__).resolve()), *_child_argv(job, opts)],
-                                stdout=f, stderr=subprocess.STDOUT, cwd=ROOT, env=env)
+        return subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), *_child_argv(job, opts)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            cwd=ROOT,
+            env=env,
+        )
 
 
 def _outcome(job: Job, code: int | None, limit_s: float) -> dict:
@@ -577,14 +678,23 @@ def run_all(opts: RunOptions) -> dict:
     and the docs section written."""
     made = json.loads((opts.plans_dir / "made.json").read_text())
     if made["size"] != opts.size:
-        raise SystemExit(f"remat: the plans in {opts.plans_dir} are for size {made['size']!r}, this run is "
-                         f"{opts.size!r}. Fix: python benchmarks/gpu_check.py --make-plans first.")
+        raise SystemExit(
+            f"remat: the plans in {opts.plans_dir} are for size {made['size']!r}, this run is "
+            f"{opts.size!r}. Fix: python benchmarks/gpu_check.py --make-plans first."
+        )
     here = {"torch": torch.__version__.split("+")[0], "transformers": _transformers_version()}
     for lib, version in here.items():
         if made[lib].split("+")[0] != version:  # a plan fits the step of the software it was profiled with
             print(f"note: the plans were made with {lib} {made[lib]}, this machine has {version}", flush=True)
-    res = {"date": utc_now(), "command": opts.command, "budget_s": opts.budget_s, "made": made, "models": {},
-           "cap": opts.cap, "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")}
+    res = {
+        "date": utc_now(),
+        "command": opts.command,
+        "budget_s": opts.budget_s,
+        "made": made,
+        "models": {},
+        "cap": opts.cap,
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF", ""),
+    }
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         for name in opts.names:
             res["models"][name] = run_model(name, made, opts, T0 + opts.budget_s, Path(tmp))
@@ -634,15 +744,20 @@ def _grad_cell(r: dict, noise) -> str:
 def _unplanned_row(name: str, m: dict) -> str:
     r, pred = m["runs"]["unplanned"], m["predicted"]["unplanned_peak_bytes"]
     real, replayed = r.get("real_profile_peak_bytes"), r.get("real_profile_allocated_bytes")
-    real_cell = (f"{_mib(real)} ({_err(real, r.get('peak_allocated_bytes'))})" if real is not None
-                 else r.get("real_profile_error", "n/a")[:80])
+    real_cell = (
+        f"{_mib(real)} ({_err(real, r.get('peak_allocated_bytes'))})"
+        if real is not None
+        else r.get("real_profile_error", "n/a")[:80]
+    )
     if replayed is not None:
         real_cell += f"; replayed {_mib(replayed)} ({_err(replayed, r.get('peak_allocated_bytes'))})"
     noise = "n/a" if m["grad_noise"] is None else f"noise {m['grad_noise']:.1e}"
-    return (f"| {name} | unplanned | {_mib(pred)} | "
-            f"{_allocated_cells(m['predicted'].get('unplanned_allocated_bytes'), pred, r)} | "
-            f"{_reserved_cell(m['predicted'].get('unplanned_reserved_bytes'), r)} | — | "
-            f"{_status(r)} | {noise} | {real_cell} | {_seconds(r)} |")
+    return (
+        f"| {name} | unplanned | {_mib(pred)} | "
+        f"{_allocated_cells(m['predicted'].get('unplanned_allocated_bytes'), pred, r)} | "
+        f"{_reserved_cell(m['predicted'].get('unplanned_reserved_bytes'), r)} | — | "
+        f"{_status(r)} | {noise} | {real_cell} | {_seconds(r)} |"
+    )
 
 
 def _plan_row(name: str, kind: str, m: dict) -> str:
@@ -650,14 +765,18 @@ def _plan_row(name: str, kind: str, m: dict) -> str:
     if kind not in m["runs"]:
         return f"| {name} | {kind}: no plan | {' '.join(p.get('error', '?').split())[:200]} |" + " |" * 9
     r = m["runs"][kind]
-    what = (f"{kind}: {p['segments']} ckpt + {p['selective']} selective"
-            + (f" + {p['offload']} offload" if p.get("offload") else "")
-            + (f", {p['allocator']}" if p.get("allocator") else ""))
-    return (f"| {name} | {what} | {_mib(p['peak_bytes'])} | "
-            f"{_allocated_cells(_planned(p, r, 'allocated_bytes'), p['peak_bytes'], r)} | "
-            f"{_reserved_cell(_planned(p, r, 'reserved_bytes'), r)} | "
-            f"{_mib(r.get('budget_bytes') or p['budget_bytes'] or p['peak_bytes'])} | {_status(r)} | "
-            f"{_grad_cell(r, m['grad_noise'])} | — | {_seconds(r)} |")
+    what = (
+        f"{kind}: {p['segments']} ckpt + {p['selective']} selective"
+        + (f" + {p['offload']} offload" if p.get("offload") else "")
+        + (f", {p['allocator']}" if p.get("allocator") else "")
+    )
+    return (
+        f"| {name} | {what} | {_mib(p['peak_bytes'])} | "
+        f"{_allocated_cells(_planned(p, r, 'allocated_bytes'), p['peak_bytes'], r)} | "
+        f"{_reserved_cell(_planned(p, r, 'reserved_bytes'), r)} | "
+        f"{_mib(r.get('budget_bytes') or p['budget_bytes'] or p['peak_bytes'])} | {_status(r)} | "
+        f"{_grad_cell(r, m['grad_noise'])} | — | {_seconds(r)} |"
+    )
 
 
 def _allocated_cells(replayed, tensors: int, r: dict) -> str:
@@ -703,28 +822,42 @@ def render(res: dict) -> str:
     """The dated section: what ran where, the table, and every measurement that did not finish."""
     made, capped = res["made"], res.get("cap", True)
     allocator = f"`PYTORCH_CUDA_ALLOC_CONF={res['alloc_conf']}`" if res.get("alloc_conf") else "the default allocator"
-    lines = [f"Run {res['date']} on **{res['device']}**, torch {res['torch']}, transformers {res['transformers']}: "
-             f"`{res['command']}` ({res['elapsed_s']:.0f} s of a {res['budget_s']:.0f} s budget), {allocator}, "
-             f"{'planned steps capped at their budget' if capped else 'planned steps not capped (--no-cap)'}.  Plans made "
-             f"{made['date']} by `{made['command']}` on {made['machine'].get('cpu', '?')} (torch {made['torch']}, "
-             f"transformers {made['transformers']}, remat {made['remat_commit'][:10]}"
-             f"{' + uncommitted src/ changes' if made.get('src_dirty') else ''}): fake mode, `device="
-             f"\"{made['profile']['device']}\", hardware=\"{made['profile']['hardware']}\"`, Adam, the output kept "
-             "through backward.", "",
-             "| model | plan | tensors MiB (laptop, fake) | max_memory_allocated MiB: replayed on the laptop / measured | error | "
-             "reserved MiB: replayed on the laptop / measured | budget (cap) MiB | ran under the cap | grad max \\|diff\\| vs 10x noise | "
-             "real-mode profile MiB: tensors (error); replayed (error) | step s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Run {res['date']} on **{res['device']}**, torch {res['torch']}, transformers {res['transformers']}: "
+        f"`{res['command']}` ({res['elapsed_s']:.0f} s of a {res['budget_s']:.0f} s budget), {allocator}, "
+        f"{'planned steps capped at their budget' if capped else 'planned steps not capped (--no-cap)'}.  Plans made "
+        f"{made['date']} by `{made['command']}` on {made['machine'].get('cpu', '?')} (torch {made['torch']}, "
+        f"transformers {made['transformers']}, remat {made['remat_commit'][:10]}"
+        f"{' + uncommitted src/ changes' if made.get('src_dirty') else ''}): fake mode, `device="
+        f'"{made["profile"]["device"]}", hardware="{made["profile"]["hardware"]}"`, Adam, the output kept '
+        "through backward.",
+        "",
+        "| model | plan | tensors MiB (laptop, fake) | max_memory_allocated MiB: replayed on the laptop / measured | error | "
+        "reserved MiB: replayed on the laptop / measured | budget (cap) MiB | ran under the cap | grad max \\|diff\\| vs 10x noise | "
+        "real-mode profile MiB: tensors (error); replayed (error) | step s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, m in res["models"].items():
         lines.append(_unplanned_row(name, m))
         lines += [_plan_row(name, kind, m) for kind in KINDS if kind in m["predicted"]["plans"]]
     failures = _failures(res)
-    lines += ["", "Every measurement ran to the end." if not failures else "Measurements that did not finish:",
-              *failures, "", "Error: (replayed - measured) / measured of max_memory_allocated, the replay being the "
-              "laptop's fake step run through a model of the caching allocator (of its tensors where a run has no "
-              "replay).  Each row a fresh process, the third step "
-              "of the loop with Adam" + ("; a plan's step under `torch.cuda.set_per_process_memory_fraction(budget / "
-              "total memory)`" if capped else "; no step capped") + ".  Gradients: the first step's, max |difference| from the unplanned run's, against "
-              f"{NOISE_FACTOR}x that of a second unplanned run (the noise).  Raw results: `{res['results_file']}`."]
+    lines += [
+        "",
+        "Every measurement ran to the end." if not failures else "Measurements that did not finish:",
+        *failures,
+        "",
+        "Error: (replayed - measured) / measured of max_memory_allocated, the replay being the "
+        "laptop's fake step run through a model of the caching allocator (of its tensors where a run has no "
+        "replay).  Each row a fresh process, the third step "
+        "of the loop with Adam"
+        + (
+            "; a plan's step under `torch.cuda.set_per_process_memory_fraction(budget / total memory)`"
+            if capped
+            else "; no step capped"
+        )
+        + ".  Gradients: the first step's, max |difference| from the unplanned run's, against "
+        f"{NOISE_FACTOR}x that of a second unplanned run (the noise).  Raw results: `{res['results_file']}`.",
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -797,12 +930,34 @@ def _run_options(args, argv: list[str], names: list[str]) -> RunOptions:
         docs = Path(args.docs) if args.docs else out_dir / "validation.md"
         if DOCS.exists() and not docs.exists():
             shutil.copy(DOCS, docs)  # the real section replaced in a copy: docs/validation.md is not touched
-        return RunOptions("cpu", "smoke", out_dir, out_dir, docs, names, _cmdline(argv), args.budget_s,
-                          args.timeout_s, args.jobs or 2, fork=True, cap=not args.no_cap)
+        return RunOptions(
+            "cpu",
+            "smoke",
+            out_dir,
+            out_dir,
+            docs,
+            names,
+            _cmdline(argv),
+            args.budget_s,
+            args.timeout_s,
+            args.jobs or 2,
+            fork=True,
+            cap=not args.no_cap,
+        )
     plans_dir = Path(args.plans_dir)
-    return RunOptions("cuda", "full", plans_dir, Path(args.out_dir) if args.out_dir else plans_dir,
-                      Path(args.docs) if args.docs else DOCS, names, _cmdline(argv), args.budget_s, args.timeout_s,
-                      args.jobs or 1, cap=not args.no_cap)
+    return RunOptions(
+        "cuda",
+        "full",
+        plans_dir,
+        Path(args.out_dir) if args.out_dir else plans_dir,
+        Path(args.docs) if args.docs else DOCS,
+        names,
+        _cmdline(argv),
+        args.budget_s,
+        args.timeout_s,
+        args.jobs or 1,
+        cap=not args.no_cap,
+    )
 
 
 def _cmdline(argv: list[str]) -> str:
@@ -822,16 +977,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.from_json:
         runs = [(Path(f), json.loads(Path(f).read_text())) for f in args.from_json.split(",")]
-        publish(*(dict(res, results_file=_in_tree(path, res["device"])) for path, res in runs),
-                docs=Path(args.docs) if args.docs else DOCS)
+        publish(
+            *(dict(res, results_file=_in_tree(path, res["device"])) for path, res in runs),
+            docs=Path(args.docs) if args.docs else DOCS,
+        )
         return 0
     if args.make_plans:
         make_plans("full", Path(args.plans_dir), names, _cmdline(argv))
         return 0
     if not args.smoke and not torch.cuda.is_available():
-        print("remat: gpu_check.py measures on a CUDA GPU, and this machine has none. Fix: run it where "
-              "torch.cuda.is_available() is True, or run --make-plans (here) or --smoke (the CPU test).",
-              file=sys.stderr)
+        print(
+            "remat: gpu_check.py measures on a CUDA GPU, and this machine has none. Fix: run it where "
+            "torch.cuda.is_available() is True, or run --make-plans (here) or --smoke (the CPU test).",
+            file=sys.stderr,
+        )
         return 2
     run_all(_run_options(args, argv, names))
     return 0

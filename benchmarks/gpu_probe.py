@@ -39,12 +39,19 @@ class OpPeaks(TorchDispatchMode):
         _reset()
         out = func(*args, **kwargs)
         ins = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-        made = sum(t.untyped_storage().nbytes() for t in tree_flatten(out)[0]
-                   if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ins)
-        shapes = [list(t.shape) + ([f"stride {list(t.stride())}"] if not t.is_contiguous() else [])
-                  for t in tree_flatten(args)[0] if isinstance(t, torch.Tensor)]
-        self.rows.append({"op": func.__name__, "args": shapes, "made": made,
-                          "scratch": max(0, _peak() - before - made)})
+        made = sum(
+            t.untyped_storage().nbytes()
+            for t in tree_flatten(out)[0]
+            if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in ins
+        )
+        shapes = [
+            list(t.shape) + ([f"stride {list(t.stride())}"] if not t.is_contiguous() else [])
+            for t in tree_flatten(args)[0]
+            if isinstance(t, torch.Tensor)
+        ]
+        self.rows.append(
+            {"op": func.__name__, "args": shapes, "made": made, "scratch": max(0, _peak() - before - made)}
+        )
         return out
 
 
@@ -79,7 +86,10 @@ CASES = {
     "linear 16384x1024->1024 fp32": (lambda: (t(16384, 1024), t(1024, 1024)), F.linear, "dense"),
     "linear+bias 8192x1024->4096 fp32": (lambda: (t(8192, 1024), t(4096, 1024), t(4096)), F.linear, "dense"),
     "linear+bias 16384x1024->1024 fp32, grad of sum": (
-        lambda: (t(16384, 1024), t(1024, 1024), t(1024)), F.linear, "sum"),
+        lambda: (t(16384, 1024), t(1024, 1024), t(1024)),
+        F.linear,
+        "sum",
+    ),
     "linear+bias 4096x1024->1024 fp32": (lambda: (t(4096, 1024), t(1024, 1024), t(1024)), F.linear, "dense"),
 }
 
@@ -103,21 +113,36 @@ def _conv(cin, cout, k, size, batch=16, dtype=torch.float32, transposed=False, s
 def conv_cases(batch: int = 16) -> dict:
     """The convolution cases at `batch` (the U-Net of the GPU check runs 16)."""
     return {
-        f"conv{'T' if tr else ''} {cin}->{cout} {k}x{k} at {size}{' bf16' if dt == torch.bfloat16 else ''}":
-            _conv(cin, cout, k, size, batch, dtype=dt, transposed=tr, stride=2 if tr else 1)
+        f"conv{'T' if tr else ''} {cin}->{cout} {k}x{k} at {size}{' bf16' if dt == torch.bfloat16 else ''}": _conv(
+            cin, cout, k, size, batch, dtype=dt, transposed=tr, stride=2 if tr else 1
+        )
         for cin, cout, k, size, dt, tr in [
-            (3, 32, 3, 128, torch.float32, False), (32, 32, 3, 128, torch.float32, False),
-            (32, 64, 3, 64, torch.float32, False), (64, 64, 3, 64, torch.float32, False),
-            (64, 128, 3, 32, torch.float32, False), (128, 128, 3, 32, torch.float32, False),
-            (128, 256, 3, 16, torch.float32, False), (256, 256, 3, 16, torch.float32, False),
-            (256, 128, 2, 16, torch.float32, True), (128, 64, 2, 32, torch.float32, True), (64, 32, 2, 64, torch.float32, True),
-            (256, 128, 3, 32, torch.float32, False), (128, 64, 3, 64, torch.float32, False),
-            (64, 32, 3, 128, torch.float32, False), (32, 3, 1, 128, torch.float32, False),
-            (64, 64, 1, 64, torch.float32, False), (64, 256, 1, 64, torch.float32, False), (256, 64, 1, 64, torch.float32, False),
-            (64, 64, 3, 64, torch.bfloat16, False), (32, 3, 1, 128, torch.bfloat16, False),
-            (64, 64, 3, 128, torch.float32, False), (128, 128, 3, 64, torch.float32, False),
+            (3, 32, 3, 128, torch.float32, False),
+            (32, 32, 3, 128, torch.float32, False),
+            (32, 64, 3, 64, torch.float32, False),
+            (64, 64, 3, 64, torch.float32, False),
+            (64, 128, 3, 32, torch.float32, False),
+            (128, 128, 3, 32, torch.float32, False),
+            (128, 256, 3, 16, torch.float32, False),
+            (256, 256, 3, 16, torch.float32, False),
+            (256, 128, 2, 16, torch.float32, True),
+            (128, 64, 2, 32, torch.float32, True),
+            (64, 32, 2, 64, torch.float32, True),
+            (256, 128, 3, 32, torch.float32, False),
+            (128, 64, 3, 64, torch.float32, False),
+            (64, 32, 3, 128, torch.float32, False),
+            (32, 3, 1, 128, torch.float32, False),
+            (64, 64, 1, 64, torch.float32, False),
+            (64, 256, 1, 64, torch.float32, False),
+            (256, 64, 1, 64, torch.float32, False),
+            (64, 64, 3, 64, torch.bfloat16, False),
+            (32, 3, 1, 128, torch.bfloat16, False),
+            (64, 64, 3, 128, torch.float32, False),
+            (128, 128, 3, 64, torch.float32, False),
         ]
     }
+
+
 CASES |= conv_cases()
 
 
@@ -132,8 +157,13 @@ def run(name: str) -> dict:
     with OpPeaks() as bwd:
         out.backward(g)
     big = [r for r in fwd.rows + bwd.rows if r["scratch"] or r["made"] >= 1 << 20]
-    return {"case": name, "forward": fwd.rows, "backward": bwd.rows,
-            "scratch_max": max((r["scratch"] for r in fwd.rows + bwd.rows), default=0), "large": big}
+    return {
+        "case": name,
+        "forward": fwd.rows,
+        "backward": bwd.rows,
+        "scratch_max": max((r["scratch"] for r in fwd.rows + bwd.rows), default=0),
+        "large": big,
+    }
 
 
 def main() -> int:
@@ -143,8 +173,12 @@ def main() -> int:
     ap.add_argument("--only", default="", help="cases whose name starts with this (e.g. conv)")
     args = ap.parse_args()
     CASES.update(conv_cases(args.batch))
-    found = {"device": torch.cuda.get_device_name() if CUDA else "CPU", "torch": torch.__version__,
-             "conv_batch": args.batch, "cases": []}
+    found = {
+        "device": torch.cuda.get_device_name() if CUDA else "CPU",
+        "torch": torch.__version__,
+        "conv_batch": args.batch,
+        "cases": [],
+    }
     for name in [n for n in CASES if n.startswith(args.only)]:
         row = run(name)
         found["cases"].append(row)

@@ -79,26 +79,40 @@ CASES = [
     ("sdpa bf16 causal", [t(B, H, L, 64, dtype=BF)] * 3, _sdpa(is_causal=True)),
     ("sdpa bf16 causal dropout 0.1", [t(B, H, L, 64, dtype=BF)] * 3, _sdpa(is_causal=True, dropout_p=0.1)),
     ("sdpa bf16 float mask", [t(B, H, L, 64, dtype=BF)] * 3 + [t(B, 1, L, L, dtype=BF, grad=False)], _sdpa()),
-    ("sdpa fp32 bool mask", [t(B, H, L, 64)] * 3, lambda q, k, v: F.scaled_dot_product_attention(
-        q, k, v, attn_mask=torch.ones(B, 1, L, L, dtype=torch.bool).tril())),
+    (
+        "sdpa fp32 bool mask",
+        [t(B, H, L, 64)] * 3,
+        lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, attn_mask=torch.ones(B, 1, L, L, dtype=torch.bool).tril()
+        ),
+    ),
     ("sdpa bf16 bias requires grad (T5)", [t(B, H, L, 64, dtype=BF)] * 3 + [t(1, H, L, L, dtype=BF)], _sdpa()),
-    ("sdpa bf16 gqa 16q/4kv causal", [t(B, H, L, 64, dtype=BF), t(B, 4, L, 64, dtype=BF), t(B, 4, L, 64, dtype=BF)],
-     _sdpa(is_causal=True, enable_gqa=True)),
+    (
+        "sdpa bf16 gqa 16q/4kv causal",
+        [t(B, H, L, 64, dtype=BF), t(B, 4, L, 64, dtype=BF), t(B, 4, L, 64, dtype=BF)],
+        _sdpa(is_causal=True, enable_gqa=True),
+    ),
     ("conv2d fp32 64->64 3x3", [t(32, 64, 128, 128), t(64, 64, 3, 3)], lambda x, w: F.conv2d(x, w, padding=1)),
     ("conv2d fp32 3->64 3x3", [t(32, 3, 128, 128, grad=False), t(64, 3, 3, 3)], lambda x, w: F.conv2d(x, w, padding=1)),
-    ("conv2d bf16 64->64 3x3", [t(32, 64, 128, 128, dtype=BF), t(64, 64, 3, 3, dtype=BF)],
-     lambda x, w: F.conv2d(x, w, padding=1)),
-    ("batch_norm fp32 train", [t(32, 64, 128, 128), t(64), t(64)],
-     lambda x, w, b: F.batch_norm(x, torch.zeros(64), torch.ones(64), w, b, True)),
+    (
+        "conv2d bf16 64->64 3x3",
+        [t(32, 64, 128, 128, dtype=BF), t(64, 64, 3, 3, dtype=BF)],
+        lambda x, w: F.conv2d(x, w, padding=1),
+    ),
+    (
+        "batch_norm fp32 train",
+        [t(32, 64, 128, 128), t(64), t(64)],
+        lambda x, w, b: F.batch_norm(x, torch.zeros(64), torch.ones(64), w, b, True),
+    ),
     ("max_pool2d fp32", [t(32, 64, 128, 128)], lambda x: F.max_pool2d(x, 2)),
     ("interpolate x2 fp32", [t(32, 64, 64, 64)], lambda x: F.interpolate(x, scale_factor=2.0)),
     ("cat fp32", [t(32, 64, 128, 128), t(32, 64, 128, 128)], lambda a, b: torch.cat([a, b], 1)),
 ]
 OFF = {
     "gelu fp32": "the erf GELU measured 4x (forward) and 19x (backward) a one-pass kernel, 50x its compute bound: "
-                 "not modelled until measured again",
+    "not modelled until measured again",
     "rms_norm fp32": "torch 2.13 on a CPU runs F.rms_norm as two multiplications and one fused backward, torch 2.11 on "
-                     "CUDA as six ops: the simulated step does not see the GPU's ops",
+    "CUDA as six ops: the simulated step does not see the GPU's ops",
 }
 """Cases the model does not hold, and why."""
 
@@ -149,11 +163,14 @@ def op_table() -> tuple[dict, tuple[float, float]]:
 
 
 SIZES = {
-    "llama_style_decoder": {"issue": dict(layers=16, hidden=1024, mlp=2816, heads=16, kv=4, vocab=32000, batch=4,
-                                          seq=2048),
-                            "smoke": dict(layers=2, hidden=64, mlp=128, heads=4, kv=2, vocab=128, batch=4, seq=64)},
-    "bert_base_mlm": {"issue": dict(layers=12, hidden=768, mlp=3072, heads=12, vocab=30522, batch=32, seq=512),
-                      "smoke": dict(layers=2, hidden=64, mlp=128, heads=4, vocab=128, batch=4, seq=64)},
+    "llama_style_decoder": {
+        "issue": dict(layers=16, hidden=1024, mlp=2816, heads=16, kv=4, vocab=32000, batch=4, seq=2048),
+        "smoke": dict(layers=2, hidden=64, mlp=128, heads=4, kv=2, vocab=128, batch=4, seq=64),
+    },
+    "bert_base_mlm": {
+        "issue": dict(layers=12, hidden=768, mlp=3072, heads=12, vocab=30522, batch=32, seq=512),
+        "smoke": dict(layers=2, hidden=64, mlp=128, heads=4, vocab=128, batch=4, seq=64),
+    },
 }
 
 
@@ -162,9 +179,17 @@ def llama_style_decoder(size: str = "issue", device: str = "meta", autocast: str
     from transformers import LlamaConfig, LlamaForCausalLM
 
     k = SIZES["llama_style_decoder"][size]
-    config = LlamaConfig(vocab_size=k["vocab"], hidden_size=k["hidden"], intermediate_size=k["mlp"],
-                         num_hidden_layers=k["layers"], num_attention_heads=k["heads"], num_key_value_heads=k["kv"],
-                         max_position_embeddings=k["seq"], use_cache=False, attn_implementation="sdpa")
+    config = LlamaConfig(
+        vocab_size=k["vocab"],
+        hidden_size=k["hidden"],
+        intermediate_size=k["mlp"],
+        num_hidden_layers=k["layers"],
+        num_attention_heads=k["heads"],
+        num_key_value_heads=k["kv"],
+        max_position_embeddings=k["seq"],
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = Autocast(LlamaForCausalLM(config), autocast)
@@ -177,9 +202,15 @@ def bert_base_mlm(size: str = "issue", device: str = "meta", autocast: str = "cu
     from transformers import BertConfig, BertForMaskedLM
 
     k = SIZES["bert_base_mlm"][size]
-    config = BertConfig(vocab_size=k["vocab"], hidden_size=k["hidden"], intermediate_size=k["mlp"],
-                        num_hidden_layers=k["layers"], num_attention_heads=k["heads"],
-                        max_position_embeddings=max(512, k["seq"]), attn_implementation="sdpa")
+    config = BertConfig(
+        vocab_size=k["vocab"],
+        hidden_size=k["hidden"],
+        intermediate_size=k["mlp"],
+        num_hidden_layers=k["layers"],
+        num_attention_heads=k["heads"],
+        max_position_embeddings=max(512, k["seq"]),
+        attn_implementation="sdpa",
+    )
     torch.manual_seed(0)
     with torch.device(device):
         model = BertForMaskedLM(config)
@@ -195,8 +226,9 @@ def fake_profile(name: str, size: str = "issue"):
     """The model's step predicted for an H100 (for the CPU at the smoke size, where the smoke run runs it)."""
     model, batch = MODELS[name](size, autocast="cpu" if size == "smoke" else "cuda")
     device, hardware = ("cpu", "cpu") if size == "smoke" else ("cuda", "H100")
-    return remat.profile(model, batch, mode="fake", device=device, hardware=hardware,
-                         optimizer=torch.optim.AdamW(model.parameters()))
+    return remat.profile(
+        model, batch, mode="fake", device=device, hardware=hardware, optimizer=torch.optim.AdamW(model.parameters())
+    )
 
 
 # -- the default run: predictions against the H100's figures --------------------------------------------------
@@ -206,13 +238,22 @@ def op_rows() -> list[list]:
     big, floor = op_table()
     rows = []
     for case in CASES:
-        for direction, key, harness, seconds in zip(("forward", "backward"), ("forward_s", "backward_s"), floor,
-                                                    predicted(case)):
+        for direction, key, harness, seconds in zip(
+            ("forward", "backward"), ("forward_s", "backward_s"), floor, predicted(case)
+        ):
             kernel = big[case[0]][key] - harness
             compared = big[case[0]][key] >= 3 * harness
             verdict = ("not modelled" if case[0] in OFF else "compared") if compared else "harness-bound"
-            rows.append([case[0], direction, round(kernel * 1e6, 1), round(seconds * 1e6, 1),
-                         f"{seconds / kernel:.2f}" if kernel > 0 else "-", verdict])
+            rows.append(
+                [
+                    case[0],
+                    direction,
+                    round(kernel * 1e6, 1),
+                    round(seconds * 1e6, 1),
+                    f"{seconds / kernel:.2f}" if kernel > 0 else "-",
+                    verdict,
+                ]
+            )
     return rows
 
 
@@ -225,8 +266,15 @@ def step_rows() -> list[list]:
         prof = fake_profile(name)
         every = baseline_plans(prof)["every-block"]
         m = truth[name]
-        rows.append([name, round(m["eager_step_s"] * 1e3, 1), round(prof.step_time_s * 1e3, 1),
-                     f"+{m['every_layer_checkpointing']['step_ratio'] - 1:.1%}", f"+{every.extra_fraction:.1%}"])
+        rows.append(
+            [
+                name,
+                round(m["eager_step_s"] * 1e3, 1),
+                round(prof.step_time_s * 1e3, 1),
+                f"+{m['every_layer_checkpointing']['step_ratio'] - 1:.1%}",
+                f"+{every.extra_fraction:.1%}",
+            ]
+        )
     return rows
 
 
@@ -238,8 +286,15 @@ def zoo_rows() -> list[list]:
     rows = []
     for name, measured in truth.items():
         model, inputs, *loss_fn = getattr(zoo, name)()
-        prof = remat.profile(model, inputs, loss_fn=loss_fn[0] if loss_fn else None, mode="fake", device="cuda",
-                             hardware="H100", optimizer=torch.optim.Adam(model.parameters()))
+        prof = remat.profile(
+            model,
+            inputs,
+            loss_fn=loss_fn[0] if loss_fn else None,
+            mode="fake",
+            device="cuda",
+            hardware="H100",
+            optimizer=torch.optim.Adam(model.parameters()),
+        )
         step = measured["held"]["step_s"]
         rows.append([name, round(step * 1e3, 2), round(prof.step_time_s * 1e3, 2), f"{prof.step_time_s / step:.2f}"])
     return rows
@@ -249,16 +304,29 @@ def against_the_h100() -> None:
     import _common
 
     ops, steps, small = op_rows(), step_rows(), zoo_rows()
-    tables = [_common.md_table(["case", "pass", "H100 kernel us", "predicted us", "ratio", "verdict"], ops),
-              _common.md_table(["model", "H100 step ms", "predicted ms", "every layer, H100", "predicted"], steps),
-              _common.md_table(["remat.zoo model", "H100 step ms", "predicted ms", "ratio"], small)]
+    tables = [
+        _common.md_table(["case", "pass", "H100 kernel us", "predicted us", "ratio", "verdict"], ops),
+        _common.md_table(["model", "H100 step ms", "predicted ms", "every layer, H100", "predicted"], steps),
+        _common.md_table(["remat.zoo model", "H100 step ms", "predicted ms", "ratio"], small),
+    ]
     print(*tables, sep="\n\n")
     path = _common.write_results(
-        "gpu_seconds", "Predicted GPU seconds against an H100's", _common.machine_info(),
+        "gpu_seconds",
+        "Predicted GPU seconds against an H100's",
+        _common.machine_info(),
         "python benchmarks/gpu_seconds.py",
-        list(zip(("Per op (H100 kernel: the table's time less the harness's least op)", "Per step (issue 36's runs)",
-                  "Small steps: the host's (zoo_truth.json, the output held through backward)"), tables)),
-        {"ops": ops, "steps": steps, "zoo": small})
+        list(
+            zip(
+                (
+                    "Per op (H100 kernel: the table's time less the harness's least op)",
+                    "Per step (issue 36's runs)",
+                    "Small steps: the host's (zoo_truth.json, the output held through backward)",
+                ),
+                tables,
+            )
+        ),
+        {"ops": ops, "steps": steps, "zoo": small},
+    )
     print(f"wrote {path}")
 
 
@@ -270,17 +338,27 @@ def make_plans(size: str, plans: Path) -> dict:
     plans.mkdir(parents=True, exist_ok=True)
     import transformers
 
-    made = {"torch": torch.__version__, "transformers": transformers.__version__, "size": size,
-            "made": datetime.now(timezone.utc).isoformat(timespec="seconds"), "models": {}}
+    made = {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "size": size,
+        "made": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "models": {},
+    }
     for name in MODELS:
         prof = fake_profile(name, size)
         entry = {"peak_bytes": prof.peak_bytes, "step_s": prof.step_time_s}
         least = remat.frontier(prof, max_points=2)[-1]
-        for kind, plan in (("plan65", remat.plan(prof, max(int(0.65 * prof.peak_bytes), least.peak_bytes))),
-                           ("least", least)):
+        for kind, plan in (
+            ("plan65", remat.plan(prof, max(int(0.65 * prof.peak_bytes), least.peak_bytes))),
+            ("least", least),
+        ):
             plan.save(plans / f"{name}.{kind}.json")
-            entry[kind] = {"peak_bytes": plan.peak_bytes, "extra_fraction": plan.extra_fraction,
-                           "recompute": sorted(n for n, a in plan.decisions.items() if str(a) != "keep")}
+            entry[kind] = {
+                "peak_bytes": plan.peak_bytes,
+                "extra_fraction": plan.extra_fraction,
+                "recompute": sorted(n for n, a in plan.decisions.items() if str(a) != "keep"),
+            }
         made["models"][name] = entry
     (plans / "made.json").write_text(json.dumps(made, indent=1))
     return made
@@ -335,8 +413,13 @@ def on_the_gpu(args) -> dict:
     plans = args.out_dir / "plans" if args.smoke else PLANS
     made = make_plans(size, plans) if args.smoke else json.loads((plans / "made.json").read_text())
     deadline = time.monotonic() + args.budget_s
-    res = {"device": torch.cuda.get_device_name() if device == "cuda" else "cpu", "torch": torch.__version__,
-           "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "made": made, "models": {}}
+    res = {
+        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "torch": torch.__version__,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "made": made,
+        "models": {},
+    }
     for name in MODELS:
         for variant in VARIANTS + (COMPILED if args.compile else []):
             if time.monotonic() > deadline:
@@ -356,8 +439,11 @@ def on_the_gpu(args) -> dict:
 
 
 def render(res: dict) -> str:
-    lines = [f"{res['device']}, torch {res['torch']}, {res['date']}",
-             "| model | variant | peak MiB | step ms | measured overhead | predicted |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"{res['device']}, torch {res['torch']}, {res['date']}",
+        "| model | variant | peak MiB | step ms | measured overhead | predicted |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, variants in res["models"].items():
         eager = variants.get("eager", {}).get("step_s")
         for variant, r in variants.items():
@@ -368,8 +454,7 @@ def render(res: dict) -> str:
             said = f"+{plan['extra_fraction']:.1%}" if "extra_fraction" in plan and "compile" not in variant else ""
             overhead = f"{r['step_s'] / eager - 1:+.1%}" if eager else ""
             peak = f"{r['peak_bytes'] / 2**20:,.0f}" if "peak_bytes" in r else "-"
-            lines.append(f"| {name} | {variant} | {peak} | {r['step_s'] * 1e3:.1f} | "
-                         f"{overhead} | {said} |")
+            lines.append(f"| {name} | {variant} | {peak} | {r['step_s'] * 1e3:.1f} | {overhead} | {said} |")
     return "\n".join(lines)
 
 
@@ -386,8 +471,10 @@ def main() -> None:
         print(json.dumps(make_plans("issue", PLANS), indent=1))
     elif args.gpu:
         if not args.smoke and not torch.cuda.is_available():
-            sys.exit("remat: --gpu runs the plans on a CUDA GPU, and this machine has none. Fix: run it where one is, "
-                     "or add --smoke for the tiny run on the CPU.")
+            sys.exit(
+                "remat: --gpu runs the plans on a CUDA GPU, and this machine has none. Fix: run it where one is, "
+                "or add --smoke for the tiny run on the CPU."
+            )
         res = on_the_gpu(args)
         args.out_dir.mkdir(parents=True, exist_ok=True)
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")

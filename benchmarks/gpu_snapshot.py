@@ -44,8 +44,16 @@ def _frames(event: dict, keep: int = 5) -> str:
     return " < ".join(out)
 
 
-ATTENTION_OPS = ("_scaled_dot_product", "_efficient_attention", "_flash_attention", "_cudnn_attention", "_softmax",
-                 "bmm", "native_dropout", "baddbmm")
+ATTENTION_OPS = (
+    "_scaled_dot_product",
+    "_efficient_attention",
+    "_flash_attention",
+    "_cudnn_attention",
+    "_softmax",
+    "bmm",
+    "native_dropout",
+    "baddbmm",
+)
 
 
 def _sdpa_call(args, kwargs) -> dict:
@@ -63,19 +71,30 @@ def _sdpa_call(args, kwargs) -> dict:
     def desc(t):
         if not isinstance(t, torch.Tensor):
             return None
-        return {"shape": list(t.shape), "dtype": str(t.dtype), "stride": list(t.stride()),
-                "requires_grad": t.requires_grad, "offset": t.storage_offset()}
+        return {
+            "shape": list(t.shape),
+            "dtype": str(t.dtype),
+            "stride": list(t.stride()),
+            "requires_grad": t.requires_grad,
+            "offset": t.storage_offset(),
+        }
 
     row = {k: desc(a[k]) for k in ("query", "key", "value", "attn_mask")}
-    row.update(dropout_p=a["dropout_p"], is_causal=a["is_causal"], enable_gqa=a["enable_gqa"],
-               grad_enabled=torch.is_grad_enabled(),
-               remat_predicts=cuda_backend(a["query"], a["key"], a["value"], a["attn_mask"], a["is_causal"],
-                                           a["enable_gqa"]))
+    row.update(
+        dropout_p=a["dropout_p"],
+        is_causal=a["is_causal"],
+        enable_gqa=a["enable_gqa"],
+        grad_enabled=torch.is_grad_enabled(),
+        remat_predicts=cuda_backend(a["query"], a["key"], a["value"], a["attn_mask"], a["is_causal"], a["enable_gqa"]),
+    )
     if a["query"].is_cuda:
-        params = torch.backends.cuda.SDPAParams(a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"],
-                                                a["is_causal"], a["enable_gqa"])
-        for kernel, check in (("flash", torch.backends.cuda.can_use_flash_attention),
-                              ("efficient", torch.backends.cuda.can_use_efficient_attention)):
+        params = torch.backends.cuda.SDPAParams(
+            a["query"], a["key"], a["value"], a["attn_mask"], a["dropout_p"], a["is_causal"], a["enable_gqa"]
+        )
+        for kernel, check in (
+            ("flash", torch.backends.cuda.can_use_flash_attention),
+            ("efficient", torch.backends.cuda.can_use_efficient_attention),
+        ):
             with warnings.catch_warnings(record=True) as said:
                 warnings.simplefilter("always")
                 ok = check(params, True)
@@ -119,9 +138,14 @@ def kernel_counts(case: str, size: str = "full") -> dict:
     model, inputs, loss_fn = gpu_check.build(case, size, device)
     with Calls(), Count() as counter:
         gpu_check.loss_of(gpu_check.call(model, inputs), loss_fn).backward()
-    return {"case": case, "device": torch.cuda.get_device_name() if device == "cuda" else "CPU",
-            "torch": torch.__version__, "transformers": gpu_check._transformers_version(),
-            "ops": dict(counter.seen.most_common()), "sdpa_calls": list(calls.values())}
+    return {
+        "case": case,
+        "device": torch.cuda.get_device_name() if device == "cuda" else "CPU",
+        "torch": torch.__version__,
+        "transformers": gpu_check._transformers_version(),
+        "ops": dict(counter.seen.most_common()),
+        "sdpa_calls": list(calls.values()),
+    }
 
 
 def profiles(case: str, size: str, out_dir: Path) -> dict:
@@ -130,11 +154,19 @@ def profiles(case: str, size: str, out_dir: Path) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     found = {}
     for mode, where in (("real", {"device": device}), ("fake", {"device": "cuda", "hardware": "H100"})):
-        model, inputs, loss_fn = gpu_check.build(case, size, device if mode == "real" else "cpu",
-                                                 autocast_device="cuda" if mode == "fake" else None)
+        model, inputs, loss_fn = gpu_check.build(
+            case, size, device if mode == "real" else "cpu", autocast_device="cuda" if mode == "fake" else None
+        )
         try:
-            prof = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=gpu_check.adam, mode=mode, **where,
-                                 **gpu_check.profile_options())
+            prof = remat.profile(
+                model,
+                inputs,
+                loss_fn=loss_fn,
+                optimizer=gpu_check.adam,
+                mode=mode,
+                **where,
+                **gpu_check.profile_options(),
+            )
         except Exception as e:  # one profile's failure is a result, the other still runs
             found[mode] = {"error": f"{type(e).__name__}: {e}"[:500]}
             continue
@@ -167,8 +199,13 @@ def live_at_peak(trace: list[dict], start: int = 0) -> dict:
         g[0] += ev["size"]
         g[1] += 1
     rows = sorted(({"bytes": b, "blocks": n, "frames": k} for k, (b, n) in groups.items()), key=lambda r: -r["bytes"])
-    return {"peak_bytes": best, "event": best_at, "action_at_peak": trace[best_at].get("action") if best_at is not None else None,
-            "frames_at_peak": _frames(trace[best_at], 8) if best_at is not None else "", "live": rows}
+    return {
+        "peak_bytes": best,
+        "event": best_at,
+        "action_at_peak": trace[best_at].get("action") if best_at is not None else None,
+        "frames_at_peak": _frames(trace[best_at], 8) if best_at is not None else "",
+        "live": rows,
+    }
 
 
 def one_case(case: str) -> dict:
@@ -197,9 +234,15 @@ def one_case(case: str) -> dict:
     snap = torch.cuda.memory._snapshot()
     trace = snap["device_traces"][0]
     res = live_at_peak(trace, start)
-    res.update(case=case, max_memory_allocated=torch.cuda.max_memory_allocated(),
-               max_memory_reserved=torch.cuda.max_memory_reserved(), events=len(trace), first_event=start,
-               device=torch.cuda.get_device_name(), torch=torch.__version__)
+    res.update(
+        case=case,
+        max_memory_allocated=torch.cuda.max_memory_allocated(),
+        max_memory_reserved=torch.cuda.max_memory_reserved(),
+        events=len(trace),
+        first_event=start,
+        device=torch.cuda.get_device_name(),
+        torch=torch.__version__,
+    )
     return res
 
 
@@ -209,8 +252,11 @@ def main() -> int:
     ap.add_argument("--cases", default="resmlp,resmlp:least,unet_bn,bert")
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--kernels", action="store_true", help="count the attention kernels each case's step ran")
-    ap.add_argument("--profiles", action="store_true",
-                    help="with --kernels: each case's remat profile in real and in fake mode, written beside --out")
+    ap.add_argument(
+        "--profiles",
+        action="store_true",
+        help="with --kernels: each case's remat profile in real and in fake mode, written beside --out",
+    )
     ap.add_argument("--size", default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.kernels:
@@ -223,8 +269,17 @@ def main() -> int:
         for r in found:
             print(r["case"], r["ops"], r.get("profiles"), flush=True)
             for c in r["sdpa_calls"]:
-                print("   sdpa", c["calls"], "x", c["query"]["shape"], "mask", (c["attn_mask"] or {}).get("shape"),
-                      "remat:", c["remat_predicts"], {k: c[k] for k in ("flash", "efficient") if k in c})
+                print(
+                    "   sdpa",
+                    c["calls"],
+                    "x",
+                    c["query"]["shape"],
+                    "mask",
+                    (c["attn_mask"] or {}).get("shape"),
+                    "remat:",
+                    c["remat_predicts"],
+                    {k: c[k] for k in ("flash", "efficient") if k in c},
+                )
         return 0
     if args.one:
         Path(args.out).write_text(json.dumps(one_case(args.one)))

@@ -51,21 +51,43 @@ def two_ranks(wrap: str, workdir: Path) -> dict:
     plan = remat.plan(predicted, budget)
     plan.save(workdir / f"{wrap}_plan.json")
     out = workdir / f"{wrap}_rank{{rank}}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(WORKER),
-           str(out), "profile", wrap, str(workdir / f"{wrap}_plan.json")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(WORKER),
+        str(out),
+        "profile",
+        wrap,
+        str(workdir / f"{wrap}_plan.json"),
+    ]
     env = {**os.environ, **PROCESS_ENV, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1200)
     if done.returncode:
         raise RuntimeError(f"the 2-rank run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     ranks = [json.loads(Path(str(out).format(rank=r)).read_text()) for r in range(2)]
-    return {"wrap": wrap, "predicted": _figures(predicted), "budget_bytes": budget,
-            "plan_peak_bytes": plan.peak_bytes, "plan": plan.segments + [[n] for n in plan.selective], "ranks": ranks}
+    return {
+        "wrap": wrap,
+        "predicted": _figures(predicted),
+        "budget_bytes": budget,
+        "plan_peak_bytes": plan.peak_bytes,
+        "plan": plan.segments + [[n] for n in plan.selective],
+        "ranks": ranks,
+    }
 
 
 def _figures(prof) -> dict:
-    return {"peak_bytes": prof.peak_bytes, "peak_phase": prof.peak_phase, "param_bytes": prof.param_bytes,
-            "grad_bytes": prof.grad_bytes, "optimizer_bytes": prof.optimizer_bytes,
-            "at_peak": prof.at_peak.as_dict()}
+    return {
+        "peak_bytes": prof.peak_bytes,
+        "peak_phase": prof.peak_phase,
+        "param_bytes": prof.param_bytes,
+        "grad_bytes": prof.grad_bytes,
+        "optimizer_bytes": prof.optimizer_bytes,
+        "at_peak": prof.at_peak.as_dict(),
+    }
 
 
 def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
@@ -73,9 +95,18 @@ def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
     import transformers as tf
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-    cfg = tf.LlamaConfig(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
-                         num_key_value_heads=8, vocab_size=128256, max_position_embeddings=seq, rope_theta=500000.0,
-                         use_cache=False, attn_implementation="sdpa")
+    cfg = tf.LlamaConfig(
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        vocab_size=128256,
+        max_position_embeddings=seq,
+        rope_theta=500000.0,
+        use_cache=False,
+        attn_implementation="sdpa",
+    )
     with torch.device("meta"):
         model = tf.LlamaForCausalLM(cfg)
 
@@ -88,8 +119,15 @@ def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
     tokens = torch.zeros(world_size, seq, dtype=torch.long)  # the global batch: 1 sequence per rank
 
     def predict(wrap=torchtitan_fsdp):
-        return remat.profile(model, {"input_ids": tokens, "labels": tokens}, optimizer=lambda ps: torch.optim.AdamW(ps),
-                             mode="fake", device="cuda", world_size=world_size, wrap=wrap)
+        return remat.profile(
+            model,
+            {"input_ids": tokens, "labels": tokens},
+            optimizer=lambda ps: torch.optim.AdamW(ps),
+            mode="fake",
+            device="cuda",
+            world_size=world_size,
+            wrap=wrap,
+        )
 
     t0 = time.perf_counter()
     prof = predict()
@@ -102,12 +140,22 @@ def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
     # before sharding, as torchtitan applies its checkpointing
     planned = predict(lambda copy, mesh: torchtitan_fsdp(remat.apply(copy, least), mesh))
     recomputed = lambda p: sum(len(s) for s in p.segments) + len(p.selective)  # noqa: E731
-    return {"params": sum(p.numel() for p in model.parameters()), "world_size": world_size, "seq": seq,
-            "unplanned": _figures(prof), "least_planned": _figures(planned),
-            "least_peak_bytes": least.peak_bytes, "least_blocks": recomputed(least),
-            "least_recompute_flops": least.recompute_flops, "a100_plan_peak_bytes": fits.peak_bytes,
-            "a100_plan_blocks": recomputed(fits), "a100_recompute_flops": fits.recompute_flops,
-            "step_flops": prof.forward_flops + prof.backward_flops, "predict_s": predict_s, "plan_s": plan_s}
+    return {
+        "params": sum(p.numel() for p in model.parameters()),
+        "world_size": world_size,
+        "seq": seq,
+        "unplanned": _figures(prof),
+        "least_planned": _figures(planned),
+        "least_peak_bytes": least.peak_bytes,
+        "least_blocks": recomputed(least),
+        "least_recompute_flops": least.recompute_flops,
+        "a100_plan_peak_bytes": fits.peak_bytes,
+        "a100_plan_blocks": recomputed(fits),
+        "a100_recompute_flops": fits.recompute_flops,
+        "step_flops": prof.forward_flops + prof.backward_flops,
+        "predict_s": predict_s,
+        "plan_s": plan_s,
+    }
 
 
 def _rank_table(parts: list[dict]) -> str:
@@ -115,12 +163,35 @@ def _rank_table(parts: list[dict]) -> str:
     for part in parts:
         pred = part["predicted"]["peak_bytes"]
         for r in part["ranks"]:
-            rows.append([part["wrap"].upper(), r["rank"], f"{pred / MiB:,.2f}", f"{r['peak'] / MiB:,.2f}",
-                         f"{(pred - r['peak']) / r['peak']:+.2%}", f"{r['process_peak'] / MiB:,.2f}",
-                         f"{(pred - r['process_peak']) / r['process_peak']:+.2%}", f"{part['budget_bytes'] / MiB:,.2f}",
-                         f"{r['planned_process_peak'] / MiB:,.2f}", "yes" if r["planned_diff"] == 0.0 else "no"])
-    return md_table(["wrap", "rank", "predicted here MiB", "rank's profile MiB", "diff", "rank's process MiB", "diff",
-                     "plan budget MiB", "planned, process MiB", "same gradients"], rows)
+            rows.append(
+                [
+                    part["wrap"].upper(),
+                    r["rank"],
+                    f"{pred / MiB:,.2f}",
+                    f"{r['peak'] / MiB:,.2f}",
+                    f"{(pred - r['peak']) / r['peak']:+.2%}",
+                    f"{r['process_peak'] / MiB:,.2f}",
+                    f"{(pred - r['process_peak']) / r['process_peak']:+.2%}",
+                    f"{part['budget_bytes'] / MiB:,.2f}",
+                    f"{r['planned_process_peak'] / MiB:,.2f}",
+                    "yes" if r["planned_diff"] == 0.0 else "no",
+                ]
+            )
+    return md_table(
+        [
+            "wrap",
+            "rank",
+            "predicted here MiB",
+            "rank's profile MiB",
+            "diff",
+            "rank's process MiB",
+            "diff",
+            "plan budget MiB",
+            "planned, process MiB",
+            "same gradients",
+        ],
+        rows,
+    )
 
 
 def _parts(figures: dict) -> str:
@@ -129,13 +200,27 @@ def _parts(figures: dict) -> str:
 
 def _llama_table(r: dict) -> str:
     u, planned = r["unplanned"], r["least_planned"]
-    rows = [["unplanned", f"{u['peak_bytes'] / GiB:,.1f}", "0", _parts(u)],
-            ["least-memory plan", f"{r['least_peak_bytes'] / GiB:,.1f}", r["least_blocks"],
-             f"{r['least_recompute_flops'] / r['step_flops']:.0%} more FLOPs"],
-            ["least-memory plan applied, predicted again", f"{planned['peak_bytes'] / GiB:,.1f}", r["least_blocks"],
-             _parts(planned)],
-            ["cheapest plan under 80 GB", f"{r['a100_plan_peak_bytes'] / GiB:,.1f}", r["a100_plan_blocks"],
-             f"{r['a100_recompute_flops'] / r['step_flops']:.0%} more FLOPs"]]
+    rows = [
+        ["unplanned", f"{u['peak_bytes'] / GiB:,.1f}", "0", _parts(u)],
+        [
+            "least-memory plan",
+            f"{r['least_peak_bytes'] / GiB:,.1f}",
+            r["least_blocks"],
+            f"{r['least_recompute_flops'] / r['step_flops']:.0%} more FLOPs",
+        ],
+        [
+            "least-memory plan applied, predicted again",
+            f"{planned['peak_bytes'] / GiB:,.1f}",
+            r["least_blocks"],
+            _parts(planned),
+        ],
+        [
+            "cheapest plan under 80 GB",
+            f"{r['a100_plan_peak_bytes'] / GiB:,.1f}",
+            r["a100_plan_blocks"],
+            f"{r['a100_recompute_flops'] / r['step_flops']:.0%} more FLOPs",
+        ],
+    ]
     return md_table(["Llama 3 70B, one rank of 64", "peak GiB", "blocks recomputed", "at the peak (GiB) / cost"], rows)
 
 
@@ -155,8 +240,9 @@ def main() -> None:
         sections.append(("Llama 3 70B on 64 GPUs, predicted here", _llama_table(data["llama3_70b"])))
         print(sections[-1][1])
     command = "python benchmarks/many_gpus.py" + (" --skip-70b" if args.skip_70b else "")
-    write_results("many_gpus", "remat on many GPUs: one rank of N predicted from one process", info, command,
-                  sections, data)
+    write_results(
+        "many_gpus", "remat on many GPUs: one rank of N predicted from one process", info, command, sections, data
+    )
 
 
 if __name__ == "__main__":

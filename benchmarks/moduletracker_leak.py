@@ -36,8 +36,11 @@ CASES = {
     "ff_layers": "8 × checkpoint_wrapper(Linear(1024,4096), ReLU, Linear(4096,1024)), 2048 rows",
 }
 TRACKERS = {"none": contextlib.nullcontext, "torch": TorchTracker, "remat": RematTracker}
-TRACKER_NAMES = {"none": "no tracker", "torch": "torch.utils.module_tracker.ModuleTracker",
-                 "remat": "remat._torch_compat.ModuleTracker"}
+TRACKER_NAMES = {
+    "none": "no tracker",
+    "torch": "torch.utils.module_tracker.ModuleTracker",
+    "remat": "remat._torch_compat.ModuleTracker",
+}
 
 
 def _case(name: str):
@@ -71,10 +74,21 @@ def measure_case(case: str, label: str) -> tuple[list, dict]:
     for tr in TRACKERS:
         r = res[tr] = run_fresh(__file__, {"case": case, "tracker": tr})
         held = r["end_of_backward"] - res["none"]["end_of_backward"]
-        rows.append([label if tr == "none" else "", TRACKER_NAMES[tr], r["end_of_backward"] / MiB,
-                     r["after_exit"] / MiB, r["peak"] / MiB, f"{held / MiB:+.0f}" if tr != "none" else ""])
-        print(f"  {case:<10} {tr:<6} end of backward {r['end_of_backward'] / MiB:7.1f}  after exit "
-              f"{r['after_exit'] / MiB:7.1f}  peak {r['peak'] / MiB:7.1f} MiB", flush=True)
+        rows.append(
+            [
+                label if tr == "none" else "",
+                TRACKER_NAMES[tr],
+                r["end_of_backward"] / MiB,
+                r["after_exit"] / MiB,
+                r["peak"] / MiB,
+                f"{held / MiB:+.0f}" if tr != "none" else "",
+            ]
+        )
+        print(
+            f"  {case:<10} {tr:<6} end of backward {r['end_of_backward'] / MiB:7.1f}  after exit "
+            f"{r['after_exit'] / MiB:7.1f}  peak {r['peak'] / MiB:7.1f} MiB",
+            flush=True,
+        )
     return rows, {"case": case, "label": label, "results": res}
 
 
@@ -86,15 +100,34 @@ def main():
         case_rows, case_data = measure_case(case, label)
         rows += case_rows
         data.append(case_data)
-    table = md_table(["step", "tracker", "RSS at end of backward MiB", "after tracker exit MiB", "peak MiB",
-                      "held at end of backward vs none"], rows)
+    table = md_table(
+        [
+            "step",
+            "tracker",
+            "RSS at end of backward MiB",
+            "after tracker exit MiB",
+            "peak MiB",
+            "held at end of backward vs none",
+        ],
+        rows,
+    )
     elapsed = time.perf_counter() - t0
     print(f"\n{table}")
-    write_results("moduletracker_leak", "ModuleTracker recomputation leak (regression check)", info,
-                  "python benchmarks/moduletracker_leak.py",
-                  [("", "RSS above the RSS before the model was built, fresh process per row, one plain step with "
-                        f"loss out.sum(), no optimizer. Elapsed {elapsed:.0f} s."), ("RSS", table)],
-                  {"cases": data, "elapsed_s": elapsed})
+    write_results(
+        "moduletracker_leak",
+        "ModuleTracker recomputation leak (regression check)",
+        info,
+        "python benchmarks/moduletracker_leak.py",
+        [
+            (
+                "",
+                "RSS above the RSS before the model was built, fresh process per row, one plain step with "
+                f"loss out.sum(), no optimizer. Elapsed {elapsed:.0f} s.",
+            ),
+            ("RSS", table),
+        ],
+        {"cases": data, "elapsed_s": elapsed},
+    )
 
 
 if __name__ == "__main__":

@@ -102,12 +102,24 @@ class Case:
 def table_cases(quick: bool) -> list[Case]:
     cases = [
         Case("hetero", "heterogeneous chain: 14 x [Linear, GELU], widths 64..2048, batch 8192", "hetero", {}),
-        Case("chain001", "report-001 chain: 32 x [Linear(1024), ReLU] + Sigmoid, batch 8192", "chain",
-             {"batch": 8192, "blocks": 8 if quick else 32}),
-        Case("gpt2", "GPT-2 small: 12 x 768, 12 heads, vocab 50257, seq 1024, batch 8", "gpt2",
-             {"n_layer": 12, "n_embd": 768, "n_head": 12, "seq": 1024, "batch": 8, "vocab": 50257}),
-        Case("bert", "BERT base: 12 x 768, 12 heads, vocab 30522, seq 512, batch 16", "bert",
-             {"n_layer": 12, "hidden": 768, "heads": 12, "seq": 512, "batch": 16, "vocab": 30522}),
+        Case(
+            "chain001",
+            "report-001 chain: 32 x [Linear(1024), ReLU] + Sigmoid, batch 8192",
+            "chain",
+            {"batch": 8192, "blocks": 8 if quick else 32},
+        ),
+        Case(
+            "gpt2",
+            "GPT-2 small: 12 x 768, 12 heads, vocab 50257, seq 1024, batch 8",
+            "gpt2",
+            {"n_layer": 12, "n_embd": 768, "n_head": 12, "seq": 1024, "batch": 8, "vocab": 50257},
+        ),
+        Case(
+            "bert",
+            "BERT base: 12 x 768, 12 heads, vocab 30522, seq 512, batch 16",
+            "bert",
+            {"n_layer": 12, "hidden": 768, "heads": 12, "seq": 512, "batch": 16, "vocab": 30522},
+        ),
     ]
     if quick:
         cases[1].label = "report-001 chain, 8 blocks of [Linear(1024), ReLU] + Sigmoid, batch 8192"
@@ -137,13 +149,17 @@ def budget_entry(prof: remat.StepProfile, baselines: dict, wide: Problem | None,
     """remat's dp and ilp plans and every recipe at one budget (a fraction f of the unplanned peak)."""
     budget = int(f * prof.peak_bytes)
     got = {s: try_plan(prof, budget, s) for s in ("dp", "ilp")}
-    fitting = {name: summary(p) if p is not None and p.peak_bytes <= budget else None
-               for name, p in (("every_block", baselines.get("every-block")), ("chen", baselines.get("chen")))}
+    fitting = {
+        name: summary(p) if p is not None and p.peak_bytes <= budget else None
+        for name, p in (("every_block", baselines.get("every-block")), ("chen", baselines.get("chen")))
+    }
     entry = {
-        "budget_fraction": f, "budget_bytes": budget,
+        "budget_fraction": f,
+        "budget_bytes": budget,
         **{s: {"plan": summary(p), "min_bytes": least, "seconds": seconds} for s, (p, least, seconds) in got.items()},
         "best_sequential": best_fitting(baselines, budget, only_sequential=True),
-        "best": best_fitting(baselines, budget, only_sequential=False), **fitting,
+        "best": best_fitting(baselines, budget, only_sequential=False),
+        **fitting,
     }
     if wide is not None:
         chosen = dp.solve(wide, budget)
@@ -161,11 +177,20 @@ def compare(case: Case, prof: remat.StepProfile, plots: bool, budgets=BUDGETS) -
         print(f"  {case.key:<10} {f:.0%}  {verdict(entries[-1])[0]}", flush=True)
     if plots:
         path = DOCS / f"frontier_{case.key}.png"
-        plot_frontier(pareto(remat.frontier(prof, max_points=256)), path, budget_bytes=int(0.5 * prof.peak_bytes),
-                      baselines=baselines)
+        plot_frontier(
+            pareto(remat.frontier(prof, max_points=256)),
+            path,
+            budget_bytes=int(0.5 * prof.peak_bytes),
+            baselines=baselines,
+        )
         print(f"  wrote {path}", flush=True)
-    return {"label": case.label, "unplanned_peak_bytes": prof.peak_bytes,
-            "step_flops": prof.forward_flops + prof.backward_flops, "blocks": len(prof.blocks), "budgets": entries}
+    return {
+        "label": case.label,
+        "unplanned_peak_bytes": prof.peak_bytes,
+        "step_flops": prof.forward_flops + prof.backward_flops,
+        "blocks": len(prof.blocks),
+        "budgets": entries,
+    }
 
 
 def against_baselines(quick: bool) -> dict:
@@ -190,14 +215,25 @@ def prediction_cases(quick: bool) -> list[dict]:
         gpt_kw = {"n_layer": 4, "n_embd": 512, "n_head": 8, "seq": 512, "batch": 2, "vocab": 8192}
     w, blocks = chain_kw["width"], chain_kw["blocks"]
     cases = [
-        {"model": "chain", "kwargs": chain_kw,
-         "label": f"report-001 chain {blocks} x [Linear({w}), ReLU] + Sigmoid, batch {chain_kw['batch']}",
-         "recipes": [f"checkpoint_sequential({k})" for k in ks if k <= blocks]},
-        {"model": "hetero", "kwargs": {"batch": 8192}, "label": "heterogeneous chain, batch 8192",
-         "plans": ("middle", "least")},
-        {"model": "gpt2", "kwargs": gpt_kw,
-         "label": f"HF GPT-2 4 x {gpt_kw['n_embd']}, seq {gpt_kw['seq']}, batch 2",
-         "recipes": ["every-block"], "plans": () if quick else ("middle", "least")},
+        {
+            "model": "chain",
+            "kwargs": chain_kw,
+            "label": f"report-001 chain {blocks} x [Linear({w}), ReLU] + Sigmoid, batch {chain_kw['batch']}",
+            "recipes": [f"checkpoint_sequential({k})" for k in ks if k <= blocks],
+        },
+        {
+            "model": "hetero",
+            "kwargs": {"batch": 8192},
+            "label": "heterogeneous chain, batch 8192",
+            "plans": ("middle", "least"),
+        },
+        {
+            "model": "gpt2",
+            "kwargs": gpt_kw,
+            "label": f"HF GPT-2 4 x {gpt_kw['n_embd']}, seq {gpt_kw['seq']}, batch 2",
+            "recipes": ["every-block"],
+            "plans": () if quick else ("middle", "least"),
+        },
     ]
     return [c for c in cases if not (quick and c["model"] == "hetero")]
 
@@ -213,7 +249,11 @@ def checkpoints_to_try(case: dict, prof: remat.StepProfile) -> list[tuple[str, r
     recipes = baseline_plans(prof)
     todo = [("no checkpoint", remat.plan(prof, 1.0), {"kind": "none"})]  # the unplanned step: keep everything
     for name in case.get("recipes", []):
-        how = {"kind": "sequential", "k": int(name[len(SEQ):-1])} if name.startswith(SEQ) else as_hand_recipe(recipes[name])
+        how = (
+            {"kind": "sequential", "k": int(name[len(SEQ) : -1])}
+            if name.startswith(SEQ)
+            else as_hand_recipe(recipes[name])
+        )
         todo.append((name, recipes[name], how))
     for which in case.get("plans", ()):
         p = frontier_pick(prof, which)
@@ -229,15 +269,36 @@ def prediction(quick: bool, threads: int) -> list[dict]:
         for name, predicted, how in checkpoints_to_try(case, prof):
             model, inputs, _ = build(case["model"], case["kwargs"])
             measured = remat.profile(apply_by_hand(model, how), inputs, optimizer=adam)
-            proc = None if quick else run_fresh(WORKER, {"model": case["model"], "kwargs": case["kwargs"], "how": how,
-                                                         "method": "process", "threads": threads})["proc_peak"]
+            proc = (
+                None
+                if quick
+                else run_fresh(
+                    WORKER,
+                    {
+                        "model": case["model"],
+                        "kwargs": case["kwargs"],
+                        "how": how,
+                        "method": "process",
+                        "threads": threads,
+                    },
+                )["proc_peak"]
+            )
             if offset is None and proc is not None:  # unplanned: process minus tensors = the procedure's overhead
                 offset = proc - measured.peak_bytes
-            data.append({"model": case["label"], "checkpoint": name, "predicted_peak_bytes": predicted.peak_bytes,
-                         "profile_peak_bytes": measured.peak_bytes, "process_peak_bytes": proc,
-                         "process_overhead_bytes": offset, "predicted_flops": predicted.recompute_flops,
-                         "measured_flops": measured.recompute_flops, "predicted_recompute_s": predicted.recompute_s,
-                         "measured_peak_phase": measured.peak_phase})
+            data.append(
+                {
+                    "model": case["label"],
+                    "checkpoint": name,
+                    "predicted_peak_bytes": predicted.peak_bytes,
+                    "profile_peak_bytes": measured.peak_bytes,
+                    "process_peak_bytes": proc,
+                    "process_overhead_bytes": offset,
+                    "predicted_flops": predicted.recompute_flops,
+                    "measured_flops": measured.recompute_flops,
+                    "predicted_recompute_s": predicted.recompute_s,
+                    "measured_peak_phase": measured.peak_phase,
+                }
+            )
             row = prediction_row(data[-1])
             print(f"  {case['label'][:30]:<30} {name[:50]:<50} {row[4]:>7} {row[6]:>7} {row[7]:>7}", flush=True)
     return data
@@ -259,27 +320,44 @@ def speed(quick: bool) -> list[dict]:
 
 def timed_plan(solver: str, label: str, prof: remat.StepProfile, f: float) -> dict:
     p, least, seconds = try_plan(prof, int(f * prof.peak_bytes), solver)
-    entry = {"solver": solver, "model": label, "blocks": len(prof.blocks), "budget_fraction": f, "seconds": seconds,
-             "feasible": p is not None, "unplanned_peak_bytes": prof.peak_bytes, "min_bytes": least,
-             **({"flops": p.recompute_flops, "peak_bytes": p.peak_bytes} if p else {})}
+    entry = {
+        "solver": solver,
+        "model": label,
+        "blocks": len(prof.blocks),
+        "budget_fraction": f,
+        "seconds": seconds,
+        "feasible": p is not None,
+        "unplanned_peak_bytes": prof.peak_bytes,
+        "min_bytes": least,
+        **({"flops": p.recompute_flops, "peak_bytes": p.peak_bytes} if p else {}),
+    }
     print(f"  {solver} {label[:40]:<40} {f:.0%} {seconds:7.2f} s  {speed_row(entry)[4]}", flush=True)
     return entry
 
 
 # -- main ----------------------------------------------------------------------------------------------
 
-SECTIONS = {"baselines": ("1. against the baselines (fake mode)", lambda args: against_baselines(args.quick)),
-            "prediction": ("2. the prediction holds (real mode)", lambda args: prediction(args.quick, args.threads)),
-            "speed": ("3. speed", lambda args: speed(args.quick))}
+SECTIONS = {
+    "baselines": ("1. against the baselines (fake mode)", lambda args: against_baselines(args.quick)),
+    "prediction": ("2. the prediction holds (real mode)", lambda args: prediction(args.quick, args.threads)),
+    "speed": ("3. speed", lambda args: speed(args.quick)),
+}
 
 
 def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true",
-                    help="budgets 50/70/90%%, smaller models, no process-RSS runs, no plots (about 1 min)")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="budgets 50/70/90%%, smaller models, no process-RSS runs, no plots (about 1 min)",
+    )
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--only", choices=tuple(SECTIONS), action="append",
-                    help="run only this section (repeatable); results then go to plan_vs_baselines.partial.md")
+    ap.add_argument(
+        "--only",
+        choices=tuple(SECTIONS),
+        action="append",
+        help="run only this section (repeatable); results then go to plan_vs_baselines.partial.md",
+    )
     ap.add_argument("--from-json", metavar="PATH", help="re-render an earlier run's results JSON (no measuring)")
     return ap.parse_args()
 
@@ -305,11 +383,17 @@ def main() -> None:
             print(title, flush=True)
             data[key] = run(args)
             print(f"  ({time.perf_counter() - t:.0f} s)", flush=True)
-    data.update(elapsed_s=time.perf_counter() - t0, cores=os.cpu_count(),
-                loadavg_end=", ".join(f"{x:.1f}" for x in os.getloadavg()))
+    data.update(
+        elapsed_s=time.perf_counter() - t0,
+        cores=os.cpu_count(),
+        loadavg_end=", ".join(f"{x:.1f}" for x in os.getloadavg()),
+    )
     name = "plan_vs_baselines" + (".quick" if args.quick else "") + (".partial" if args.only else "")
-    command = "python benchmarks/plan_vs_baselines.py" + (" --quick" if args.quick else "") + "".join(
-        f" --only {o}" for o in args.only or ())
+    command = (
+        "python benchmarks/plan_vs_baselines.py"
+        + (" --quick" if args.quick else "")
+        + "".join(f" --only {o}" for o in args.only or ())
+    )
     path = write_results(name, TITLE, info, command, render(data), data)
     print(f"wrote {path} ({data['elapsed_s']:,.0f} s)")
 

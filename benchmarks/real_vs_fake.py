@@ -37,7 +37,15 @@ CASES = [
 
 def abbrev(b) -> str:
     d = b.as_dict()
-    short = {"params": "P", "buffers": "B", "inputs": "I", "grads": "G", "optimizer": "O", "activations": "A", "temporaries": "T"}
+    short = {
+        "params": "P",
+        "buffers": "B",
+        "inputs": "I",
+        "grads": "G",
+        "optimizer": "O",
+        "activations": "A",
+        "temporaries": "T",
+    }
     return " ".join(f"{short[k]} {d[k] / MiB:.1f}" for k in CATEGORIES if d[k])
 
 
@@ -66,31 +74,68 @@ def breakdown_rows(label: str, r, f) -> list[list]:
     """The breakdowns of both modes at the peak and at the end of forward, and fake − real in bytes."""
     dif = {k: f.at_peak.as_dict()[k] - r.at_peak.as_dict()[k] for k in CATEGORIES}
     dif_fwd = {k: f.end_of_forward.as_dict()[k] - r.end_of_forward.as_dict()[k] for k in CATEGORIES}
-    return [[label, "real", abbrev(r.at_peak), abbrev(r.end_of_forward)],
-            ["", "fake", abbrev(f.at_peak), abbrev(f.end_of_forward)],
-            ["", "fake − real (bytes)", _signed(dif), _signed(dif_fwd)]]
+    return [
+        [label, "real", abbrev(r.at_peak), abbrev(r.end_of_forward)],
+        ["", "fake", abbrev(f.at_peak), abbrev(f.end_of_forward)],
+        ["", "fake − real (bytes)", _signed(dif), _signed(dif_fwd)],
+    ]
 
 
 def mode_data(p, seconds: float) -> dict:
-    return {"peak": p.peak_bytes, "phase": p.peak_phase, "op": p.peak_op, "at_peak": p.at_peak.as_dict(),
-            "end_of_forward": p.end_of_forward.as_dict(), "activation_bytes": p.activation_bytes, "seconds": seconds}
+    return {
+        "peak": p.peak_bytes,
+        "phase": p.peak_phase,
+        "op": p.peak_op,
+        "at_peak": p.at_peak.as_dict(),
+        "end_of_forward": p.end_of_forward.as_dict(),
+        "activation_bytes": p.activation_bytes,
+        "seconds": seconds,
+    }
 
 
 def compare_case(label: str, name: str, kw: dict) -> tuple[list, list[list], dict]:
     profs, secs = profile_both(name, kw)
     r, f = profs["real"], profs["fake"]
-    row = [label, r.peak_bytes / MiB, f.peak_bytes / MiB, f"{pct(f.peak_bytes, r.peak_bytes):+.3f}%",
-           f"{r.peak_phase}/{r.peak_op}", f"{f.peak_phase}/{f.peak_op}", r.activation_bytes / MiB,
-           f.activation_bytes / MiB, f"{secs['real']:.1f} / {secs['fake']:.1f}"]
+    row = [
+        label,
+        r.peak_bytes / MiB,
+        f.peak_bytes / MiB,
+        f"{pct(f.peak_bytes, r.peak_bytes):+.3f}%",
+        f"{r.peak_phase}/{r.peak_op}",
+        f"{f.peak_phase}/{f.peak_op}",
+        r.activation_bytes / MiB,
+        f.activation_bytes / MiB,
+        f"{secs['real']:.1f} / {secs['fake']:.1f}",
+    ]
     print(f"  {label:<60} real {r.peak_bytes / MiB:9.2f}  fake {f.peak_bytes / MiB:9.2f} MiB", flush=True)
-    return row, breakdown_rows(label, r, f), {"label": label, "model": name, "kwargs": kw,
-                                             "real": mode_data(r, secs["real"]), "fake": mode_data(f, secs["fake"])}
+    return (
+        row,
+        breakdown_rows(label, r, f),
+        {
+            "label": label,
+            "model": name,
+            "kwargs": kw,
+            "real": mode_data(r, secs["real"]),
+            "fake": mode_data(f, secs["fake"]),
+        },
+    )
 
 
-HEADERS = ["model", "real peak MiB", "fake peak MiB", "fake vs real", "real peak at", "fake peak at",
-           "real saved act. MiB", "fake saved act. MiB", "profile s real / fake"]
-LEGEND = ("P params, B buffers, I inputs, G grads, O optimizer state, A activations (saved for backward), "
-          "T temporaries. One step with Adam; loss = out.sum(), out.loss (HF), or the zoo's loss.")
+HEADERS = [
+    "model",
+    "real peak MiB",
+    "fake peak MiB",
+    "fake vs real",
+    "real peak at",
+    "fake peak at",
+    "real saved act. MiB",
+    "fake saved act. MiB",
+    "profile s real / fake",
+]
+LEGEND = (
+    "P params, B buffers, I inputs, G grads, O optimizer state, A activations (saved for backward), "
+    "T temporaries. One step with Adam; loss = out.sum(), out.loss (HF), or the zoo's loss."
+)
 
 
 def main():

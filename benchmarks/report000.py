@@ -110,8 +110,18 @@ RUNS = [
     ("r-c", "GELU + full grad, each layer, NO_REENTRANT", "gelu", "layer", NR, full_grad_loss, None, None),
     ("r-c-re", "GELU + full grad, each layer, REENTRANT", "gelu", "layer", RE, full_grad_loss, None, None),
 ]
-HEADERS = ["variant", "after init", "after data", "after forward", "after backward", "whole-step peak",
-           "user: forward", "user: backward", "ours − user (fwd / bwd)", "recompute TFLOP"]
+HEADERS = [
+    "variant",
+    "after init",
+    "after data",
+    "after forward",
+    "after backward",
+    "whole-step peak",
+    "user: forward",
+    "user: backward",
+    "ours − user (fwd / bwd)",
+    "recompute TFLOP",
+]
 
 
 def profile_run(run: tuple) -> tuple[list, dict]:
@@ -125,16 +135,35 @@ def profile_run(run: tuple) -> tuple[list, dict]:
     init, dat, fwd, bwd = phases(prof)
     step_peak = prof.peak_bytes / MiB
     u = USER.get(user) if user else None
-    row = [label, f"{init:,.2f}", f"{dat:,.2f}", f"{fwd:,.2f}", f"{bwd:,.2f}",
-           f"{step_peak:,.2f}" + (f" ({prof.peak_phase})" if optname else ""),
-           "" if u is None else f"{u[2]:,.2f}", "" if u is None else f"{u[3]:,.2f}",
-           "" if u is None else f"{fwd - u[2]:+,.2f} / {bwd - u[3]:+,.2f}", f"{prof.recompute_flops / 1e12:.2f}"]
+    row = [
+        label,
+        f"{init:,.2f}",
+        f"{dat:,.2f}",
+        f"{fwd:,.2f}",
+        f"{bwd:,.2f}",
+        f"{step_peak:,.2f}" + (f" ({prof.peak_phase})" if optname else ""),
+        "" if u is None else f"{u[2]:,.2f}",
+        "" if u is None else f"{u[3]:,.2f}",
+        "" if u is None else f"{fwd - u[2]:+,.2f} / {bwd - u[3]:+,.2f}",
+        f"{prof.recompute_flops / 1e12:.2f}",
+    ]
     print(f"  {label:<48} fwd {fwd:10,.2f}  bwd {bwd:10,.2f} MiB  ({dt:.2f} s)", flush=True)
-    return row, {"key": key, "label": label, "init_mib": init, "data_mib": dat, "forward_mib": fwd,
-                 "backward_mib": bwd, "step_peak_mib": step_peak, "peak_phase": prof.peak_phase,
-                 "peak_op": prof.peak_op, "peak_module": prof.peak_module,
-                 "at_peak": prof.at_peak.as_dict(), "recompute_flops": prof.recompute_flops,
-                 "user": u, "profile_s": dt}
+    return row, {
+        "key": key,
+        "label": label,
+        "init_mib": init,
+        "data_mib": dat,
+        "forward_mib": fwd,
+        "backward_mib": bwd,
+        "step_peak_mib": step_peak,
+        "peak_phase": prof.peak_phase,
+        "peak_op": prof.peak_op,
+        "peak_module": prof.peak_module,
+        "at_peak": prof.at_peak.as_dict(),
+        "recompute_flops": prof.recompute_flops,
+        "user": u,
+        "profile_s": dt,
+    }
 
 
 def main():
@@ -145,8 +174,10 @@ def main():
     elapsed = time.perf_counter() - T_START
     table = md_table(HEADERS, list(rows))
     print(f"\n{table}")
-    print("\nThe user's numbers (MB): init 256.16, data 768.16; no checkpoint: forward 37641.28, backward 40224.41; "
-          "checkpoint_wrapper(model): forward 5384.28, backward 40736.41.")
+    print(
+        "\nThe user's numbers (MB): init 256.16, data 768.16; no checkpoint: forward 37641.28, backward 40224.41; "
+        "checkpoint_wrapper(model): forward 5384.28, backward 40736.41."
+    )
     print(f"whole script {elapsed:.1f} s (target < 60 s): {'met' if elapsed < 60 else 'MISSED'}")
     notes = (
         "MiB, cumulative maxima like torch.cuda.max_memory_allocated(); fake mode, device='cuda' simulated "
@@ -156,9 +187,14 @@ def main():
         "(as out.backward(torch.ones_like(out))). checkpoint_wrapper's default in torch 2.13 is NO_REENTRANT; "
         f"it was REENTRANT in the torch of the report. Whole script: {elapsed:.1f} s."
     )
-    write_results("report000", "User report 000 reproduced (fake mode, simulated CUDA)", info,
-                  "python benchmarks/report000.py", [("", notes), ("Peaks (MiB)", table)],
-                  {"runs": list(data), "elapsed_s": elapsed})
+    write_results(
+        "report000",
+        "User report 000 reproduced (fake mode, simulated CUDA)",
+        info,
+        "python benchmarks/report000.py",
+        [("", notes), ("Peaks (MiB)", table)],
+        {"runs": list(data), "elapsed_s": elapsed},
+    )
 
 
 if __name__ == "__main__":

@@ -60,7 +60,9 @@ def rerun_in_backward(segments: int) -> list[int]:
     seq = model.seq if segments else model
     seen: set[int] = set()
     handles = [
-        m.register_forward_pre_hook(lambda mod, args, i=i: seen.add(i) if torch._C._current_graph_task_id() != -1 else None)
+        m.register_forward_pre_hook(
+            lambda mod, args, i=i: seen.add(i) if torch._C._current_graph_task_id() != -1 else None
+        )
         for i, m in enumerate(seq)
     ]
     model(x).sum().backward()
@@ -91,8 +93,13 @@ def torch_rule(s: int, rerun: list[int], batch: int, recompute_flops: int) -> di
     # non-reentrant early stop ends the recomputation there, so that matmul is never re-run
     ends = {size * (c + 1) - 1 for c in range(s - 1)} if s else set()
     linears = sum(1 for i in rerun if i % 2 == 0 and i < 64 and i not in ends)
-    return {"segment_size": size, "inside_checkpoints": inside, "expected_plain": exp, "matches_torch_source": ok,
-            "recompute_flops_as_expected": recompute_flops == linears * 2 * batch * 1024 * 1024}
+    return {
+        "segment_size": size,
+        "inside_checkpoints": inside,
+        "expected_plain": exp,
+        "matches_torch_source": ok,
+        "recompute_flops_as_expected": recompute_flops == linears * 2 * batch * 1024 * 1024,
+    }
 
 
 def sweep_point(s: int, batch: int) -> tuple[list, dict]:
@@ -106,21 +113,43 @@ def sweep_point(s: int, batch: int) -> tuple[list, dict]:
     flags = remat_flags(prof)
     ref = MEASURING.get(s) if batch == 8192 else None
     exp = rule["expected_plain"]
-    row = ["no checkpoint" if s == 0 else s, rule["segment_size"] or "", span(rule["inside_checkpoints"]), span(rerun),
-           f"{exp} (modules {N_MODULES - exp}–64)", "yes" if rule["matches_torch_source"] else "NO",
-           prof.peak_bytes / MiB, f"{prof.peak_bytes / (batch * 1024 * 4):.1f}", f"{prof.peak_phase}/{prof.peak_op}",
-           f"{prof.recompute_flops / 1e9:,.0f}" + ("" if rule["recompute_flops_as_expected"] else " (≠ expected!)"),
-           "yes" if flags == rerun else f"NO: {len(flags)} flagged, {len(set(flags) ^ set(rerun))} wrong",
-           re_peak / MiB, "" if ref is None else ref]
-    print(f"  segments {s:3d}: peak {prof.peak_bytes / MiB:8.1f} MiB, re-run {len(rerun):2d}, trailing plain "
-          f"{exp:2d}, recompute {prof.recompute_flops / 1e9:,.0f} GFLOP, remat flags "
-          f"{'ok' if flags == rerun else 'WRONG'}  [{dt:.1f} s]", flush=True)
-    return row, {"segments": s, **rule, "rerun_in_backward": rerun,
-                 "not_rerun": [i for i in range(N_MODULES) if i not in rerun], "remat_checkpointed_flags": flags,
-                 "remat_flags_match": flags == rerun, "reentrant_input_grad_peak": re_peak,
-                 "peak_bytes": prof.peak_bytes, "peak_phase": prof.peak_phase, "peak_op": prof.peak_op,
-                 "recompute_flops": prof.recompute_flops, "activation_bytes": prof.activation_bytes,
-                 "measuring_md_mib": ref, "profile_s": dt}
+    row = [
+        "no checkpoint" if s == 0 else s,
+        rule["segment_size"] or "",
+        span(rule["inside_checkpoints"]),
+        span(rerun),
+        f"{exp} (modules {N_MODULES - exp}–64)",
+        "yes" if rule["matches_torch_source"] else "NO",
+        prof.peak_bytes / MiB,
+        f"{prof.peak_bytes / (batch * 1024 * 4):.1f}",
+        f"{prof.peak_phase}/{prof.peak_op}",
+        f"{prof.recompute_flops / 1e9:,.0f}" + ("" if rule["recompute_flops_as_expected"] else " (≠ expected!)"),
+        "yes" if flags == rerun else f"NO: {len(flags)} flagged, {len(set(flags) ^ set(rerun))} wrong",
+        re_peak / MiB,
+        "" if ref is None else ref,
+    ]
+    print(
+        f"  segments {s:3d}: peak {prof.peak_bytes / MiB:8.1f} MiB, re-run {len(rerun):2d}, trailing plain "
+        f"{exp:2d}, recompute {prof.recompute_flops / 1e9:,.0f} GFLOP, remat flags "
+        f"{'ok' if flags == rerun else 'WRONG'}  [{dt:.1f} s]",
+        flush=True,
+    )
+    return row, {
+        "segments": s,
+        **rule,
+        "rerun_in_backward": rerun,
+        "not_rerun": [i for i in range(N_MODULES) if i not in rerun],
+        "remat_checkpointed_flags": flags,
+        "remat_flags_match": flags == rerun,
+        "reentrant_input_grad_peak": re_peak,
+        "peak_bytes": prof.peak_bytes,
+        "peak_phase": prof.peak_phase,
+        "peak_op": prof.peak_op,
+        "recompute_flops": prof.recompute_flops,
+        "activation_bytes": prof.activation_bytes,
+        "measuring_md_mib": ref,
+        "profile_s": dt,
+    }
 
 
 def real_check() -> tuple[str, list]:
@@ -129,20 +158,49 @@ def real_check() -> tuple[str, list]:
     for s in REAL_SEGMENTS:
         r, dr = profile(s, REAL_BATCH, "real")
         f, _ = profile(s, REAL_BATCH, "fake")
-        rows.append(["no checkpoint" if s == 0 else s, r.peak_bytes / MiB, f.peak_bytes / MiB,
-                     f"{100 * (f.peak_bytes - r.peak_bytes) / r.peak_bytes:+.2f}%",
-                     f"{r.recompute_flops / 1e9:,.0f} / {f.recompute_flops / 1e9:,.0f}", f"{dr:.1f}"])
-        data.append({"segments": s, "real_peak": r.peak_bytes, "fake_peak": f.peak_bytes,
-                     "real_recompute_flops": r.recompute_flops, "fake_recompute_flops": f.recompute_flops})
-        print(f"  real check, segments {s}: real {r.peak_bytes / MiB:.1f}  fake {f.peak_bytes / MiB:.1f} MiB", flush=True)
-    return md_table(["segments", "real peak MiB", "fake peak MiB", "fake vs real", "recompute GFLOP real / fake",
-                     "real profile s"], rows), data
+        rows.append(
+            [
+                "no checkpoint" if s == 0 else s,
+                r.peak_bytes / MiB,
+                f.peak_bytes / MiB,
+                f"{100 * (f.peak_bytes - r.peak_bytes) / r.peak_bytes:+.2f}%",
+                f"{r.recompute_flops / 1e9:,.0f} / {f.recompute_flops / 1e9:,.0f}",
+                f"{dr:.1f}",
+            ]
+        )
+        data.append(
+            {
+                "segments": s,
+                "real_peak": r.peak_bytes,
+                "fake_peak": f.peak_bytes,
+                "real_recompute_flops": r.recompute_flops,
+                "fake_recompute_flops": f.recompute_flops,
+            }
+        )
+        print(
+            f"  real check, segments {s}: real {r.peak_bytes / MiB:.1f}  fake {f.peak_bytes / MiB:.1f} MiB", flush=True
+        )
+    return md_table(
+        ["segments", "real peak MiB", "fake peak MiB", "fake vs real", "recompute GFLOP real / fake", "real profile s"],
+        rows,
+    ), data
 
 
-HEADERS = ["segments", "segment size", "inside checkpointed chunks (checkpoint.py)", "re-run in backward (hooks)",
-           "run plain (remainder)", "hooks agree", "predicted peak MiB", "peak / activation", "peak at",
-           "recompute GFLOP", "remat BlockProfile.checkpointed = re-run?",
-           "predicted, use_reentrant=True + input requires grad", "MEASURING.md process MiB"]
+HEADERS = [
+    "segments",
+    "segment size",
+    "inside checkpointed chunks (checkpoint.py)",
+    "re-run in backward (hooks)",
+    "run plain (remainder)",
+    "hooks agree",
+    "predicted peak MiB",
+    "peak / activation",
+    "peak at",
+    "recompute GFLOP",
+    "remat BlockProfile.checkpointed = re-run?",
+    "predicted, use_reentrant=True + input requires grad",
+    "MEASURING.md process MiB",
+]
 
 
 def main():
@@ -163,19 +221,26 @@ def main():
         print(f"\n{real_table}")
     elapsed = time.perf_counter() - t_start
     print(f"\n{elapsed:.0f} s, threads {args.threads}")
-    notes = (f"Fake mode, batch {args.batch}, optimizer=None, loss out.sum(), checkpoint_sequential(use_reentrant=False). "
-             f"One activation (batch × 1024 float32) = {args.batch * 1024 * 4 / MiB:.0f} MiB. 'modules not checkpointed' lists the chain "
-             "modules whose forward re-ran during backward, seen by forward-pre-hooks on a plain untracked step; "
-             "'run plain' is 65 − (65 // segments) × (segments − 1), the trailing modules checkpoint.py runs "
-             "without checkpoint; 'hooks agree' checks that none of them re-ran. Recompute GFLOP is remat's "
-             "recompute_flops, checked against 2·batch·1024² per re-run Linear that does not end its chunk. "
-             f"Elapsed {elapsed:.0f} s.")
+    notes = (
+        f"Fake mode, batch {args.batch}, optimizer=None, loss out.sum(), checkpoint_sequential(use_reentrant=False). "
+        f"One activation (batch × 1024 float32) = {args.batch * 1024 * 4 / MiB:.0f} MiB. 'modules not checkpointed' lists the chain "
+        "modules whose forward re-ran during backward, seen by forward-pre-hooks on a plain untracked step; "
+        "'run plain' is 65 − (65 // segments) × (segments − 1), the trailing modules checkpoint.py runs "
+        "without checkpoint; 'hooks agree' checks that none of them re-ran. Recompute GFLOP is remat's "
+        "recompute_flops, checked against 2·batch·1024² per re-run Linear that does not end its chunk. "
+        f"Elapsed {elapsed:.0f} s."
+    )
     sections = [("", notes), (f"Predicted peak per segment count (batch {args.batch})", table)]
     if real_table:
         sections.append((f"Real mode vs fake mode (batch {REAL_BATCH})", real_table))
-    write_results("report001_quick" if args.quick else "report001", "User report 001: checkpoint_sequential segments",
-                  info, "python benchmarks/report001.py" + (" --quick" if args.quick else ""), sections,
-                  {"sweep": list(data), "real_check": real_data, "elapsed_s": elapsed, "batch": args.batch})
+    write_results(
+        "report001_quick" if args.quick else "report001",
+        "User report 001: checkpoint_sequential segments",
+        info,
+        "python benchmarks/report001.py" + (" --quick" if args.quick else ""),
+        sections,
+        {"sweep": list(data), "real_check": real_data, "elapsed_s": elapsed, "batch": args.batch},
+    )
 
 
 if __name__ == "__main__":

@@ -31,7 +31,10 @@ SkipNet and chain), and what it follows: oneDNN writes a convolution's output in
 it, and its backward reorders its inputs; dropout's `bernoulli_` draws into a temporary the size of its tensor;
 attention's `_safe_softmax` keeps a one-byte-per-element mask of the rows that are all -inf."""
 STEPS = [
-    *((f"cnn_bn(batch={b}, size={s})", lambda b=b, s=s: zoo.cnn_bn(batch=b, size=s)) for b, s in ((64, 64), (32, 96), (128, 32))),
+    *(
+        (f"cnn_bn(batch={b}, size={s})", lambda b=b, s=s: zoo.cnn_bn(batch=b, size=s))
+        for b, s in ((64, 64), (32, 96), (128, 32))
+    ),
     ("gpt2()", zoo.gpt2),
     ("gpt2(batch=4, seq=512)", lambda: zoo.gpt2(batch=4, seq=512)),
     ("bert(batch=16)", lambda: zoo.bert(batch=16)),
@@ -60,10 +63,13 @@ def _measure(build) -> list[dict]:
         held = lead_in(model, step, loss_fn, opt, Loop()).held
         with meter:
             micro_batch(model, step, loss_fn, held)
-        return {"rows": [
-            {"op": sig[0], "scratch": s, "input": i, "output": out}  # a signature starts with the op's name
-            for sig, s, (i, out) in zip(meter.ops, meter.scratch, meter.sizes) if sig[0] in OPS
-        ]}
+        return {
+            "rows": [
+                {"op": sig[0], "scratch": s, "input": i, "output": out}  # a signature starts with the op's name
+                for sig, s, (i, out) in zip(meter.ops, meter.scratch, meter.sizes)
+                if sig[0] in OPS
+            ]
+        }
 
     return procmem.in_forked_copy(run)["rows"]
 
@@ -78,17 +84,33 @@ def main() -> None:
     for op, follows in OPS.items():
         ratios = [r["scratch"] / r[follows] for r in rows if r["op"] == op and r["scratch"] > 0]
         ratio = round(statistics.median(ratios), 3) if ratios else 0.0
-        models.append({
-            "device": "cpu", "op": op,
-            "per_input_byte": ratio if follows == "input" else 0.0,
-            "per_output_byte": ratio if follows == "output" else 0.0,
-            "seen": len(ratios), "min_ratio": round(min(ratios, default=0), 3), "max_ratio": round(max(ratios, default=0), 3),
-        })
-        print(f"{op:24s} scratch = {ratio:.3f} x {follows} bytes  ({len(ratios)} ops, ratios {min(ratios, default=0):.3f}-{max(ratios, default=0):.3f})")
-    OUT.write_text(json.dumps({
-        "date": datetime.date.today().isoformat(), "machine": platform.machine(), "cpu_threads_in_copy": 1,
-        "torch": torch.__version__, "models": models,
-    }, indent=1) + "\n")
+        models.append(
+            {
+                "device": "cpu",
+                "op": op,
+                "per_input_byte": ratio if follows == "input" else 0.0,
+                "per_output_byte": ratio if follows == "output" else 0.0,
+                "seen": len(ratios),
+                "min_ratio": round(min(ratios, default=0), 3),
+                "max_ratio": round(max(ratios, default=0), 3),
+            }
+        )
+        print(
+            f"{op:24s} scratch = {ratio:.3f} x {follows} bytes  ({len(ratios)} ops, ratios {min(ratios, default=0):.3f}-{max(ratios, default=0):.3f})"
+        )
+    OUT.write_text(
+        json.dumps(
+            {
+                "date": datetime.date.today().isoformat(),
+                "machine": platform.machine(),
+                "cpu_threads_in_copy": 1,
+                "torch": torch.__version__,
+                "models": models,
+            },
+            indent=1,
+        )
+        + "\n"
+    )
     print(f"wrote {OUT}")
 
 

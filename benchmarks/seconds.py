@@ -28,12 +28,21 @@ from remat import zoo  # noqa: E402
 from remat.types.verification import TIME_AGREES  # noqa: E402
 
 CASES = {  # name: (builder, default size, quick size)
-    "Llama 4x256, seq 256, batch 4": (_llama, dict(n_layer=4, hidden=256, heads=4, seq=256, batch=4, vocab=4096),
-                                      dict(n_layer=2, hidden=128, heads=4, seq=64, batch=2, vocab=512)),
-    "GPT-2 4x256, seq 256, batch 8": (lambda kw: zoo.gpt2(**kw), dict(n_layer=4, n_embd=256, n_head=4, seq=256,
-                                                                      batch=8, vocab=8192), None),
-    "report-001 chain 16xLinear(512), batch 2048": (lambda kw: zoo.chain_report001(**kw),
-                                                     dict(width=512, blocks=16, batch=2048), None),
+    "Llama 4x256, seq 256, batch 4": (
+        _llama,
+        dict(n_layer=4, hidden=256, heads=4, seq=256, batch=4, vocab=4096),
+        dict(n_layer=2, hidden=128, heads=4, seq=64, batch=2, vocab=512),
+    ),
+    "GPT-2 4x256, seq 256, batch 8": (
+        lambda kw: zoo.gpt2(**kw),
+        dict(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=8192),
+        None,
+    ),
+    "report-001 chain 16xLinear(512), batch 2048": (
+        lambda kw: zoo.chain_report001(**kw),
+        dict(width=512, blocks=16, batch=2048),
+        None,
+    ),
 }
 ROUNDS = 7
 
@@ -49,15 +58,28 @@ def run_case(name: str, build, kw: dict) -> list[dict]:
     for i in picks:
         plan = frontier[i]
         report = remat.verify(model, inputs, plan, optimizer=opt, time_rounds=ROUNDS)
-        rows.append({
-            "model": name, "point": i, "points": len(frontier), "peak_mib": plan.peak_bytes / MiB,
-            "unplanned_mib": prof.peak_bytes / MiB, "checkpoints": len(plan.segments), "selective": len(plan.selective),
-            "predicted": plan.extra_fraction, "measured": report.measured_overhead,
-            "gap_pp": 100 * (report.measured_overhead - plan.extra_fraction), "agrees": report.time_agrees,
-            "step_time_s": prof.step_time_s, "verify_step_s": report.unplanned_step_s, "ok": report.ok,
-        })
-        print(f"{name} point {i}: predicted {plan.extra_fraction:+.1%}, measured {report.measured_overhead:+.1%}",
-              flush=True)
+        rows.append(
+            {
+                "model": name,
+                "point": i,
+                "points": len(frontier),
+                "peak_mib": plan.peak_bytes / MiB,
+                "unplanned_mib": prof.peak_bytes / MiB,
+                "checkpoints": len(plan.segments),
+                "selective": len(plan.selective),
+                "predicted": plan.extra_fraction,
+                "measured": report.measured_overhead,
+                "gap_pp": 100 * (report.measured_overhead - plan.extra_fraction),
+                "agrees": report.time_agrees,
+                "step_time_s": prof.step_time_s,
+                "verify_step_s": report.unplanned_step_s,
+                "ok": report.ok,
+            }
+        )
+        print(
+            f"{name} point {i}: predicted {plan.extra_fraction:+.1%}, measured {report.measured_overhead:+.1%}",
+            flush=True,
+        )
     return rows
 
 
@@ -73,11 +95,31 @@ def main() -> None:
             continue
         rows += run_case(name, build, quick if args.quick else default)
     table = md_table(
-        ["model", "frontier point", "peak (unplanned)", "ckpt + selective", "predicted", "measured", "gap",
-         f"within {TIME_AGREES * 100:.0f} pp", "verify ok"],
-        [[r["model"], f"{r['point']} of {r['points']}", f"{r['peak_mib']:.1f} MiB ({r['unplanned_mib']:.1f})",
-          f"{r['checkpoints']} + {r['selective']}", f"{r['predicted']:+.1%}", f"{r['measured']:+.1%}",
-          f"{r['gap_pp']:+.0f} pp", "yes" if r["agrees"] else "no", "yes" if r["ok"] else "no"] for r in rows],
+        [
+            "model",
+            "frontier point",
+            "peak (unplanned)",
+            "ckpt + selective",
+            "predicted",
+            "measured",
+            "gap",
+            f"within {TIME_AGREES * 100:.0f} pp",
+            "verify ok",
+        ],
+        [
+            [
+                r["model"],
+                f"{r['point']} of {r['points']}",
+                f"{r['peak_mib']:.1f} MiB ({r['unplanned_mib']:.1f})",
+                f"{r['checkpoints']} + {r['selective']}",
+                f"{r['predicted']:+.1%}",
+                f"{r['measured']:+.1%}",
+                f"{r['gap_pp']:+.0f} pp",
+                "yes" if r["agrees"] else "no",
+                "yes" if r["ok"] else "no",
+            ]
+            for r in rows
+        ],
     )
     agree = sum(r["agrees"] for r in rows)
     body = (
@@ -87,8 +129,14 @@ def main() -> None:
         f"Elapsed {time.time() - t0:.0f} s."
     )
     command = "python benchmarks/seconds.py" + (" --quick" if args.quick else "")
-    write_results("seconds" + ("_quick" if args.quick else ""), "Predicted vs measured step-time overhead",
-                  machine_info(), command, [("Results", body)], rows)
+    write_results(
+        "seconds" + ("_quick" if args.quick else ""),
+        "Predicted vs measured step-time overhead",
+        machine_info(),
+        command,
+        [("Results", body)],
+        rows,
+    )
 
 
 if __name__ == "__main__":

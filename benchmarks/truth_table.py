@@ -87,7 +87,11 @@ def _built(name: str):
 
 def _row(name: str, case: str, budget: int | None, predicted: int, measured: int) -> dict:
     return {
-        "model": name, "case": case, "budget_bytes": budget, "predicted_bytes": predicted, "process_bytes": measured,
+        "model": name,
+        "case": case,
+        "budget_bytes": budget,
+        "predicted_bytes": predicted,
+        "process_bytes": measured,
         "difference": (predicted - measured) / measured,
         "within_budget": None if budget is None else measured <= (1 + BUDGET_SLACK) * budget,
     }
@@ -119,10 +123,26 @@ def _table(rows: list[dict]) -> str:
         budget = "" if r["budget_bytes"] is None else f"{r['budget_bytes'] / MiB:,.1f}"
         fits = "" if r["within_budget"] is None else ("yes" if r["within_budget"] else "**no**")
         close = abs(r["difference"]) <= TOLERANCE
-        out.append([CASES[r["model"]], r["case"], budget, f"{r['predicted_bytes'] / MiB:,.1f}",
-                    f"{r['process_bytes'] / MiB:,.1f}", f"{r['difference']:+.2%}" + ("" if close else " **over 3%**"), fits])
-    headers = ["model", "plan", "budget MiB", "remat predicted MiB", "process, 3rd step MiB", "difference",
-               "within budget +1%"]
+        out.append(
+            [
+                CASES[r["model"]],
+                r["case"],
+                budget,
+                f"{r['predicted_bytes'] / MiB:,.1f}",
+                f"{r['process_bytes'] / MiB:,.1f}",
+                f"{r['difference']:+.2%}" + ("" if close else " **over 3%**"),
+                fits,
+            ]
+        )
+    headers = [
+        "model",
+        "plan",
+        "budget MiB",
+        "remat predicted MiB",
+        "process, 3rd step MiB",
+        "difference",
+        "within budget +1%",
+    ]
     return md_table(headers, out)
 
 
@@ -150,8 +170,14 @@ def main() -> None:
     print(summary)
     name = "truth_table_quick" if args.quick else "truth_table"
     command = "python benchmarks/truth_table.py" + (" --quick" if args.quick else "")
-    write_results(name, "Predicted vs trained: the third step of the user's loop, measured by the process", info,
-                  command, [("", table), ("Summary", summary)], rows)
+    write_results(
+        name,
+        "Predicted vs trained: the third step of the user's loop, measured by the process",
+        info,
+        command,
+        [("", table), ("Summary", summary)],
+        rows,
+    )
 
 
 if __name__ == "__main__":

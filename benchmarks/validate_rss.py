@@ -35,7 +35,9 @@ def cases(quick: bool):
             "no checkpoint" if s == 0 else f"checkpoint_sequential({s})"
         )
         out.append({"label": label, "model": "chain", "kwargs": {"batch": batch}, "segments": s})
-    out.append({"label": "HF GPT-2 4 layers × 512, seq 512, batch 2, vocab 8192", "model": "gpt2", "kwargs": {}, "segments": 0})
+    out.append(
+        {"label": "HF GPT-2 4 layers × 512, seq 512, batch 2, vocab 8192", "model": "gpt2", "kwargs": {}, "segments": 0}
+    )
     out.append(
         {"label": "report-000 FeedForward 512/2048 ×8, seq 512, batch 8", "model": "ff000", "kwargs": {}, "segments": 0}
     )
@@ -57,8 +59,17 @@ def measure_case(c: dict, args) -> tuple[list, dict]:
     proc = res["process"]["proc_peak"]
     r, mt = res["remat"], res["memtracker"]
     ref = MEASURING.get(c["segments"]) if (c["model"] == "chain" and c["kwargs"]["batch"] == 8192) else None
-    row = [c["label"], proc / MiB, r["peak"] / MiB, f"{pct(r['peak'], proc):+.1f}%", f"{r['peak_phase']}/{r['peak_op']}",
-           mt["peak"] / MiB, f"{pct(mt['peak'], proc):+.1f}%", r["proc_peak"] / MiB, "" if ref is None else ref]
+    row = [
+        c["label"],
+        proc / MiB,
+        r["peak"] / MiB,
+        f"{pct(r['peak'], proc):+.1f}%",
+        f"{r['peak_phase']}/{r['peak_op']}",
+        mt["peak"] / MiB,
+        f"{pct(mt['peak'], proc):+.1f}%",
+        r["proc_peak"] / MiB,
+        "" if ref is None else ref,
+    ]
     return row, {"case": c, "results": res, "measuring_md_mib": ref}
 
 
@@ -66,16 +77,30 @@ def tiny_overhead(args) -> tuple[str, list]:
     """The fixed overhead of the procedure, from tiny runs: process − remat."""
     rows, data = [], []
     for model, kw in TINY.items():
-        res = {m: run_fresh(WORKER, {"model": model, "kwargs": kw, "method": m, "optimizer": args.optimizer,
-                                     "threads": args.threads}) for m in ("process", "remat")}
+        res = {
+            m: run_fresh(
+                WORKER,
+                {"model": model, "kwargs": kw, "method": m, "optimizer": args.optimizer, "threads": args.threads},
+            )
+            for m in ("process", "remat")
+        }
         proc, rem = res["process"]["proc_peak"], res["remat"]["peak"]
         rows.append([f"{model} {kw}", proc / MiB, rem / MiB, (proc - rem) / MiB])
         data.append({"model": model, "kwargs": kw, "results": res})
     return md_table(["tiny model", "process MiB", "remat MiB", "fixed overhead MiB"], rows), data
 
 
-HEADERS = ["model", "process MiB", "remat MiB", "remat vs proc", "remat peak at", "MemTracker MiB", "MT vs proc",
-           "RSS of the remat process", "MEASURING.md MiB"]
+HEADERS = [
+    "model",
+    "process MiB",
+    "remat MiB",
+    "remat vs proc",
+    "remat peak at",
+    "MemTracker MiB",
+    "MT vs proc",
+    "RSS of the remat process",
+    "MEASURING.md MiB",
+]
 
 
 def main():

@@ -54,14 +54,17 @@ def main(out: str, plan_path: str) -> None:
     accelerator = Accelerator(cpu=True)
     unplanned, _ = _train(accelerator, None)
     planned, follows = _train(accelerator, remat.load_plan(plan_path))
-    _finish(out, {
-        "rank": accelerator.process_index,
-        "distributed_type": str(accelerator.distributed_type),
-        "follows_plan": follows,
-        "differing": sorted(n for n in unplanned if not torch.equal(unplanned[n], planned[n])),
-        "trained": sum(not torch.equal(p, q) for p, q in zip(unplanned.values(), gpt2(n_layer=2).parameters())),
-        "parameters": len(unplanned),
-    })
+    _finish(
+        out,
+        {
+            "rank": accelerator.process_index,
+            "distributed_type": str(accelerator.distributed_type),
+            "follows_plan": follows,
+            "differing": sorted(n for n in unplanned if not torch.equal(unplanned[n], planned[n])),
+            "trained": sum(not torch.equal(p, q) for p, q in zip(unplanned.values(), gpt2(n_layer=2).parameters())),
+            "parameters": len(unplanned),
+        },
+    )
 
 
 if __name__ == "__main__":

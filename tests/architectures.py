@@ -46,8 +46,15 @@ def llama():
     """Llama-like decoder (RMSNorm, rotary, SwiGLU)."""
     tf = _tf()
     torch.manual_seed(0)
-    cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = tf.LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return tf.LlamaForCausalLM(cfg), _ids(256)
 
 
@@ -55,8 +62,9 @@ def t5():
     """Encoder-decoder, use_cache=True by default."""
     tf = _tf()
     torch.manual_seed(0)
-    cfg = tf.T5Config(vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=3, num_heads=4,
-                      decoder_start_token_id=0)
+    cfg = tf.T5Config(
+        vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=3, num_heads=4, decoder_start_token_id=0
+    )
     return tf.T5ForConditionalGeneration(cfg), _ids(512, batch=4)
 
 
@@ -64,9 +72,17 @@ def moe():
     """Mixture of experts (Mixtral)."""
     tf = _tf()
     torch.manual_seed(0)
-    cfg = tf.MixtralConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                           num_attention_heads=4, num_key_value_heads=2, num_local_experts=4,
-                           num_experts_per_tok=2, max_position_embeddings=64)
+    cfg = tf.MixtralConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        max_position_embeddings=64,
+    )
     return tf.MixtralForCausalLM(cfg), _ids(256)
 
 
@@ -84,8 +100,9 @@ def resnet_stem():
     any stage: checkpointing the stem by hand beat remat's stated least until stems were candidates."""
     tf = _tf()
     torch.manual_seed(0)
-    cfg = tf.ResNetConfig(embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1],
-                          layer_type="basic", num_labels=10)
+    cfg = tf.ResNetConfig(
+        embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1], layer_type="basic", num_labels=10
+    )
     inputs = {"pixel_values": torch.randn(8, 3, 160, 160), "labels": torch.randint(0, 10, (8,))}
     return tf.ResNetForImageClassification(cfg), inputs
 
@@ -94,8 +111,15 @@ def vit():
     """Vision transformer."""
     tf = _tf()
     torch.manual_seed(0)
-    cfg = tf.ViTConfig(image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4,
-                       intermediate_size=128, num_labels=10)
+    cfg = tf.ViTConfig(
+        image_size=32,
+        patch_size=8,
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=128,
+        num_labels=10,
+    )
     inputs = {"pixel_values": torch.randn(4, 3, 32, 32), "labels": torch.randint(0, 10, (4,))}
     return tf.ViTForImageClassification(cfg), inputs
 

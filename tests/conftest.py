@@ -35,8 +35,11 @@ def process_peak(monkeypatch):
     (NOTE [Measuring a step by the process]), never by remat's tracker.  One intra-op thread, as in this suite."""
     monkeypatch.setenv("REMAT_THREADS", "1")
 
-    def measure(factory: str, plan_path=None, step: str = "steady", accumulate: int = 1, keep_output: bool = True) -> int:
-        return step_peak_bytes(f"{PROCESS_TARGETS}:{factory}", plan_path, step=step, accumulate=accumulate,
-                               keep_output=keep_output).peak_bytes
+    def measure(
+        factory: str, plan_path=None, step: str = "steady", accumulate: int = 1, keep_output: bool = True
+    ) -> int:
+        return step_peak_bytes(
+            f"{PROCESS_TARGETS}:{factory}", plan_path, step=step, accumulate=accumulate, keep_output=keep_output
+        ).peak_bytes
 
     return measure

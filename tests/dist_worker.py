@@ -42,8 +42,13 @@ def _start() -> None:
     faulthandler.dump_traceback_later(HANG_S, exit=True)
     timeout = datetime.timedelta(seconds=HANG_S // 2)
     if "REMAT_RENDEZVOUS_FILE" in os.environ:
-        dist.init_process_group("gloo", init_method=f"file://{os.environ['REMAT_RENDEZVOUS_FILE']}", timeout=timeout,
-                                rank=int(os.environ["RANK"]), world_size=int(os.environ["WORLD_SIZE"]))
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{os.environ['REMAT_RENDEZVOUS_FILE']}",
+            timeout=timeout,
+            rank=int(os.environ["RANK"]),
+            world_size=int(os.environ["WORLD_SIZE"]),
+        )
     else:
         dist.init_process_group("gloo", timeout=timeout)
 
@@ -214,10 +219,17 @@ def main_profile(out: str, kind: str, plan_path: str) -> None:
     inputs = {k: v.chunk(dist.get_world_size())[rank] for k, v in inputs.items()}  # this rank's share
     plain = _wrapped(kind, copy.deepcopy(model), mesh)
     prof = remat.profile(plain, inputs, optimizer=adamw)
-    result = {"rank": rank, "peak": prof.peak_bytes, "param_bytes": prof.param_bytes, "grad_bytes": prof.grad_bytes,
-              "optimizer_bytes": prof.optimizer_bytes, "gathered": prof.at_peak.gathered_bytes,
-              "parallel": [prof.parallel, prof.world_size, prof.rank], "names": [b.name for b in prof.blocks],
-              "process_peak": _process_peak(plain, inputs)}
+    result = {
+        "rank": rank,
+        "peak": prof.peak_bytes,
+        "param_bytes": prof.param_bytes,
+        "grad_bytes": prof.grad_bytes,
+        "optimizer_bytes": prof.optimizer_bytes,
+        "gathered": prof.at_peak.gathered_bytes,
+        "parallel": [prof.parallel, prof.world_size, prof.rank],
+        "names": [b.name for b in prof.blocks],
+        "process_peak": _process_peak(plain, inputs),
+    }
     planned = _wrapped(kind, copy.deepcopy(model), mesh)
     remat.apply(planned, remat.load_plan(plan_path))
     torch.manual_seed(0)

@@ -44,7 +44,9 @@ class _SelfAttention(torch.nn.Module):
         self.heads = heads
         self.norm1, self.norm2 = torch.nn.LayerNorm(width), torch.nn.LayerNorm(width)
         self.qkv, self.out = torch.nn.Linear(width, 3 * width), torch.nn.Linear(width, width)
-        self.mlp = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width))
+        self.mlp = torch.nn.Sequential(
+            torch.nn.Linear(width, 4 * width), torch.nn.GELU(), torch.nn.Linear(4 * width, width)
+        )
 
     def forward(self, x):
         b, s, w = x.shape

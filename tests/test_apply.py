@@ -27,8 +27,14 @@ def llama():
     tf = _hf()
     torch.manual_seed(0)
     cfg = tf.LlamaConfig(
-        hidden_size=128, intermediate_size=256, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=1024, max_position_embeddings=128, use_cache=False,
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=1024,
+        max_position_embeddings=128,
+        use_cache=False,
     )
     ids = torch.randint(0, 1024, (4, 64))
     return tf.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
@@ -38,8 +44,15 @@ def vit():
     tf = _hf()
     torch.manual_seed(0)
     cfg = tf.ViTConfig(
-        image_size=64, patch_size=8, hidden_size=128, num_hidden_layers=3, num_attention_heads=4,
-        intermediate_size=256, num_labels=10, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
+        image_size=64,
+        patch_size=8,
+        hidden_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=256,
+        num_labels=10,
+        hidden_dropout_prob=0.1,
+        attention_probs_dropout_prob=0.1,
     )
     return tf.ViTForImageClassification(cfg), {"pixel_values": torch.randn(8, 3, 64, 64), "labels": torch.arange(8)}
 
@@ -103,7 +116,11 @@ def test_every_block_recomputes_each_layer_once_measured_with_flop_counter():
     predicted = sum(b.checkpoint_recompute_flops for b in prof.blocks if b.name.startswith("transformer.h."))
     assert planned_flops - unplanned_flops == predicted > 0
     planned = remat.profile(model, inputs)
-    assert [b.name for b in planned.blocks if b.checkpointed] == ["transformer.h.0", "transformer.h.1", "transformer.h.2"]
+    assert [b.name for b in planned.blocks if b.checkpointed] == [
+        "transformer.h.0",
+        "transformer.h.1",
+        "transformer.h.2",
+    ]
     assert planned.recompute_flops == predicted
     assert planned.activation_bytes < prof.activation_bytes
 
@@ -116,8 +133,11 @@ def test_chen_recipe_segments_a_sequential_and_a_module_list_and_refuses_a_modul
     remat.apply(gpt, "chen")  # NOTE [A run of nn.ModuleList entries as one checkpoint]
     assert all("forward" in layer.__dict__ for layer in gpt.transformer.h)
     stages, _ = architectures.stages()
-    with pytest.raises(remat.RematError, match=r"^remat: the 'chen' recipe .* inside an nn.Sequential or an "
-                                               r"nn.ModuleList; stages is a ModuleDict"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: the 'chen' recipe .* inside an nn.Sequential or an "
+        r"nn.ModuleList; stages is a ModuleDict",
+    ):
         remat.apply(stages, "chen")
 
 
@@ -202,7 +222,9 @@ def test_batchnorm_running_stats_equal_after_a_planned_step():
 def test_hugging_face_gradient_checkpointing_is_not_doubled():
     model, inputs = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=32, batch=2, vocab=256)
     model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
-    with pytest.warns(UserWarning, match=r"remat: transformer.h.0, transformer.h.1 already checkpointed by Hugging Face"):
+    with pytest.warns(
+        UserWarning, match=r"remat: transformer.h.0, transformer.h.1 already checkpointed by Hugging Face"
+    ):
         remat.apply(model, "every-block")
     assert not any("forward" in m.__dict__ for m in model.modules())
 
@@ -242,7 +264,9 @@ def test_a_plan_for_another_model_is_refused_and_nothing_changes():
     plan = remat.plan(remat.profile(chain, x), 0.9)
     gpt, _ = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
     before = _forwards(gpt)
-    with pytest.raises(remat.RematError, match=r"^remat: the plan names modules this GPT2LMHeadModel does not have: 0, 1"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: the plan names modules this GPT2LMHeadModel does not have: 0, 1"
+    ):
         remat.apply(gpt, plan)
     assert _forwards(gpt) == before
 
@@ -251,7 +275,9 @@ def test_a_plan_whose_module_types_differ_is_refused():
     chain, x = zoo.chain_report001(width=64, blocks=4, batch=4096)
     plan = remat.plan(remat.profile(chain, x), 0.9)
     other = nn.Sequential(*[nn.Tanh() for _ in range(9)])
-    with pytest.raises(remat.RematError, match=r"^remat: the plan was made for a different model: 0 \(Linear in the plan, Tanh here\)"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: the plan was made for a different model: 0 \(Linear in the plan, Tanh here\)"
+    ):
         remat.apply(other, plan)
     assert all("forward" not in m.__dict__ for m in other.modules())
 
@@ -306,9 +332,12 @@ def test_applying_a_second_plan_replaces_the_first_and_says_what_it_replaced():
     remat.apply(model, "chen")  # two runs of two layers
     assert sorted(len(info.segment) for info in _wrapped(model).values()) == [2, 2, 2, 2]
     remat.checkpoint(model.transformer.h[1].mlp)
-    with pytest.warns(UserWarning, match=r"^remat: GPT2LMHeadModel followed recipe 'chen' and remat.checkpoint on "
-                      r"transformer.h.1.mlp; replaced by recipe 'every-block', not added to it \(one plan at a time; "
-                      r"remat.remove\(model\) undoes it\)\.$"):
+    with pytest.warns(
+        UserWarning,
+        match=r"^remat: GPT2LMHeadModel followed recipe 'chen' and remat.checkpoint on "
+        r"transformer.h.1.mlp; replaced by recipe 'every-block', not added to it \(one plan at a time; "
+        r"remat.remove\(model\) undoes it\)\.$",
+    ):
         remat.apply(model, "every-block")
     wrapped = _wrapped(model)
     assert sorted(wrapped) == [f"transformer.h.{i}" for i in range(4)] and applied(model) == "every-block"
@@ -337,7 +366,9 @@ def test_auto_on_a_planned_model_plans_the_model_as_written_and_replaces_the_pla
         warnings.simplefilter("always")
         plan = remat.auto(model, x, budget=0.7)
     said = [str(w.message) for w in caught]
-    assert [m for m in said if m.startswith("remat: GPT2LMHeadModel followed recipe 'every-block'; replaced by a plan by ")]
+    assert [
+        m for m in said if m.startswith("remat: GPT2LMHeadModel followed recipe 'every-block'; replaced by a plan by ")
+    ]
     assert not any(HF_BLAME in m for m in said + plan.notes)
     assert plan.unplanned_peak_bytes == before.peak_bytes  # planned as written: a share of the unplanned peak
     assert plan.budget_bytes == parse_budget(0.7, before.peak_bytes)
@@ -404,8 +435,11 @@ def test_a_plan_for_a_shallower_model_is_refused_naming_the_first_layer_it_never
     assert plan.segments or plan.selective
     deep, _ = zoo.gpt2(n_layer=8, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
     before = _forwards(deep)
-    with pytest.raises(remat.RematError, match=r"^remat: the plan was made for a different model: transformer\.h\.4 "
-                       r"\(here, not in the plan\), transformer\.h\.5 .*Fix: profile and plan this model"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: the plan was made for a different model: transformer\.h\.4 "
+        r"\(here, not in the plan\), transformer\.h\.5 .*Fix: profile and plan this model",
+    ):
         remat.apply(deep, plan)
     assert _forwards(deep) == before
     remat.apply(small, plan)  # the model it was made for takes it
@@ -430,7 +464,9 @@ def _offload_plan(prof: remat.StepProfile, names: list[str]) -> remat.Plan:
     """A keep-everything plan of `prof` with `names` offloaded (on the CPU the planner offers no offload)."""
     keep = remat.plan(prof, 1.0)
     return dataclasses.replace(
-        keep, decisions={**keep.decisions, **{n: "offload" for n in names}}, offload=names,
+        keep,
+        decisions={**keep.decisions, **{n: "offload" for n in names}},
+        offload=names,
         offload_bytes=sum(prof.block(n).offload_bytes for n in names),
     )
 
@@ -440,7 +476,10 @@ def test_offload_moves_each_saved_storage_once_and_changes_no_gradient():
     prof = remat.profile(model, inputs)
     plan = _offload_plan(prof, ["transformer.h.0", "transformer.h.2"])
     keys = list(model.state_dict())
-    with pytest.warns(UserWarning, match=r"^remat: the plan offloads transformer.h.0, transformer.h.2, but GPT2LMHeadModel is not on a GPU"):
+    with pytest.warns(
+        UserWarning,
+        match=r"^remat: the plan offloads transformer.h.0, transformer.h.2, but GPT2LMHeadModel is not on a GPU",
+    ):
         report = remat.verify(model, inputs, plan)
     assert report.grads_equal and report.buffers_equal, str(report)
     assert report.measured_recompute_flops == 0

@@ -17,7 +17,7 @@ from remat.target import load_target
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-TARGET_SOURCE = '''
+TARGET_SOURCE = """
 import torch
 import torch.nn as nn
 
@@ -80,7 +80,7 @@ def mlp_chain():  # activations dominate: something to plan
     for _ in range(8):
         layers += [nn.Linear(64, 64), nn.ReLU()]
     return nn.Sequential(*layers), torch.randn(512, 64)
-'''
+"""
 
 
 @pytest.fixture
@@ -127,13 +127,15 @@ def test_world_size_predicts_one_rank_and_plans_it(capsys):
     assert code == 0, err
     assert "sharded with FSDP2: each checkpoint wraps one module" in out
     # for a CUDA rank the plan's reserve is not replayed (remat.apply refused the sharded copy: rc 2 before)
-    code, out, err = run(capsys, "plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--world-size", "2",
-                         "--budget", "0.8")
+    code, out, err = run(
+        capsys, "plan", "remat.zoo:gpt2", "--mode", "fake", "--device", "cuda", "--world-size", "2", "--budget", "0.8"
+    )
     assert code == 0, err
     assert "note: The GPU reserve of this plan for one rank of a job is not checked" in out
     code, out, err = run(capsys, "profile", "remat.zoo:gpt2", "--world-size", "4")
-    assert code == 2 and err.startswith("remat: --world-size 4 predicts one rank of 4 in fake mode; saw --mode real. "
-                                        "Fix: pass --mode fake")  # the library's words as the CLI's flags
+    assert code == 2 and err.startswith(
+        "remat: --world-size 4 predicts one rank of 4 in fake mode; saw --mode real. Fix: pass --mode fake"
+    )  # the library's words as the CLI's flags
 
 
 def test_profile_json_round_trips(capsys, target_file, tmp_path):
@@ -179,7 +181,9 @@ def test_profile_real_on_cuda_without_a_gpu_is_an_error(capsys, target_file):
 @pytest.mark.parametrize("optimizer, has_state", [("adam", True), ("sgd", False), ("none", False)])
 def test_profile_optimizer_choice(capsys, target_file, tmp_path, optimizer, has_state):
     path = tmp_path / "p.json"
-    code, _, _ = run(capsys, "profile", f"{target_file}:make", "--mode", "fake", "--optimizer", optimizer, "--json", path)
+    code, _, _ = run(
+        capsys, "profile", f"{target_file}:make", "--mode", "fake", "--optimizer", optimizer, "--json", path
+    )
     assert code == 0
     prof = remat.StepProfile.from_json(path.read_text())
     assert (prof.optimizer_bytes > 0) == has_state
@@ -229,8 +233,16 @@ def test_bad_target_exits_2_with_a_remat_message(capsys, target_file, spec, expe
     assert "Fix:" in err
 
 
-@pytest.mark.parametrize("argv", [["profile"], ["profile", "x:y", "--mode", "imaginary"], ["profile", "x:y", "--top", "-1"],
-                                  ["profile", "x:y", "--device", "not-a-device"], []])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["profile"],
+        ["profile", "x:y", "--mode", "imaginary"],
+        ["profile", "x:y", "--top", "-1"],
+        ["profile", "x:y", "--device", "not-a-device"],
+        [],
+    ],
+)
 def test_argparse_errors_exit_2(capsys, argv):
     with pytest.raises(SystemExit) as exc:
         main(argv)
@@ -265,7 +277,7 @@ def test_plan_prints_the_plan_beside_the_hand_recipes(capsys, target_file):
     assert code == 0, err
     assert out.startswith("remat plan for Sequential (dp): predicted peak")
     assert "checkpoints (one per row)" in out and "the same step with hand recipes" in out
-    table = out[out.index("the same step with hand recipes"):].splitlines()[4:]  # title, blank, header, rule
+    table = out[out.index("the same step with hand recipes") :].splitlines()[4:]  # title, blank, header, rule
     strategies = [line.split()[0] for line in table if line.strip()]
     assert strategies[:3] == ["remat", "every-block", "chen"]
     assert len(strategies) == 4 and strategies[3].startswith("checkpoint_sequential(")  # the best-fitting k only
@@ -286,8 +298,17 @@ def test_plan_reads_a_saved_profile(capsys, target_file, tmp_path):
     prof = _library_profile(f"{target_file}:mlp_chain")
     (tmp_path / "prof.json").write_text(prof.to_json())
     budget = prof.peak_bytes * 4 // 5
-    code, out, err = run(capsys, "plan", tmp_path / "prof.json", "--budget", str(budget),
-                         "--solver", "ilp", "--out", tmp_path / "plan.json")
+    code, out, err = run(
+        capsys,
+        "plan",
+        tmp_path / "prof.json",
+        "--budget",
+        str(budget),
+        "--solver",
+        "ilp",
+        "--out",
+        tmp_path / "plan.json",
+    )
     assert code == 0, err
     assert out.startswith("remat plan for Sequential (ilp)")
     assert remat.load_plan(tmp_path / "plan.json") == remat.plan(prof, budget, solver="ilp")
@@ -333,8 +354,9 @@ def test_plan_frontier_table_and_plot(capsys, target_file, tmp_path):
     assert out.startswith("remat frontier for Sequential:")
     plans = remat.frontier(_library_profile(f"{target_file}:mlp_chain"), max_points=256)
     shown = pareto(plans)  # the plot: a plan with the same FLOPs as another and a higher peak is not drawn
-    assert all(any(q.peak_bytes <= p.peak_bytes and q.recompute_flops <= p.recompute_flops for q in shown)
-               for p in plans)
+    assert all(
+        any(q.peak_bytes <= p.peak_bytes and q.recompute_flops <= p.recompute_flops for q in shown) for p in plans
+    )
     rows = [line.split() for line in out.splitlines() if line.split() and line.split()[0].isdigit()]
     assert len(rows) == len(plans) >= 3  # the table: every plan, with its ops re-run
     assert [int(r[5]) for r in rows] == [p.recompute_ops for p in plans]
@@ -344,8 +366,9 @@ def test_plan_frontier_table_and_plot(capsys, target_file, tmp_path):
 
 
 def test_plan_with_budget_and_frontier_marks_the_cheapest_fitting_plan(capsys, target_file, tmp_path):
-    code, out, _ = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--frontier",
-                       "--plot", tmp_path / "f.png")
+    code, out, _ = run(
+        capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--frontier", "--plot", tmp_path / "f.png"
+    )
     assert code == 0
     assert "remat plan for Sequential" in out and "remat frontier for Sequential" in out
     cheapest = [line.split() for line in out.splitlines() if line.rstrip().endswith(" cheapest")]
@@ -422,13 +445,24 @@ def test_max_segment_limits_the_modules_one_checkpoint_wraps(capsys, target_file
     least = remat.frontier(prof)[-1]
     least_of_3 = remat.frontier(prof, max_segment=3)[-1]
     assert max(len(s) for s in least.segments) > 3 and least_of_3.peak_bytes > least.peak_bytes
-    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", least_of_3.peak_bytes,
-                         "--max-segment", "3", "--out", tmp_path / "p.json", *FAKE)
+    code, out, err = run(
+        capsys,
+        "plan",
+        f"{target_file}:mlp_chain",
+        "--budget",
+        least_of_3.peak_bytes,
+        "--max-segment",
+        "3",
+        "--out",
+        tmp_path / "p.json",
+        *FAKE,
+    )
     assert code == 0, err
     plan = remat.load_plan(tmp_path / "p.json")
     assert plan.segments and max(len(s) for s in plan.segments) <= 3
-    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", least.peak_bytes, "--max-segment", "3",
-                       *FAKE)
+    code, _, err = run(
+        capsys, "plan", f"{target_file}:mlp_chain", "--budget", least.peak_bytes, "--max-segment", "3", *FAKE
+    )
     assert code == 2 and f"reaches is {least_of_3.peak_bytes / 2**20:,.1f} MiB" in err
     code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.5", "--max-segment", "0", *FAKE)
     assert code == 2 and err.startswith("remat: max_segment is the most blocks one checkpoint may wrap")
@@ -440,7 +474,9 @@ def test_the_plan_printed_is_in_the_frontier_table_even_between_its_points(capsy
     real = remat.frontier
     prof = _library_profile(f"{target_file}:mlp_chain")
     plan = remat.plan(prof, 0.8)
-    monkeypatch.setattr(remat, "frontier", lambda *a, **k: [p for p in real(*a, **k) if p.peak_bytes != plan.peak_bytes])
+    monkeypatch.setattr(
+        remat, "frontier", lambda *a, **k: [p for p in real(*a, **k) if p.peak_bytes != plan.peak_bytes]
+    )
     code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.8", "--frontier", *FAKE)
     assert code == 0, err
     cheapest = [line.split() for line in out.splitlines() if line.rstrip().endswith(" cheapest")]

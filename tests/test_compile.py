@@ -33,8 +33,13 @@ def _llama():
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=256, max_position_embeddings=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=256,
+        max_position_embeddings=64,
     )
     ids = torch.randint(0, 256, (2, 16))
     return transformers.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
@@ -119,7 +124,9 @@ def test_a_plan_made_on_the_bare_model_applies_to_the_compiled_model_and_removes
     for g, e in zip(_grads(model, lambda: compiled(x).sum()), expected):
         torch.testing.assert_close(g, e)
     wrapped = sum(is_wrapped(m) for m in model.modules())
-    with pytest.warns(UserWarning, match=r"^remat: Sequential followed a plan by \w+ with \d+ checkpoints; replaced by"):
+    with pytest.warns(
+        UserWarning, match=r"^remat: Sequential followed a plan by \w+ with \d+ checkpoints; replaced by"
+    ):
         remat.apply(model, plan)  # the same model, unwrapped: one plan record, replaced, never checkpointed twice
     assert applied(compiled) is plan is applied(model) and sum(is_wrapped(m) for m in model.modules()) == wrapped
     remat.remove(compiled)
@@ -218,8 +225,11 @@ def test_auto_says_which_compiled_peaks_it_measured_when_none_fits():
     model, x = zoo.gpt2(n_layer=2, n_embd=128, n_head=2, seq=128, batch=16, vocab=512)
     compiled = torch.compile(model)
     params = sum(p.numel() * p.element_size() for p in model.parameters())
-    with pytest.raises(remat.InfeasibleBudget, match=r"^remat: no plan tried fits the compiled step in .*peaked at .*"
-                       r"Fix: a budget of .* or more") as e:
+    with pytest.raises(
+        remat.InfeasibleBudget,
+        match=r"^remat: no plan tried fits the compiled step in .*peaked at .*"
+        r"Fix: a budget of .* or more",
+    ) as e:
         remat.auto(compiled, x, params)  # the weights alone
     assert e.value.min_bytes > params and e.value.budget_bytes == params
     assert applied(model) is None
@@ -228,8 +238,11 @@ def test_auto_says_which_compiled_peaks_it_measured_when_none_fits():
 @pytest.mark.parametrize("trials", [0, 2.5, True])
 def test_auto_refuses_a_count_of_trials_that_is_not_one_or_more(trials):
     model, x = zoo.chain_report001(width=16, blocks=2, batch=4)
-    with pytest.raises(remat.RematError, match=rf"^remat: trials must be a whole number .* saw {trials!r}\. Fix: pass "
-                       r"trials=4"):
+    with pytest.raises(
+        remat.RematError,
+        match=rf"^remat: trials must be a whole number .* saw {trials!r}\. Fix: pass "
+        r"trials=4",
+    ):
         remat.auto(model, x, 0.5, trials=trials)
     assert applied(model) is None
 
@@ -307,15 +320,21 @@ def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():
     model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
     prof = remat.profile(model, x)
     keep = remat.plan(prof, prof.peak_bytes)
-    with pytest.raises(remat.RematError, match=r"^remat: the plan sets torch.compile's activation memory budget "
-                       r"\(0\.5\), which acts only on a step compiled by torch.compile\(model\), and this "
-                       r"Sequential is not one\. Fix: "):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: the plan sets torch.compile's activation memory budget "
+        r"\(0\.5\), which acts only on a step compiled by torch.compile\(model\), and this "
+        r"Sequential is not one\. Fix: ",
+    ):
         remat.apply(model, dataclasses.replace(keep, compiler_budget=0.5))
     with pytest.raises(remat.RematError, match=r"^remat: a plan's compiler_budget is a fraction .* saw 1\.5\. Fix: "):
         remat.apply(torch.compile(model), dataclasses.replace(keep, compiler_budget=1.5))
     assert applied(model) is None
-    with pytest.raises(remat.RematError, match=r"^remat: the plan sets torch.compile's .* Fix: apply the plan to "
-                       r"torch.compile\(model\) \(not model.compile\(\)\)"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: the plan sets torch.compile's .* Fix: apply the plan to "
+        r"torch.compile\(model\) \(not model.compile\(\)\)",
+    ):
         model.compile()
         remat.apply(model, dataclasses.replace(keep, compiler_budget=0.5))
 
@@ -335,8 +354,11 @@ def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_lower_peak_a
     def measured(plan, peak, seconds):
         return Measured(plan, ProcessPeak(peak, 0, seconds), counter)
 
-    chosen = _fastest_fit([measured(ckpt, 90 << 20, 1.30), measured(knob, 99 << 20, 1.10),
-                           measured(lower, 101 << 20, 1.00)], 100 << 20, prof)
+    chosen = _fastest_fit(
+        [measured(ckpt, 90 << 20, 1.30), measured(knob, 99 << 20, 1.10), measured(lower, 101 << 20, 1.00)],
+        100 << 20,
+        prof,
+    )
     assert (chosen.compiler_budget, chosen.measured_peak_bytes, chosen.measured_step_s) == (0.4, 99 << 20, 1.10)
     assert chosen.budget_bytes == 100 << 20 and chosen.measured_counter == counter
     assert "3 plans compiled" in chosen.notes[0] and "+10.0% against the unplanned compiled step's" in chosen.notes[0]
@@ -366,10 +388,12 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
 
     monkeypatch.setattr(compiled_mod, "_measured", measured)
     ours = Measured(dataclasses.replace(keep, segments=[["1"]]), ProcessPeak(budget - (1 << 20), 0, 1.30), counter)
-    fast = Measured(dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05),
-                    counter)
-    slow = Measured(dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25),
-                    counter)
+    fast = Measured(
+        dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05), counter
+    )
+    slow = Measured(
+        dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25), counter
+    )
     hybrids = _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {})
     assert [c for c, _, _ in hybrids] == seen and 2 <= len(seen) <= 4, [compiled_mod._kind(c) for c in seen]
     assert all(c.compiler_budget == 0.6 and c.segments for c in seen)

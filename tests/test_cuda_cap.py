@@ -71,8 +71,10 @@ def test_torchs_out_of_memory_message_is_read_in_bytes():
     assert f.tried == round(1.86 * GiB) and f.allowed == BERT_BUDGET and f.free == round(64.73 * GiB)
     assert f.allocated == round(9.80 * GiB) and f.unallocated == round(2.26 * GiB)
     assert f.in_use == round(9.80 * GiB) + round(2.26 * GiB)
-    small = parse_oom("CUDA out of memory. Tried to allocate 20.00 MiB. Of the allocated memory 512 bytes is "
-                      "allocated by PyTorch, and 1,024.00 KiB is reserved by PyTorch but unallocated.")
+    small = parse_oom(
+        "CUDA out of memory. Tried to allocate 20.00 MiB. Of the allocated memory 512 bytes is "
+        "allocated by PyTorch, and 1,024.00 KiB is reserved by PyTorch but unallocated."
+    )
     assert (small.tried, small.allocated, small.unallocated, small.allowed) == (20 * MiB, 512, 1 << 20, None)
     assert parse_oom("something else").in_use is None
 
@@ -85,7 +87,10 @@ def test_bert_allocated_under_its_budget_but_out_of_memory_is_not_ok_and_the_fix
     assert "asked for 1.86 GiB with 12.06 GiB of 12.41 GiB in use" in v.message, v.message
     assert "9.80 GiB allocated, 2.26 GiB reserved but unallocated" in v.message, v.message
     assert "17% under the budget" in v.message, v.message
-    assert EXPANDABLE_FIX in v.fix and "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch is imported" in v.fix
+    assert (
+        EXPANDABLE_FIX in v.fix
+        and "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before torch is imported" in v.fix
+    )
 
 
 def test_the_budget_holds_with_expandable_segments_when_their_rerun_runs():
@@ -97,12 +102,16 @@ def test_the_budget_holds_with_expandable_segments_when_their_rerun_runs():
 
 
 def test_when_neither_allocator_holds_the_fix_is_a_lower_budget_by_reserved_minus_budget():
-    rerun = CappedStep(out_of_memory=BERT_OOM.replace("1.86 GiB", "1.20 GiB"), alloc_conf=EXPANDABLE, cap_bytes=BERT_BUDGET)
+    rerun = CappedStep(
+        out_of_memory=BERT_OOM.replace("1.86 GiB", "1.20 GiB"), alloc_conf=EXPANDABLE, cap_bytes=BERT_BUDGET
+    )
     assert needs_uncapped_run(BERT_BUDGET, BERT_CAPPED, rerun)
     measured = judge_cap(BERT_BUDGET, BERT_ALLOCATED, BERT_CAPPED, rerun, uncapped_reserved=round(13.5 * GiB))
     assert not measured.ok and measured.shortfall_bytes == round(13.5 * GiB) - BERT_BUDGET
     assert "needs a budget 1.09 GiB lower (reserved minus budget)" in measured.fix, measured.fix
-    assert "plan again for 11.32 GiB or less" in measured.fix and "expandable_segments:True it ran out" in measured.message
+    assert (
+        "plan again for 11.32 GiB or less" in measured.fix and "expandable_segments:True it ran out" in measured.message
+    )
     # without a run that has no cap: what was reserved plus the block asked for, minus the budget, at least
     least = judge_cap(BERT_BUDGET, BERT_ALLOCATED, BERT_CAPPED, rerun)
     assert least.shortfall_bytes == round(9.80 * GiB) + round(2.26 * GiB) + round(1.86 * GiB) - BERT_BUDGET
@@ -137,7 +146,9 @@ def test_no_budget_is_not_capped_and_is_ok_where_the_step_ran():
 
 def test_a_run_in_this_process_judges_the_step_without_what_the_process_held_besides():
     held = round(2 * GiB)
-    oom = BERT_OOM.replace("9.80 GiB is allocated", "11.80 GiB is allocated").replace("12.41 GiB allowed", "14.41 GiB allowed")
+    oom = BERT_OOM.replace("9.80 GiB is allocated", "11.80 GiB is allocated").replace(
+        "12.41 GiB allowed", "14.41 GiB allowed"
+    )
     here = CappedStep(out_of_memory=oom, cap_bytes=BERT_BUDGET, held_bytes=held)
     v = judge_cap(BERT_BUDGET, BERT_ALLOCATED, here)
     assert "with 12.06 GiB of 12.41 GiB in use" in v.message, v.message
@@ -145,7 +156,8 @@ def test_a_run_in_this_process_judges_the_step_without_what_the_process_held_bes
 
 def test_a_gpu_full_of_other_processes_is_not_blamed_on_the_budget():
     full = BERT_OOM.replace("of which 64.73 GiB is free", "of which 512.00 MiB is free").replace(
-        "9.80 GiB is allocated", "4.00 GiB is allocated")
+        "9.80 GiB is allocated", "4.00 GiB is allocated"
+    )
     step = CappedStep(out_of_memory=full, cap_bytes=BERT_BUDGET)
     assert device_full(step) and not device_full(BERT_CAPPED)
     v = judge_cap(BERT_BUDGET, BERT_ALLOCATED, step)
@@ -174,6 +186,7 @@ def test_the_runs_after_the_capped_one_are_the_ones_the_note_asks_for():
             calls.append((planned, cap, conf))
             step = results[(cap is not None, conf is not None)]
             return step, (None if not step.ran else 1)
+
         return run
 
     ran = CappedStep(1, 2)
@@ -184,8 +197,9 @@ def test_the_runs_after_the_capped_one_are_the_ones_the_note_asks_for():
     runs, _ = _planned_runs(fake({(True, False): BERT_CAPPED, (True, True): ran}), 10, here=False)
     assert [c[2] is not None for c in calls] == [False, True] and runs["expandable"] is ran and runs["uncapped"] is None
     calls.clear()
-    runs, peak = _planned_runs(fake({(True, False): BERT_CAPPED, (True, True): BERT_CAPPED, (False, False): ran}), 10,
-                               here=False)
+    runs, peak = _planned_runs(
+        fake({(True, False): BERT_CAPPED, (True, True): BERT_CAPPED, (False, False): ran}), 10, here=False
+    )
     assert calls[-1] == (True, None, None) and runs["uncapped"] is ran and peak == 1
     calls.clear()
     runs, _ = _planned_runs(fake({(True, False): BERT_CAPPED, (False, False): ran}), 10, here=True)
@@ -196,7 +210,9 @@ def test_a_saved_step_loads_in_a_fresh_interpreter_or_says_it_cannot(tmp_path):
     model, x = zoo.mlp_report000(hidden=32, intermediate=64, layers=2, seq=4, batch=2)
     remat.profile(model, x)  # what verify ran before saving leaves nothing torch.save cannot write
     plan_path = tmp_path / "plan.json"
-    run, where, why = _fresh_run(model, (x, None, torch.optim.Adam), Loop(), ("cpu", str(plan_path), str(tmp_path)), None)
+    run, where, why = _fresh_run(
+        model, (x, None, torch.optim.Adam), Loop(), ("cpu", str(plan_path), str(tmp_path)), None
+    )
     assert run is not None and (where, why) == (FRESH_PROCESS, "")
     args = _args("--saved", str(tmp_path / "step.pt"), "--device", "cuda")
     loaded, inputs, loss_fn, opt = _built(args)
@@ -221,9 +237,17 @@ def test_the_runners_own_refusal_and_a_model_it_cannot_load_reach_the_caller():
 
 def _report(cuda: CudaCheck | None) -> VerifyReport:
     return VerifyReport(
-        grad_max_abs_diff={"w": 0.0}, tolerance=0.0, buffers_equal=True, unplanned_peak_bytes=round(15 * GiB),
-        measured_peak_bytes=BERT_ALLOCATED, predicted_peak_bytes=BERT_ALLOCATED, measured_recompute_flops=7,
-        predicted_recompute_flops=7, budget_bytes=BERT_BUDGET, independent_peak_bytes=None, cuda=cuda,
+        grad_max_abs_diff={"w": 0.0},
+        tolerance=0.0,
+        buffers_equal=True,
+        unplanned_peak_bytes=round(15 * GiB),
+        measured_peak_bytes=BERT_ALLOCATED,
+        predicted_peak_bytes=BERT_ALLOCATED,
+        measured_recompute_flops=7,
+        predicted_recompute_flops=7,
+        budget_bytes=BERT_BUDGET,
+        independent_peak_bytes=None,
+        cuda=cuda,
     )
 
 
@@ -257,27 +281,37 @@ def test_the_runners_cuda_options_parse():
     check_runner_args(args, cuda_available=True)
     check_runner_args(_args("--saved", "f.pt", "--device", "cuda:0", "--device-fraction", "0.5"), cuda_available=True)
     check_runner_args(_args("remat.zoo:mlp_report000"), cuda_available=False)  # the CPU runner as before
-    assert device_options("cuda:0", 123, EXPANDABLE) == ["--device", "cuda:0", "--budget-bytes", "123", "--alloc-conf", EXPANDABLE]
+    assert device_options("cuda:0", 123, EXPANDABLE) == [
+        "--device",
+        "cuda:0",
+        "--budget-bytes",
+        "123",
+        "--alloc-conf",
+        EXPANDABLE,
+    ]
     assert device_options(None, None, None) == [] and alloc_env(None) == {}
     assert alloc_env(EXPANDABLE) == {"PYTORCH_CUDA_ALLOC_CONF": EXPANDABLE, "PYTORCH_ALLOC_CONF": EXPANDABLE}
     assert with_expandable("") == EXPANDABLE
     assert with_expandable("max_split_size_mb:128,expandable_segments:False") == f"max_split_size_mb:128,{EXPANDABLE}"
 
 
-@pytest.mark.parametrize("argv, cuda, words", [
-    (("T", "--device-fraction", "0.5"), True, "--device-fraction is for a CUDA step"),
-    (("T", "--budget-bytes", "100"), True, "--budget-bytes is for a CUDA step"),
-    (("T", "--alloc-conf", EXPANDABLE), True, "--alloc-conf is for a CUDA step"),
-    (("--saved", "f.pt"), True, "--saved is for a CUDA step"),
-    (("T", "--device", "cuda", "--device-fraction", "1.5"), True, "in (0, 1]; saw 1.5"),
-    (("T", "--device", "cuda", "--device-fraction", "0.5", "--budget-bytes", "9"), True, "both set the cap"),
-    (("T", "--device", "cuda", "--budget-bytes", "0"), True, "more than 0; saw 0"),
-    (("T", "--device", "cuda", "--alloc-conf", "expandable"), True, "key:value"),
-    (("T", "--device", "cuda", "--budget-bytes", "9"), False, "has no CUDA device"),
-    (("T", "--device", "mps"), True, "cpu or cuda"),
-    ((), True, "saw neither"),
-    (("T", "--saved", "f.pt", "--device", "cuda"), True, "saw both"),
-])
+@pytest.mark.parametrize(
+    "argv, cuda, words",
+    [
+        (("T", "--device-fraction", "0.5"), True, "--device-fraction is for a CUDA step"),
+        (("T", "--budget-bytes", "100"), True, "--budget-bytes is for a CUDA step"),
+        (("T", "--alloc-conf", EXPANDABLE), True, "--alloc-conf is for a CUDA step"),
+        (("--saved", "f.pt"), True, "--saved is for a CUDA step"),
+        (("T", "--device", "cuda", "--device-fraction", "1.5"), True, "in (0, 1]; saw 1.5"),
+        (("T", "--device", "cuda", "--device-fraction", "0.5", "--budget-bytes", "9"), True, "both set the cap"),
+        (("T", "--device", "cuda", "--budget-bytes", "0"), True, "more than 0; saw 0"),
+        (("T", "--device", "cuda", "--alloc-conf", "expandable"), True, "key:value"),
+        (("T", "--device", "cuda", "--budget-bytes", "9"), False, "has no CUDA device"),
+        (("T", "--device", "mps"), True, "cpu or cuda"),
+        ((), True, "saw neither"),
+        (("T", "--saved", "f.pt", "--device", "cuda"), True, "saw both"),
+    ],
+)
 def test_the_runners_options_are_refused_where_they_make_no_sense(argv, cuda, words):
     with pytest.raises(remat.RematError) as info:
         check_runner_args(_args(*argv), cuda_available=cuda)

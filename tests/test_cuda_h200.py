@@ -47,11 +47,17 @@ def _probed(case: str, op: str) -> tuple[torch.Tensor, int]:
     return x, found["scratch"] - (-(-made // ROUND) * ROUND - made)
 
 
-@pytest.mark.parametrize("case, dims", [
-    ("sum dim0 16384x1024 fp32", [0]), ("sum dim0 8192x4096 fp32", [0]), ("sum dim0 16384x1024 bf16", [0]),
-    ("sum all 16384x1024 fp32", None), ("linear+bias 4096x1024->1024 fp32", [0]),
-    ("linear+bias 16384x1024->1024 fp32, grad of sum", [0]),
-])
+@pytest.mark.parametrize(
+    "case, dims",
+    [
+        ("sum dim0 16384x1024 fp32", [0]),
+        ("sum dim0 8192x4096 fp32", [0]),
+        ("sum dim0 16384x1024 bf16", [0]),
+        ("sum all 16384x1024 fp32", None),
+        ("linear+bias 4096x1024->1024 fp32", [0]),
+        ("linear+bias 16384x1024->1024 fp32, grad of sum", [0]),
+    ],
+)
 def test_a_reductions_staging_buffer_is_the_h200s_to_the_byte(case, dims):
     """Rule 6 against the allocator's peak over `sum` on the H200: 128 MiB for the bias gradient of a (16384, 1024)
     Linear, 2 MiB when that gradient arrives expanded (from `.sum()`), 3 KiB for a sum of everything."""
@@ -63,8 +69,10 @@ def test_a_reductions_staging_buffer_is_the_h200s_to_the_byte(case, dims):
 def test_the_staging_buffer_follows_the_gpus_width():
     """Fewer SMs, fewer blocks per output: an L4 (58 SMs, 1536 threads each) stages less than an H100 for a wide sum."""
     x = torch.empty(8192, 4096, device="meta")
-    staged = {gpu: CudaWorkspaces(gpu).stop(None, torch.ops.aten.sum.dim_IntList, (x, [0]), {}, None)
-              for gpu in ("H100", "L4")}
+    staged = {
+        gpu: CudaWorkspaces(gpu).stop(None, torch.ops.aten.sum.dim_IntList, (x, [0]), {}, None)
+        for gpu in ("H100", "L4")
+    }
     assert staged["H100"] == 138412544 and 0 < staged["L4"] < 138412544
 
 
@@ -108,13 +116,26 @@ def test_the_simulated_steps_are_remats_real_mode_profiles_on_the_h200():
     gc = _gpu_check()
     import transformers
 
-    for name, tolerance in (("bert", 0.001), ("llama_gqa", 0.001), ("resmlp", 0.001), ("unet_bn", 0.005),
-                            ("t5", 0.001)):
+    for name, tolerance in (
+        ("bert", 0.001),
+        ("llama_gqa", 0.001),
+        ("resmlp", 0.001),
+        ("unet_bn", 0.005),
+        ("t5", 0.001),
+    ):
         if name == "t5" and transformers.__version__ != REAL["transformers"]:
             continue
         model, inputs, loss_fn = gc.build(name, "full", "cpu", autocast_device="cuda")
-        prof = remat.profile(model, inputs, loss_fn=loss_fn, optimizer=gc.adam, mode="fake", device="cuda",
-                             hardware="H200", keep_output=True)
+        prof = remat.profile(
+            model,
+            inputs,
+            loss_fn=loss_fn,
+            optimizer=gc.adam,
+            mode="fake",
+            device="cuda",
+            hardware="H200",
+            keep_output=True,
+        )
         truth = REAL["profiles"][name]["real"]
         assert abs(prof.peak_bytes - truth) <= tolerance * truth, (name, prof.peak_bytes, truth)
 

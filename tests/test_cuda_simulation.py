@@ -90,8 +90,11 @@ def _figures(tracker: Tracker, saved_bytes: int, forward_ops: int, before_backwa
         return tensors + (tracker.scratch[k] if scratch else 0)
 
     base = sum(r.nbytes for r in tracker.records if r.alloc_step < 0)
-    held = sum(r.nbytes for r in tracker.records
-               if r.alloc_step < forward_ops and (r.free_step is None or r.free_step > forward_ops))
+    held = sum(
+        r.nbytes
+        for r in tracker.records
+        if r.alloc_step < forward_ops and (r.free_step is None or r.free_step > forward_ops)
+    )
     return {
         "saved_bytes": saved_bytes,
         "held_after_forward": held - base,
@@ -158,8 +161,16 @@ ZOO = sorted(ZOO_TRUTH)
 @pytest.mark.parametrize("name", ZOO)
 def test_each_zoo_models_steady_step_is_predicted_within_two_percent_of_the_h100(name, loop):
     built = AS_MEASURED.get(name, getattr(zoo, name))()
-    prof = remat.profile(built[0], built[1], built[2] if len(built) > 2 else None, optimizer=torch.optim.Adam,
-                         mode="fake", device="cuda", hardware="H100", keep_output=loop == "held")
+    prof = remat.profile(
+        built[0],
+        built[1],
+        built[2] if len(built) > 2 else None,
+        optimizer=torch.optim.Adam,
+        mode="fake",
+        device="cuda",
+        hardware="H100",
+        keep_output=loop == "held",
+    )
     truth = ZOO_TRUTH[name][loop]["peak"]
     assert abs(prof.peak_bytes - truth) <= MODEL_TOLERANCE * truth, (prof.peak_bytes, truth)
 

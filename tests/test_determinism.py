@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-SCRIPT = r'''
+SCRIPT = r"""
 import hashlib, json, sys, torch
 torch.set_num_threads(1)
 sys.path.insert(0, TESTS)
@@ -29,13 +29,14 @@ for build in (gpt2, t5):
         "plan": remat.plan(prof, (frontier[0].peak_bytes + frontier[-1].peak_bytes) // 2).to_json(),
     }
 print(json.dumps(out, sort_keys=True))
-'''.replace("TESTS", repr(os.path.dirname(os.path.abspath(__file__))))
+""".replace("TESTS", repr(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _start(env_extra: dict[str, str]) -> subprocess.Popen:
     env = {**os.environ, **env_extra}
-    return subprocess.Popen([sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    return subprocess.Popen(
+        [sys.executable, "-c", SCRIPT], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _result(proc: subprocess.Popen) -> str:

@@ -24,12 +24,24 @@ def run_ranks(worker: Path, tmp_path: Path, world_size: int = 2, args=()) -> lis
     """Start `world_size` processes of `worker OUT.json *args`, wait for all, return what each wrote.  The ranks
     meet through a new file in `tmp_path`, not a TCP port (`dist_worker._start`).  A rank that hangs prints its
     threads' stacks and exits after `dist_worker.HANG_S`; the failure shows every rank's log."""
-    env = {**os.environ, **PROCESS_ENV, "REMAT_RENDEZVOUS_FILE": str(tmp_path / "rendezvous"),
-           "WORLD_SIZE": str(world_size), "OMP_NUM_THREADS": "1"}  # PROCESS_ENV: VmHWM follows the tensors
+    env = {
+        **os.environ,
+        **PROCESS_ENV,
+        "REMAT_RENDEZVOUS_FILE": str(tmp_path / "rendezvous"),
+        "WORLD_SIZE": str(world_size),
+        "OMP_NUM_THREADS": "1",
+    }  # PROCESS_ENV: VmHWM follows the tensors
     outs = [tmp_path / f"rank{r}.json" for r in range(world_size)]
-    procs = [subprocess.Popen([sys.executable, str(worker), str(out), *args], env={**env, "RANK": str(r)},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for r, out in enumerate(outs)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(worker), str(out), *args],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r, out in enumerate(outs)
+    ]
     logs, late = [], False
     for p in procs:
         try:
@@ -42,8 +54,9 @@ def run_ranks(worker: Path, tmp_path: Path, world_size: int = 2, args=()) -> lis
             except subprocess.TimeoutExpired:  # a process the rank forked holds its output open
                 logs.append("(no output: a process this rank started still holds it)")
     failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-    shown = "\n".join(f"--- rank {r} (exit {p.returncode}) ---\n{log[-4000:]}"
-                      for r, (p, log) in enumerate(zip(procs, logs)))
+    shown = "\n".join(
+        f"--- rank {r} (exit {p.returncode}) ---\n{log[-4000:]}" for r, (p, log) in enumerate(zip(procs, logs))
+    )
     written = all(out.exists() and f"rank {r}: result written" in log for r, (out, log) in enumerate(zip(outs, logs)))
     if (late or failed) and not written:
         pytest.fail(f"ranks {failed} failed or hung (a hung rank dumps its stacks after {HANG_S} s):\n{shown}")
@@ -76,11 +89,15 @@ def test_a_plan_made_on_the_bare_model_trains_under_fsdp2_before_or_after_shardi
     for r in run_ranks(WORKER, tmp_path, args=["fsdp"]):
         assert r["segments"] and r["classes"] == ["FSDPGPT2Block"]
         assert r["before"] == 0.0 and r["after"] == 0.0
-        assert r["run_refused"].startswith(
-            "remat: the plan checkpoints transformer.h.0 .. transformer.h.2 as one run, but transformer.h.0, "
-        ) and "Fix: plan with max_segment=1" in r["run_refused"]
-        assert r["recipe_refused"].startswith("remat: the 'chen' recipe checkpoints runs of several blocks as one, "
-                                              "but transformer.h.")
+        assert (
+            r["run_refused"].startswith(
+                "remat: the plan checkpoints transformer.h.0 .. transformer.h.2 as one run, but transformer.h.0, "
+            )
+            and "Fix: plan with max_segment=1" in r["run_refused"]
+        )
+        assert r["recipe_refused"].startswith(
+            "remat: the 'chen' recipe checkpoints runs of several blocks as one, but transformer.h."
+        )
         assert "Fix: remat.apply(model, 'every-block')" in r["recipe_refused"]
 
 
@@ -116,7 +133,10 @@ def test_one_process_predicts_each_rank_and_the_plan_it_makes_holds_on_every_ran
         assert abs(r["peak"] - predicted.peak_bytes) <= 0.03 * r["peak"]
         assert abs(r["process_peak"] - predicted.peak_bytes) <= 0.03 * r["process_peak"]
         assert (r["param_bytes"], r["grad_bytes"], r["optimizer_bytes"]) == (
-            predicted.param_bytes, predicted.grad_bytes, predicted.optimizer_bytes)
+            predicted.param_bytes,
+            predicted.grad_bytes,
+            predicted.optimizer_bytes,
+        )
         assert r["planned_diff"] == 0.0
         assert r["planned_process_peak"] <= 1.01 * budget
         assert r["param_bytes"] == (model_bytes // 2 if wrap == "fsdp" else model_bytes)  # a shard, or all of it

@@ -142,13 +142,25 @@ def report002():
 def test_report002_single_op_checkpoints_free_nothing(report002):
     _, expl = report002
     labels = [r.label for r in expl.checkpoints]
-    assert labels == ["checkpoint(conv2)", "checkpoint(F.relu)", "checkpoint(conv3)", "checkpoint(F.relu)",
-                      "checkpoint(self.flat)", "checkpoint(fc1)"]
+    assert labels == [
+        "checkpoint(conv2)",
+        "checkpoint(F.relu)",
+        "checkpoint(conv3)",
+        "checkpoint(F.relu)",
+        "checkpoint(self.flat)",
+        "checkpoint(fc1)",
+    ]
     # a conv saves its input, kept anyway; a ReLU saves its output, so a checkpoint around it keeps
     # the conv output that nothing else would have kept
     assert [r.freed_bytes for r in expl.checkpoints] == [0, -C2, 0, -C3, 0, 0]
-    assert [r.source for r in expl.checkpoints] == ["predicted", "measured", "predicted", "measured", "measured",
-                                                    "predicted"]
+    assert [r.source for r in expl.checkpoints] == [
+        "predicted",
+        "measured",
+        "predicted",
+        "measured",
+        "measured",
+        "predicted",
+    ]
     small = [f for f in expl if f.code == "checkpoint-too-small"]
     assert sorted(f.bytes_at_stake for f in small) == [0, 0, 0, 0, C3, C2]
     # together, as written: exactly those two tensors more saved than without any checkpoint

@@ -74,19 +74,36 @@ def _meta(*shape, dtype=torch.bfloat16):
     "q, k, mask, causal, gqa, kernel",
     [
         (_meta(B, H, L, D), _meta(B, H, L, D), None, True, False, "flash"),
-        (_meta(B, H, L, D, dtype=torch.float32), _meta(B, H, L, D, dtype=torch.float32), None, True, False,
-         "efficient"),  # flash takes 16-bit inputs only
+        (
+            _meta(B, H, L, D, dtype=torch.float32),
+            _meta(B, H, L, D, dtype=torch.float32),
+            None,
+            True,
+            False,
+            "efficient",
+        ),  # flash takes 16-bit inputs only
         (_meta(B, H, L, D), _meta(B, H, L, D), _meta(L, L, dtype=torch.bool), False, False, "efficient"),
         (_meta(B, H, L, 6), _meta(B, H, L, 6), None, False, False, "flash"),  # padded to 8 by torch
-        (_meta(B, H, L, 6, dtype=torch.float32), _meta(B, H, L, 6, dtype=torch.float32), None, False, False,
-         "math"),  # 6 is not a multiple of the 4 float32 elements the memory-efficient GEMM needs
+        (
+            _meta(B, H, L, 6, dtype=torch.float32),
+            _meta(B, H, L, 6, dtype=torch.float32),
+            None,
+            False,
+            False,
+            "math",
+        ),  # 6 is not a multiple of the 4 float32 elements the memory-efficient GEMM needs
         (_meta(B, H, L // 2, D), _meta(B, H, L, D), None, True, False, "efficient"),  # causal, not square
-        (_meta(B, H, L, D, dtype=torch.float64), _meta(B, H, L, D, dtype=torch.float64), None, False, False,
-         "math"),
+        (_meta(B, H, L, D, dtype=torch.float64), _meta(B, H, L, D, dtype=torch.float64), None, False, False, "math"),
         (_meta(B * H, L, D), _meta(B * H, L, D), None, False, False, "math"),  # 3-d inputs
         (_meta(B, H, L, D), _meta(B, 1, L, D), None, True, True, "flash"),  # grouped-query: K/V at their own heads
-        (_meta(B, H, L, D, dtype=torch.float32), _meta(B, 1, L, D, dtype=torch.float32), None, True, True,
-         "math"),  # grouped-query in float32: flash cannot, the math path repeats K/V to the query's heads
+        (
+            _meta(B, H, L, D, dtype=torch.float32),
+            _meta(B, 1, L, D, dtype=torch.float32),
+            None,
+            True,
+            True,
+            "math",
+        ),  # grouped-query in float32: flash cannot, the math path repeats K/V to the query's heads
     ],
 )
 def test_the_attention_kernel_is_the_one_an_sm80_gpu_picks(q, k, mask, causal, gqa, kernel):
@@ -134,7 +151,9 @@ def test_plans_for_a_simulated_cuda_step_hold_when_their_checkpoints_recompute()
     prof = remat.profile(model, _x(), mode="fake", device="cuda")
     by_flops = remat.frontier(dataclasses.replace(prof, timing=""))  # more points than the seconds' frontier
     assert len(by_flops) >= 3
-    for plan in remat.frontier(prof) + by_flops:  # recomputation in backward runs the same CUDA kernels, or torch raises CheckpointError
+    for plan in (
+        remat.frontier(prof) + by_flops
+    ):  # recomputation in backward runs the same CUDA kernels, or torch raises CheckpointError
         remat.apply(model, plan)
         try:
             assert remat.profile(model, _x(), mode="fake", device="cuda").peak_bytes == plan.peak_bytes

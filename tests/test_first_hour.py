@@ -23,8 +23,9 @@ import remat.planner.problem as problem_module
 
 def _chain():
     torch.manual_seed(0)
-    return nn.Sequential(*[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)]), \
-        torch.randn(256, 64)
+    return nn.Sequential(
+        *[nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)]
+    ), torch.randn(256, 64)
 
 
 # -- progress ---------------------------------------------------------------------------------------------------
@@ -54,9 +55,12 @@ def test_progress_in_python_names_the_phases_of_profile_and_verify(capsys):
     phases: list[str] = []
     report = remat.verify(model, x, plan, progress=lambda phase, done: phases.append(phase))
     assert report.ok
-    assert phases == ["the step without the plan", "the step with the plan",
-                      "the step with the plan, by the process's counter (a copy of the process)",
-                      "timing 1 round of a step without and one with the plan"]  # conftest: TIME_ROUNDS = 1
+    assert phases == [
+        "the step without the plan",
+        "the step with the plan",
+        "the step with the plan, by the process's counter (a copy of the process)",
+        "timing 1 round of a step without and one with the plan",
+    ]  # conftest: TIME_ROUNDS = 1
     capsys.readouterr()
     remat.profile(model, x, mode="fake", progress=True)
     err = capsys.readouterr().err.splitlines()
@@ -89,8 +93,9 @@ def test_the_verdict_says_the_plan_holds_and_when_only_the_time_differs():
     report = remat.verify(model, x, plan)
     assert report.ok
     agrees = dataclasses.replace(report, measured_overhead=plan.extra_fraction)
-    assert verdict(agrees).startswith("Verdict: the plan holds: the same gradients, the recomputation predicted, the "
-                                      "peak within the budget (")
+    assert verdict(agrees).startswith(
+        "Verdict: the plan holds: the same gradients, the recomputation predicted, the peak within the budget ("
+    )
     assert "Only the time differs" not in verdict(agrees)
     off = dataclasses.replace(report, measured_overhead=plan.extra_fraction + 0.2)
     assert not off.time_agrees and "Only the time differs: the step took" in verdict(off)
@@ -124,8 +129,10 @@ def test_a_plan_does_not_follow_the_noise_of_measured_seconds():
     model, inputs = zoo.demo()
     prof = remat.profile(model, inputs, optimizer=torch.optim.Adam, mode="fake")
     doc = {**json.loads(prof.to_json()), "timing": "measured"}
-    plans = {json.dumps([p.segments, p.selective, p.selective_keeps])
-             for p in (remat.plan(_noisy(doc, seed, 0.01), 0.6) for seed in range(6))}
+    plans = {
+        json.dumps([p.segments, p.selective, p.selective_keeps])
+        for p in (remat.plan(_noisy(doc, seed, 0.01), 0.6) for seed in range(6))
+    }
     assert len(plans) == 1
 
 
@@ -149,8 +156,9 @@ def test_plans_equal_but_for_which_layer_gets_which_unit_come_out_as_one():
     from remat.types import Action
 
     model, inputs = zoo.demo()
-    problem = Problem.from_profile(remat.profile(model, inputs, optimizer=torch.optim.Adam, mode="fake"), MAX_SEGMENT,
-                                   None)
+    problem = Problem.from_profile(
+        remat.profile(model, inputs, optimizer=torch.optim.Adam, mode="fake"), MAX_SEGMENT, None
+    )
     h = [f"transformer.h.{i}" for i in range(4)]
     variants: dict[tuple, dict[str, object]] = {}
     for u in problem.units:
@@ -158,8 +166,11 @@ def test_plans_equal_but_for_which_layer_gets_which_unit_come_out_as_one():
             variants.setdefault(u.keeps, {})[u.blocks[0]] = u
     sel = next(v for v in variants.values() if len(v) == 4)
     first = [problem.unit(h[0], h[1]), sel[h[2]], sel[h[3]]]
-    for arrangement in ([sel[h[0]], problem.unit(h[1], h[2]), sel[h[3]]], [sel[h[0]], sel[h[1]], problem.unit(h[2], h[3])],
-                        [sel[h[3]], sel[h[2]], problem.unit(h[0], h[1])]):
+    for arrangement in (
+        [sel[h[0]], problem.unit(h[1], h[2]), sel[h[3]]],
+        [sel[h[0]], sel[h[1]], problem.unit(h[2], h[3])],
+        [sel[h[3]], sel[h[2]], problem.unit(h[0], h[1])],
+    ):
         assert (problem.cost(arrangement), problem.tie(arrangement)) == (problem.cost(first), problem.tie(first))
         ordered = in_stable_order(problem, arrangement)
         assert [(u.blocks, u.action) for u in ordered] == [(u.blocks, u.action) for u in first]

@@ -16,20 +16,46 @@ from remat.fit.outcome import fits_reserve
 
 H, I, HEADS, KV, V = 512, 1024, 8, 4, 2048  # noqa: E741  hidden, intermediate, heads, key/value heads, vocabulary
 KVD = H // HEADS * KV  # width of the key and value projections
-SMALL = {"hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4, "num_key_value_heads": 2,
-         "vocab_size": 1024}
+SMALL = {
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 1024,
+}
 
 
 def llama(layers: int = 2, **changes) -> dict:
-    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H, "intermediate_size": I,
-            "num_hidden_layers": layers, "num_attention_heads": HEADS, "num_key_value_heads": KV, "vocab_size": V,
-            "max_position_embeddings": 4096, "tie_word_embeddings": False, "rms_norm_eps": 1e-5, **changes}
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_hidden_layers": layers,
+        "num_attention_heads": HEADS,
+        "num_key_value_heads": KV,
+        "vocab_size": V,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "rms_norm_eps": 1e-5,
+        **changes,
+    }
 
 
 def bert() -> dict:
-    return {"architectures": ["BertForMaskedLM"], "model_type": "bert", "hidden_size": H, "intermediate_size": I,
-            "num_hidden_layers": 2, "num_attention_heads": HEADS, "vocab_size": V, "max_position_embeddings": 512,
-            "type_vocab_size": 2, "hidden_dropout_prob": 0.1, "attention_probs_dropout_prob": 0.1}
+    return {
+        "architectures": ["BertForMaskedLM"],
+        "model_type": "bert",
+        "hidden_size": H,
+        "intermediate_size": I,
+        "num_hidden_layers": 2,
+        "num_attention_heads": HEADS,
+        "vocab_size": V,
+        "max_position_embeddings": 512,
+        "type_vocab_size": 2,
+        "hidden_dropout_prob": 0.1,
+        "attention_probs_dropout_prob": 0.1,
+    }
 
 
 def llama_parameters(layers: int = 2) -> int:
@@ -54,8 +80,13 @@ def lora_parameters(rank: int, layers: int = 2) -> int:
 @pytest.fixture(scope="module")
 def configs(tmp_path_factory):
     root = tmp_path_factory.mktemp("configs")
-    made = {"llama": llama(), "bert": bert(), "llama4": llama(4, **SMALL), "vit": {
-        "model_type": "vit", "architectures": ["ViTForImageClassification"]}, "no_type": {"hidden_size": 8}}
+    made = {
+        "llama": llama(),
+        "bert": bert(),
+        "llama4": llama(4, **SMALL),
+        "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"]},
+        "no_type": {"hidden_size": 8},
+    }
     for name, config in made.items():
         (root / name).mkdir()
         (root / name / "config.json").write_text(json.dumps(config))
@@ -121,8 +152,9 @@ def test_two_gpus_halve_the_parameters_gradients_and_optimizer_state(configs, bi
 def test_fits_with_a_plan_whose_replayed_reserve_is_under_the_gpu(configs, big, tmp_path, capsys):
     budget = int(0.8 * big.profile.gpu_reserve.reserved_bytes)  # under the unplanned step, over the least plan
     out = tmp_path / "plan.json"
-    assert main(["fit", configs["llama"], "--gpu", f"{budget}B", "--seq", "512", "--batch", "8",
-                 "--out", str(out)]) == 0
+    assert (
+        main(["fit", configs["llama"], "--gpu", f"{budget}B", "--seq", "512", "--batch", "8", "--out", str(out)]) == 0
+    )
     text = capsys.readouterr().out
     assert "answer: fits with this plan at +" in text and "checkpoints" in text and "model.layers." in text
     plan = remat.load_plan(str(out))
@@ -168,24 +200,30 @@ def test_every_change_ruled_out_by_the_bound_runs_no_step(configs, big):
 # -- errors --------------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--gpu", "24 gigs"], "remat: --gpu is the GPU's memory with a unit"),
-    (["--gpu", "24GiB", "--seq", "0"], "remat: --seq is a whole number of at least 1"),
-    (["--gpu", "24GiB", "--changes", "vocab"], "remat: the changes to try are some of batch, seq"),
-    (["--gpu", "80GB", "--hardware", "A100", "--lora", "0"], "remat: --lora is the LoRA rank"),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--gpu", "24 gigs"], "remat: --gpu is the GPU's memory with a unit"),
+        (["--gpu", "24GiB", "--seq", "0"], "remat: --seq is a whole number of at least 1"),
+        (["--gpu", "24GiB", "--changes", "vocab"], "remat: the changes to try are some of batch, seq"),
+        (["--gpu", "80GB", "--hardware", "A100", "--lora", "0"], "remat: --lora is the LoRA rank"),
+    ],
+)
 def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expected):
     assert main(["fit", configs["llama"], *argv]) == 2
     err = capsys.readouterr().err  # progress lines first, where stderr is no terminal; the error last
     assert err.strip().splitlines()[-1].startswith(expected) and "Fix:" in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("name, expected", [
-    ("no_type", "has no \"model_type\""),
-    ("empty", "is a folder without a config.json"),
-    ("vit", "has no causal LM or masked LM head"),
-    ("missing/config.json", "does not exist"),
-])
+@pytest.mark.parametrize(
+    "name, expected",
+    [
+        ("no_type", 'has no "model_type"'),
+        ("empty", "is a folder without a config.json"),
+        ("vit", "has no causal LM or masked LM head"),
+        ("missing/config.json", "does not exist"),
+    ],
+)
 def test_configs_that_cannot_be_built(configs, name, expected):
     with pytest.raises(FitError, match="^remat: ") as e:
         will_it_fit(configs.get(name, name), "24GiB")

@@ -36,8 +36,13 @@ def gpu_check():
 
 def test_smoke_runs_the_whole_pipeline_on_the_cpu(tmp_path, gpu_check):
     """One run of `--smoke` (one test, so that pytest-xdist's workers do not each run it), then its outputs."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--smoke", "--out-dir", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--smoke", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     (path,) = tmp_path.glob("gpu_*.json")
     res = json.loads(path.read_text())
@@ -113,22 +118,62 @@ def test_the_report_states_errors_caps_and_failures(gpu_check):
     """The GPU's columns, from made-up figures: error against max_memory_allocated, the cap, an OOM, noise."""
     MiB = 2**20
     plan = {"peak_bytes": 90 * MiB, "budget_bytes": 100 * MiB, "segments": 2, "selective": 1}
-    runs = {"unplanned": {"status": "ok", "peak_allocated_bytes": 200 * MiB, "peak_reserved_bytes": 210 * MiB,
-                          "step_s": 0.1, "real_profile_peak_bytes": 202 * MiB, "device_name": "GPU", "torch": "t"},
-            "plan65": {"status": "ok", "budget_bytes": 100 * MiB, "cap_fraction": 0.1, "peak_allocated_bytes":
-                       100 * MiB, "peak_reserved_bytes": 100 * MiB, "step_s": 0.1,
-                       "grads": {"max_abs_diff": 3e-7, "param": "w"}, "grad_verdict": "fail"},
-            "least": {"status": "OOM", "budget_bytes": 90 * MiB, "message": "CUDA out of memory.",
-                      "grads": None, "grad_verdict": "n/a"},
-            "noise": {"status": "ok"}}
-    made = {"date": "d", "command": "c", "machine": {"cpu": "x"}, "torch": "t", "transformers": "v",
-            "remat_commit": "abc", "profile": {"device": "cuda", "hardware": "H100"},
-            "models": {"m": {"unplanned_peak_bytes": 190 * MiB, "plans": {"plan65": plan, "least": plan}}}}
-    res = {"date": "d", "device": "GPU", "torch": "t", "transformers": "v", "command": "c", "elapsed_s": 1,
-           "budget_s": 330, "results_file": "r.json", "made": made,
-           "models": {"m": {"predicted": made["models"]["m"], "runs": runs, "grad_noise": 1e-8}}}
+    runs = {
+        "unplanned": {
+            "status": "ok",
+            "peak_allocated_bytes": 200 * MiB,
+            "peak_reserved_bytes": 210 * MiB,
+            "step_s": 0.1,
+            "real_profile_peak_bytes": 202 * MiB,
+            "device_name": "GPU",
+            "torch": "t",
+        },
+        "plan65": {
+            "status": "ok",
+            "budget_bytes": 100 * MiB,
+            "cap_fraction": 0.1,
+            "peak_allocated_bytes": 100 * MiB,
+            "peak_reserved_bytes": 100 * MiB,
+            "step_s": 0.1,
+            "grads": {"max_abs_diff": 3e-7, "param": "w"},
+            "grad_verdict": "fail",
+        },
+        "least": {
+            "status": "OOM",
+            "budget_bytes": 90 * MiB,
+            "message": "CUDA out of memory.",
+            "grads": None,
+            "grad_verdict": "n/a",
+        },
+        "noise": {"status": "ok"},
+    }
+    made = {
+        "date": "d",
+        "command": "c",
+        "machine": {"cpu": "x"},
+        "torch": "t",
+        "transformers": "v",
+        "remat_commit": "abc",
+        "profile": {"device": "cuda", "hardware": "H100"},
+        "models": {"m": {"unplanned_peak_bytes": 190 * MiB, "plans": {"plan65": plan, "least": plan}}},
+    }
+    res = {
+        "date": "d",
+        "device": "GPU",
+        "torch": "t",
+        "transformers": "v",
+        "command": "c",
+        "elapsed_s": 1,
+        "budget_s": 330,
+        "results_file": "r.json",
+        "made": made,
+        "models": {"m": {"predicted": made["models"]["m"], "runs": runs, "grad_noise": 1e-8}},
+    }
     text = gpu_check.render(res)
     assert "| m | unplanned | 190.0 | 200.0 | -5.0% | 210.0 | — | no cap | noise 1.0e-08 | 202.0 (+1.0%) |" in text
-    assert "| m | plan65: 2 ckpt + 1 selective | 90.0 | 100.0 | -10.0% | 100.0 | 100.0 | yes | 3.0e-07 vs 1.0e-07: **fail** |" in text
+    assert (
+        "| m | plan65: 2 ckpt + 1 selective | 90.0 | 100.0 | -10.0% | 100.0 | 100.0 | yes | 3.0e-07 vs 1.0e-07: **fail** |"
+        in text
+    )
     assert "| m | least: 2 ckpt + 1 selective | 90.0 | n/a | n/a | n/a | 90.0 | **OOM** |" in text
     assert "- m / least: OOM: CUDA out of memory." in text

@@ -112,8 +112,10 @@ def test_the_replayed_step_allocates_and_reserves_what_the_h200_did(name, kind):
     import transformers
 
     if name == "t5" and transformers.__version__ != H200["transformers"]:
-        pytest.skip(f"T5 of transformers {transformers.__version__} makes its attention bias dense, that of "
-                    f"{H200['transformers']} (the H200's) does not: the steps differ (tests/test_cuda_h200.py)")
+        pytest.skip(
+            f"T5 of transformers {transformers.__version__} makes its attention bias dense, that of "
+            f"{H200['transformers']} (the H200's) does not: the steps differ (tests/test_cuda_h200.py)"
+        )
     truth = H200["steps"][name][kind]
     r = _gpu_check().predicted(name, kind).gpu_reserve
     assert abs(r.allocated_bytes - truth["allocated"]) <= 0.01 * truth["allocated"], (r, truth)
@@ -126,8 +128,18 @@ def test_the_replayed_step_allocates_and_reserves_what_the_h200_did(name, kind):
 
 
 def _plan(peak: int, budget: int, name: str = "p") -> remat.Plan:
-    return remat.Plan(model="M", solver=name, decisions={}, segments=[[name]], peak_bytes=peak, recompute_flops=peak,
-                      recompute_s=0.0, unplanned_peak_bytes=1000 * MiB, budget_bytes=budget, blocks=[])
+    return remat.Plan(
+        model="M",
+        solver=name,
+        decisions={},
+        segments=[[name]],
+        peak_bytes=peak,
+        recompute_flops=peak,
+        recompute_s=0.0,
+        unplanned_peak_bytes=1000 * MiB,
+        budget_bytes=budget,
+        blocks=[],
+    )
 
 
 def _reserve(default: int, expandable: int) -> GpuReserve:
@@ -188,8 +200,9 @@ def test_remat_plan_on_the_command_line_fits_the_reserve_where_the_tensors_alone
     kept = remat.plan(prof, budget)
     assert not kept.segments and any(n.startswith("This plan counts live tensors;") for n in kept.notes)
     out = tmp_path / "plan.json"
-    code = main(["plan", "remat.zoo:bert", "--mode", "fake", "--device", "cuda", "--budget", str(budget),
-                 "--out", str(out)])
+    code = main(
+        ["plan", "remat.zoo:bert", "--mode", "fake", "--device", "cuda", "--budget", str(budget), "--out", str(out)]
+    )
     stdout, stderr = capsys.readouterr()
     assert code == 0, stderr
     plan = remat.load_plan(out)
@@ -221,8 +234,13 @@ class _Decoder(nn.Module):
 
     def __init__(self, d: int):
         super().__init__()
-        self.layer = nn.ModuleList([nn.Sequential(nn.Linear(d, d), nn.ReLU()), nn.Bilinear(d, d, d),
-                                    nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))])
+        self.layer = nn.ModuleList(
+            [
+                nn.Sequential(nn.Linear(d, d), nn.ReLU()),
+                nn.Bilinear(d, d, d),
+                nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)),
+            ]
+        )
 
     def forward(self, x, enc):
         x = self.layer[0](x)
@@ -270,12 +288,17 @@ def test_auto_warns_when_its_plan_needs_an_allocator_setting_this_process_lacks(
 
     import remat.entry
 
-    monkeypatch.setattr(remat.entry, "fit_gpu", lambda m, s, p, plan, o: dataclasses.replace(plan, allocator=EXPANDABLE))
+    monkeypatch.setattr(
+        remat.entry, "fit_gpu", lambda m, s, p, plan, o: dataclasses.replace(plan, allocator=EXPANDABLE)
+    )
     monkeypatch.delenv("PYTORCH_CUDA_ALLOC_CONF", raising=False)
     model = nn.Sequential(*(nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64)) for _ in range(4)))
     x = torch.randn(512, 64)
-    with pytest.warns(UserWarning, match=rf"^remat: this plan fits the budget only with PYTORCH_CUDA_ALLOC_CONF="
-                                         rf"{EXPANDABLE}, and this process runs without it"):
+    with pytest.warns(
+        UserWarning,
+        match=rf"^remat: this plan fits the budget only with PYTORCH_CUDA_ALLOC_CONF="
+        rf"{EXPANDABLE}, and this process runs without it",
+    ):
         remat.auto(model, x, budget=0.9)
     remat.remove(model)
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", EXPANDABLE)

@@ -44,7 +44,8 @@ def test_each_ops_kernel_seconds_on_an_h100_within_a_quarter(case):
             assert not 0.75 <= seconds / kernel <= 1.25, f"{case[0]} now holds: take it off OFF ({bench.OFF[case[0]]})"
             continue
         assert 0.75 <= seconds / kernel <= 1.25, (
-            f"{case[0]} {direction}: predicted {seconds * 1e6:.1f} us, the H100's kernel {kernel * 1e6:.1f} us")
+            f"{case[0]} {direction}: predicted {seconds * 1e6:.1f} us, the H100's kernel {kernel * 1e6:.1f} us"
+        )
     if not compared:
         pytest.skip("the harness's floor outweighs this op's kernel on the H100: nothing to compare")
 
@@ -77,8 +78,13 @@ def test_the_committed_plans_apply_to_the_models_the_gpu_run_builds():
 def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
     """`--gpu --smoke`: plans made for the tiny models, applied to them, every variant trained and timed (nothing
     here asserts a time)."""
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--gpu", "--smoke", "--out-dir", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     res = json.loads(next(tmp_path.glob("gpu_cpu_*.json")).read_text())
     for name in bench.MODELS:

@@ -55,11 +55,13 @@ def _attention_ops(kernel: str, q, k, v):
     elif kernel == "efficient":
         o = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)
         aten._scaled_dot_product_efficient_attention_backward(
-            grad, q, k, v, torch.empty(0, device=q.device), *o, 0.0, [True, True, True, False], True)
+            grad, q, k, v, torch.empty(0, device=q.device), *o, 0.0, [True, True, True, False], True
+        )
     else:
         o = aten._scaled_dot_product_cudnn_attention(q, k, v, None, True, 0.0, True)
         aten._scaled_dot_product_cudnn_attention_backward(
-            grad, q, k, v, o[0], o[1], o[6], o[7], torch.empty(0, device=q.device), *o[2:6], 0.0, True)
+            grad, q, k, v, o[0], o[1], o[6], o[7], torch.empty(0, device=q.device), *o[2:6], 0.0, True
+        )
 
 
 @pytest.mark.parametrize("shapes", ["gqa", "mha"])
@@ -94,10 +96,12 @@ def _flash_forward(query, key, value, dropout_p=0.0, is_causal=False, return_deb
     return out, lse, empty, empty.clone(), query.size(2), key.size(2), rng, empty.clone(), empty.clone()
 
 
-def _flash_backward(grad_out, query, key, value, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal,
-                    seed, offset, *, scale=None):
+def _flash_backward(
+    grad_out, query, key, value, out, lse, cum_q, cum_k, max_q, max_k, dropout_p, is_causal, seed, offset, *, scale=None
+):
     return aten._scaled_dot_product_flash_attention_for_cpu_backward(
-        grad_out, query, key, value, out, lse, dropout_p, is_causal, scale=scale)
+        grad_out, query, key, value, out, lse, dropout_p, is_causal, scale=scale
+    )
 
 
 @pytest.fixture
@@ -124,8 +128,10 @@ def test_real_cpu_tensors_through_autograd_count_as_torch(flash_on_cpu, shapes):
     with Calls() as calls:
         step()
     expected = dict(torchs.get_flop_counts()["Global"])
-    assert set(expected) == {aten._scaled_dot_product_flash_attention,
-                             aten._scaled_dot_product_flash_attention_backward}
+    assert set(expected) == {
+        aten._scaled_dot_product_flash_attention,
+        aten._scaled_dot_product_flash_attention_backward,
+    }
     assert calls.flops == expected
     assert k.grad.shape == kv_shape
 
@@ -183,8 +189,9 @@ class Decoder(nn.Module):
 def _strict_forward(query_shape, key_shape, value_shape):
     """torch 2.11's `sdpa_flop_count`: key and value must have the query's heads."""
     if not query_shape[:2] == key_shape[:2] == value_shape[:2]:
-        raise AssertionError(f"sdpa_flop_count: query/key/value shapes are incompatible: "
-                             f"q={query_shape}, k={key_shape}, v={value_shape}")
+        raise AssertionError(
+            f"sdpa_flop_count: query/key/value shapes are incompatible: q={query_shape}, k={key_shape}, v={value_shape}"
+        )
     return STRICT[0](query_shape, key_shape, value_shape)
 
 

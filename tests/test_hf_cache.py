@@ -72,8 +72,14 @@ def test_a_step_the_plan_breaks_is_a_remat_error_from_verify_not_a_raw_traceback
     prof = remat.profile(model, inputs)
     selective = [b.name for b in prof.blocks]
     plan = dataclasses.replace(remat.plan(prof, prof.peak_bytes - 1), segments=[], selective=selective)
-    with cache_as_configured(), pytest.raises(remat.RematError, match=r"^remat: backward with the plan applied raised "
-                                              r"RuntimeError: .*the plan broke it.*Fix: remat.remove\(model\)"):
+    with (
+        cache_as_configured(),
+        pytest.raises(
+            remat.RematError,
+            match=r"^remat: backward with the plan applied raised "
+            r"RuntimeError: .*the plan broke it.*Fix: remat.remove\(model\)",
+        ),
+    ):
         remat.verify(model, inputs, plan)
     assert all("forward" not in m.__dict__ for m in model.modules())  # verify left the model unplanned
 

@@ -129,14 +129,20 @@ def test_no_long_function_and_no_long_parameter_list():
 
 
 def test_no_long_file():
-    long = [f"{p.relative_to(SRC)} ({n} lines)" for p in _files() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES]
+    long = [
+        f"{p.relative_to(SRC)} ({n} lines)" for p in _files() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+    ]
     assert not long, "\n".join(long)
 
 
 def test_a_note_is_named_on_one_line():
     """`grep -rn "NOTE \\[Name\\]"` finds every reference: a note's name is never broken across lines."""
-    broken = [f"{p.relative_to(SRC)}:{i}" for p in _files() for i, line in enumerate(p.read_text().splitlines(), 1)
-              if "NOTE [" in line and "]" not in line[line.rindex("NOTE ["):]]
+    broken = [
+        f"{p.relative_to(SRC)}:{i}"
+        for p in _files()
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if "NOTE [" in line and "]" not in line[line.rindex("NOTE [") :]
+    ]
     assert not broken, "\n".join(broken)
 
 

@@ -24,8 +24,14 @@ def test_a_plan_for_one_rank_of_two_applied_before_prepare_trains_as_without_it(
 
     model = gpt2(n_layer=2)
     tokens = torch.zeros(2 * LOCAL_BATCH, SEQ, dtype=torch.long)  # the global batch of the 2 ranks
-    prof = remat.profile(model, {"input_ids": tokens, "labels": tokens}, optimizer=lambda ps: torch.optim.AdamW(ps),
-                         mode="fake", world_size=2, wrap="ddp")
+    prof = remat.profile(
+        model,
+        {"input_ids": tokens, "labels": tokens},
+        optimizer=lambda ps: torch.optim.AdamW(ps),
+        mode="fake",
+        world_size=2,
+        wrap="ddp",
+    )
     assert prof.parallel == "ddp"
     least = remat.frontier(prof, max_points=2)[-1].peak_bytes
     plan = remat.plan(prof, (least + prof.peak_bytes) // 2)  # FLOPs its cost (a fake step is not timed)

@@ -22,7 +22,8 @@ class Regressor(L.LightningModule):
         super().__init__()
         self.embed = nn.Linear(16, 64)
         self.layers = nn.ModuleList(
-            [nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True) for _ in range(4)])
+            [nn.TransformerEncoderLayer(64, 4, 128, dropout=0.1, batch_first=True) for _ in range(4)]
+        )
         self.head = nn.Linear(64, 1)
         self.automatic_optimization = not manual
 
@@ -49,8 +50,16 @@ def fit(callbacks=(), manual: bool = False) -> Regressor:
     g = torch.Generator().manual_seed(1)
     data = torch.utils.data.TensorDataset(torch.randn(32, 64, 16, generator=g), torch.randn(32, 64, generator=g))
     loader = torch.utils.data.DataLoader(data, batch_size=8, shuffle=True)
-    trainer = L.Trainer(max_steps=3, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, callbacks=list(callbacks))
+    trainer = L.Trainer(
+        max_steps=3,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=list(callbacks),
+    )
     trainer.fit(module, loader)
     return module, trainer
 
@@ -75,6 +84,9 @@ def test_a_fit_with_the_callback_trains_as_without_it(capsys):
 
 
 def test_manual_optimization_is_refused():
-    with pytest.raises(remat.RematError, match=r"^remat: RematLightningCallback profiles a training step whose loss "
-                       r"Lightning backpropagates .* Regressor sets automatic_optimization = False.* Fix: "):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: RematLightningCallback profiles a training step whose loss "
+        r"Lightning backpropagates .* Regressor sets automatic_optimization = False.* Fix: ",
+    ):
         fit([RematLightningCallback(budget=0.6)], manual=True)

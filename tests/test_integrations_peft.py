@@ -23,8 +23,9 @@ def lora(n_layer: int = 4):
     """`gpt2(n_layer)` with LoRA adapters on its attention's input projection: the base frozen, embeddings too."""
     model = gpt2(n_layer)
     torch.manual_seed(0)
-    config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.1, fan_in_fan_out=True,
-                             init_lora_weights=False)  # B not zero: every adapter gets a gradient from step 1
+    config = peft.LoraConfig(
+        r=4, lora_alpha=8, target_modules=["c_attn"], lora_dropout=0.1, fan_in_fan_out=True, init_lora_weights=False
+    )  # B not zero: every adapter gets a gradient from step 1
     return peft.get_peft_model(model, config)
 
 

@@ -49,12 +49,15 @@ def test_the_trainer_with_the_callback_trains_as_without_it_within_its_budget(un
     assert (prof.mode, prof.optimizer, prof.keep_output, prof.accumulate) == ("real", "AdamW", False, 1)
     copy = callback.step.optimizer(model.parameters())  # (the scheduler has moved the Trainer's lr since)
     assert [{k: v for k, v in g.items() if k not in ("params", "lr")} for g in copy.param_groups] == [
-        {k: v for k, v in g.items() if k not in ("params", "lr")} for g in run.optimizer.param_groups]
+        {k: v for k, v in g.items() if k not in ("params", "lr")} for g in run.optimizer.param_groups
+    ]
     assert [g["params"] for g in copy.param_groups] == [g["params"] for g in run.optimizer.param_groups]
     out = capsys.readouterr().out
-    assert out.startswith(f"remat: RematCallback planned GPT2LMHeadModel's training step for a budget of "
-                          f"{plan.budget_bytes / 2**20:,.1f} MiB (unplanned {prof.peak_bytes / 2**20:,.1f} MiB, "
-                          "real mode on cpu):\nremat plan for GPT2LMHeadModel")
+    assert out.startswith(
+        f"remat: RematCallback planned GPT2LMHeadModel's training step for a budget of "
+        f"{plan.budget_bytes / 2**20:,.1f} MiB (unplanned {prof.peak_bytes / 2**20:,.1f} MiB, "
+        "real mode on cpu):\nremat plan for GPT2LMHeadModel"
+    )
     report = callback.verify(model, time_rounds=0)
     assert report.grads_equal and report.independent_judged, str(report)  # the counter resolves a step this size
     assert report.independent_peak_bytes <= (1 + BUDGET_SLACK) * plan.budget_bytes, str(report)
@@ -81,10 +84,13 @@ def test_the_trainers_own_checkpointing_is_refused_in_its_words(tmp_path):
     also = r" \(or its old name gradient_checkpointing=True\)" if new else ""
     for given in {name, "gradient_checkpointing"}:  # in transformers 5 the old name is a deprecated alias
         model = gpt2(n_layer=2)
-        with warnings.catch_warnings(), pytest.raises(
-            remat.RematError,
-            match=rf"^remat: RematCallback expects the Trainer's own activation checkpointing off, and saw "
-                  rf"TrainingArguments\({name}=True\){also}: .* Fix: set TrainingArguments\({name}=False\)",
+        with (
+            warnings.catch_warnings(),
+            pytest.raises(
+                remat.RematError,
+                match=rf"^remat: RematCallback expects the Trainer's own activation checkpointing off, and saw "
+                rf"TrainingArguments\({name}=True\){also}: .* Fix: set TrainingArguments\({name}=False\)",
+            ),
         ):
             warnings.simplefilter("ignore", FutureWarning)
             trainer(model, tmp_path, [RematCallback(budget=0.6)], **{given: True}).train()
@@ -96,18 +102,25 @@ def test_a_model_hugging_face_checkpoints_already_is_refused(tmp_path):
     new = hasattr(model, "activation_checkpointing_enable")  # transformers 5; 4 has the old name
     enable = "activation_checkpointing" if new else "gradient_checkpointing"
     getattr(model, f"{enable}_enable")()
-    with pytest.raises(remat.RematError, match=r"^remat: a remat plan is for a model without other activation "
-                       r"checkpointing; saw Hugging Face gradient checkpointing on in GPT2LMHeadModel \(transformer"
-                       rf".*\).* Fix: call model.{enable}_disable\(\) before trainer.train\(\)"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: a remat plan is for a model without other activation "
+        r"checkpointing; saw Hugging Face gradient checkpointing on in GPT2LMHeadModel \(transformer"
+        rf".*\).* Fix: call model.{enable}_disable\(\) before trainer.train\(\)",
+    ):
         trainer(model, tmp_path, [RematCallback(budget=0.6)]).train()
 
 
 def test_fsdps_activation_checkpointing_is_refused():
-    args = types.SimpleNamespace(activation_checkpointing=False, gradient_checkpointing=False,
-                                 fsdp_config={"activation_checkpointing": "true"})
-    with pytest.raises(remat.RematError, match=r"^remat: RematCallback expects no other activation checkpointing, "
-                       r"and saw TrainingArguments\(fsdp_config=\{'activation_checkpointing': True\}\).* Fix: set "
-                       r"fsdp_config\['activation_checkpointing'\] to False"):
+    args = types.SimpleNamespace(
+        activation_checkpointing=False, gradient_checkpointing=False, fsdp_config={"activation_checkpointing": "true"}
+    )
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: RematCallback expects no other activation checkpointing, "
+        r"and saw TrainingArguments\(fsdp_config=\{'activation_checkpointing': True\}\).* Fix: set "
+        r"fsdp_config\['activation_checkpointing'\] to False",
+    ):
         refuse_trainer_checkpointing(args, torch.nn.Linear(1, 1))
     args.fsdp_config = {"activation_checkpointing": False}
     refuse_trainer_checkpointing(args, torch.nn.Linear(1, 1))
@@ -120,10 +133,12 @@ def test_a_budget_no_plan_reaches_says_the_least_and_how_to_get_there_with_the_t
     e = raised.value
     assert e.budget_bytes == 2**20 < e.min_bytes
     assert str(e).startswith("remat: no plan fits the budget of 1.0 MiB (1048576 bytes); the least any")
-    assert str(e).endswith(f"Fix: give a budget of at least {e.min_bytes} bytes, or a smaller batch. With the "
-                           "Trainer: RematCallback(budget=...) at least that, or a smaller TrainingArguments("
-                           "per_device_train_batch_size=...), with a larger gradient_accumulation_steps to keep the "
-                           "batch.")
+    assert str(e).endswith(
+        f"Fix: give a budget of at least {e.min_bytes} bytes, or a smaller batch. With the "
+        "Trainer: RematCallback(budget=...) at least that, or a smaller TrainingArguments("
+        "per_device_train_batch_size=...), with a larger gradient_accumulation_steps to keep the "
+        "batch."
+    )
     assert applied(model) is None
 
 
@@ -146,6 +161,8 @@ def test_an_optimizer_of_other_parameters_is_copied_by_its_class_only():
 
 
 def test_import_remat_imports_no_framework():
-    code = ("import sys, remat, remat.integrations; "
-            "print([m for m in ('transformers', 'lightning', 'peft', 'accelerate') if m in sys.modules])")
+    code = (
+        "import sys, remat, remat.integrations; "
+        "print([m for m in ('transformers', 'lightning', 'peft', 'accelerate') if m in sys.modules])"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

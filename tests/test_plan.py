@@ -58,7 +58,9 @@ def chains(draw):
             effects = [Effect(fend[c], bstart[j], freed[c] + (boundary[c] if c < j else 0)) for c in range(i, j + 1)]
             effects.append(Effect(fend[i], bstart[i] + 1, -extra[i]))  # inputs held to the end of its backward
             cost = sum(flops[i : j + 1])
-            units.append(Unit(tuple(names[i : j + 1]), CHAIN, i, frozenset(names[i : j + 1]), cost, 0.0, tuple(effects)))
+            units.append(
+                Unit(tuple(names[i : j + 1]), CHAIN, i, frozenset(names[i : j + 1]), cost, 0.0, tuple(effects))
+            )
     spans = {names[m]: (fend[m], bstart[m]) for m in range(n)}
     return Problem(live, units, {CHAIN: names}, spans)
 
@@ -363,7 +365,9 @@ def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
     _, _, prof = gpt2_cuda_fake
     with pytest.raises(remat.RematError, match=r"^remat: offload is weighed in seconds .* Fix: pass device_flops"):
         remat.plan(dataclasses.replace(prof, timing=""), 0.5, offload_bandwidth="16GB/s")
-    with pytest.raises(remat.RematError, match=r"^remat: cannot read offload_bandwidth='16GB'; .*GB is 10\*\*9, GiB 2\*\*30"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: cannot read offload_bandwidth='16GB'; .*GB is 10\*\*9, GiB 2\*\*30"
+    ):
         remat.plan(prof, 0.5, offload_bandwidth="16GB", device_flops="1TFLOPs/s")
     with pytest.raises(remat.RematError, match=r"^remat: cannot read device_flops='16GB/s'; expected FLOPs per second"):
         remat.plan(prof, 0.5, offload_bandwidth="16GB/s", device_flops="16GB/s")  # a bandwidth where a FLOP rate goes
@@ -375,8 +379,11 @@ def test_offload_errors_say_what_is_missing(gpt2_cuda_fake, chain_profile):
 def test_chen_on_layers_apply_cannot_group_says_so_instead_of_planning_what_apply_rejects():
     model, inputs = architectures.stages()  # blocks in an nn.ModuleDict, called by the model's loop
     prof = remat.profile(model, inputs, mode="fake")
-    with pytest.raises(remat.RematError, match=r"^remat: solver 'chen' checkpoints runs of consecutive blocks.*"
-                                               r"the blocks of stages are in neither.*Fix: use solver='dp'"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: solver 'chen' checkpoints runs of consecutive blocks.*"
+        r"the blocks of stages are in neither.*Fix: use solver='dp'",
+    ):
         remat.plan(prof, 0.9, solver="chen")
     remat.apply(model, remat.plan(prof, 0.9, solver="dp"))  # what the error advises works
 
@@ -427,7 +434,9 @@ def test_a_version_1_plan_file_still_loads(tmp_path):
     assert remat.Plan.from_json(json.dumps({**version3, "version": 3})) == plan
     del version3["called_directly"]
     assert remat.Plan.from_json(json.dumps({**version3, "version": 2})) == plan
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.Plan version 5 document, saw \('remat.Plan', 0\)"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: expected a remat.Plan version 5 document, saw \('remat.Plan', 0\)"
+    ):
         remat.Plan.from_json(old.read_text().replace('"version": 1', '"version": 0'))
 
 
@@ -437,10 +446,16 @@ def test_budgets_take_the_same_forms_in_python_as_on_the_command_line(chain_prof
     assert remat.plan(prof, budget).budget_bytes == int(fraction * prof.peak_bytes)
 
 
-@pytest.mark.parametrize("budget, why", [
-    (0, r"more than 0 bytes"), ("0B", r"at least 1 byte"), ("0%", r"a percentage in \(0%, 100%\]"),
-    ("150%", r"a percentage in \(0%, 100%\]"), (1.5, r"must be in \(0, 1\]"),
-])
+@pytest.mark.parametrize(
+    "budget, why",
+    [
+        (0, r"more than 0 bytes"),
+        ("0B", r"at least 1 byte"),
+        ("0%", r"a percentage in \(0%, 100%\]"),
+        ("150%", r"a percentage in \(0%, 100%\]"),
+        (1.5, r"must be in \(0, 1\]"),
+    ],
+)
 def test_an_invalid_budget_says_why(chain_profile, budget, why):
     _, _, prof = chain_profile
     with pytest.raises(remat.RematError, match=rf"^remat: cannot read the budget {re.escape(repr(budget))} \(.*{why}"):
@@ -492,7 +507,10 @@ def test_ilp_breaks_ties_as_stated_and_plan_returns_the_frontier_point_at_its_pe
     for point in full[1:]:
         again = remat.plan(prof, point.peak_bytes, solver="ilp")
         assert (again.peak_bytes, again.recompute_flops, again.recompute_ops) == (
-            point.peak_bytes, point.recompute_flops, point.recompute_ops)
+            point.peak_bytes,
+            point.recompute_flops,
+            point.recompute_ops,
+        )
         for budget in (point.peak_bytes, point.peak_bytes - 1):
             by_dp = dp.solve(problem, budget, group)  # dp's units are the layers; ilp's include the extras
             if by_dp is not None:

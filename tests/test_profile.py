@@ -152,7 +152,9 @@ class _Layers(nn.Module):
     def __init__(self, n=4, d=128, mode=None):
         super().__init__()
         torch.manual_seed(0)
-        self.layers = nn.ModuleList(nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(n))
+        self.layers = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d)) for _ in range(n)
+        )
         self.mode = mode
 
     def forward(self, x):
@@ -268,16 +270,22 @@ def test_a_version_2_profile_file_loads_as_a_first_step():
 
 
 def test_from_json_rejects_other_documents():
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile version 7 document, saw \('other', None\)"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: expected a remat.StepProfile version 7 document, saw \('other', None\)"
+    ):
         remat.StepProfile.from_json('{"format": "other"}')
     with pytest.raises(remat.RematError, match=r"saw \('remat.StepProfile', 1\)\. Fix: .* with this version of remat"):
         remat.StepProfile.from_json('{"format": "remat.StepProfile", "version": 1}')  # written before the fields grew
     doc = json.loads(remat.profile(*zoo.chain_report001(width=8, blocks=2, batch=2)).to_json())
     del doc["blocks"][0]["container"]
     doc["blocks"][0]["unknown"] = 1
-    with pytest.raises(remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 7 document"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 7 document"
+    ):
         remat.StepProfile.from_json(json.dumps(doc))
-    with pytest.raises(remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"):
+    with pytest.raises(
+        remat.RematError, match=r"^remat: expected a remat.StepProfile JSON document, but it does not parse"
+    ):
         remat.StepProfile.from_json("not json")
 
 
@@ -317,12 +325,18 @@ class _Raises(nn.Module):
     [
         (lambda: remat.profile(nn.Linear(4, 4), "x"), r"^remat: inputs must be a tensor, tuple or dict; saw str"),
         (lambda: remat.profile("model", torch.ones(1)), r"^remat: expected a torch.nn.Module, saw str"),
-        (lambda: remat.profile(_ReturnsDict(), torch.ones(2, 4)), r"^remat: the model returned a dict.*Fix: pass loss_fn"),
+        (
+            lambda: remat.profile(_ReturnsDict(), torch.ones(2, 4)),
+            r"^remat: the model returned a dict.*Fix: pass loss_fn",
+        ),
         (
             lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), loss_fn=lambda out: out),
             r"^remat: loss_fn\(output\) has shape \(2, 4\); expected a scalar",
         ),
-        (lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), mode="fast"), r"^remat: mode must be 'real' or 'fake'"),
+        (
+            lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), mode="fast"),
+            r"^remat: mode must be 'real' or 'fake'",
+        ),
         (
             lambda: remat.profile(nn.Linear(4, 4), torch.ones(2, 4), device="cuda"),
             r"^remat: mode='real' measures on the model's device \(cpu\).*mode='fake', device='cuda'",

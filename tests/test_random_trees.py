@@ -138,7 +138,9 @@ def test_solvers_reach_the_brute_force_least_and_plan_at_their_own_minimum(model
     budget = (least + prof.peak_bytes) // 2
     cheapest = min(problem.cost(s) for s, p in zip(sets, peaks) if p <= budget)  # nanoseconds: the profile is timed
     chosen = remat.plan(prof, budget, solver="ilp")
-    assert prof.timed and abs(round(chosen.recompute_s * 1e9) - cheapest) <= len(chosen.segments) + len(chosen.selective)
+    assert prof.timed and abs(round(chosen.recompute_s * 1e9) - cheapest) <= len(chosen.segments) + len(
+        chosen.selective
+    )
 
     report = remat.verify(model, x, frontier[-1])
     assert report.ok, str(report)

@@ -54,8 +54,9 @@ def test_fsdp_prediction_holds_one_shard_of_everything_and_plans_one_module_per_
 def test_ddp_prediction_adds_the_gradient_buckets_to_the_bare_step():
     model, inputs = _gpt2()
     bare = remat.profile(model, {k: v[:2].clone() for k, v in inputs.items()}, optimizer=_adam, mode="fake")
-    prof = remat.profile(model, inputs, optimizer=torch.optim.AdamW(model.parameters()), mode="fake", world_size=2,
-                         wrap="ddp")
+    prof = remat.profile(
+        model, inputs, optimizer=torch.optim.AdamW(model.parameters()), mode="fake", world_size=2, wrap="ddp"
+    )
     assert (prof.parallel, prof.world_size) == ("ddp", 2)
     assert prof.peak_bytes == bare.peak_bytes + _bytes(model)  # the buckets are live through the step
     assert prof.at_peak.grads_bytes == bare.at_peak.grads_bytes + _bytes(model)
@@ -64,16 +65,32 @@ def test_ddp_prediction_adds_the_gradient_buckets_to_the_bare_step():
     assert remat.frontier(prof)[-1].peak_bytes == remat.frontier(bare)[-1].peak_bytes + _bytes(model)
 
 
-@pytest.mark.parametrize("kwargs, expected", [
-    ({"world_size": 2}, "remat: world_size=2 predicts one rank of 2 in fake mode; saw mode='real'. Fix: pass mode='fake'"),
-    ({"world_size": 3, "mode": "fake"}, "remat: world_size=3 does not divide the batch: an input of shape (4, 32) has "
-                                        "4 rows; expected the global batch"),
-    ({"world_size": 0, "mode": "fake"}, "remat: world_size is how many ranks train the model: a whole number of at "
-                                        "least 1; saw 0."),
-    ({"world_size": 2, "mode": "fake", "wrap": "zero3"}, "remat: wrap says how the 2 ranks share the model: 'fsdp'"),
-    ({"world_size": 2, "mode": "fake", "wrap": lambda m, mesh: m}, "remat: the wrap callable returned "
-                                                                   "GPT2LMHeadModel, expected the model sharded"),
-])
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (
+            {"world_size": 2},
+            "remat: world_size=2 predicts one rank of 2 in fake mode; saw mode='real'. Fix: pass mode='fake'",
+        ),
+        (
+            {"world_size": 3, "mode": "fake"},
+            "remat: world_size=3 does not divide the batch: an input of shape (4, 32) has "
+            "4 rows; expected the global batch",
+        ),
+        (
+            {"world_size": 0, "mode": "fake"},
+            "remat: world_size is how many ranks train the model: a whole number of at least 1; saw 0.",
+        ),
+        (
+            {"world_size": 2, "mode": "fake", "wrap": "zero3"},
+            "remat: wrap says how the 2 ranks share the model: 'fsdp'",
+        ),
+        (
+            {"world_size": 2, "mode": "fake", "wrap": lambda m, mesh: m},
+            "remat: the wrap callable returned GPT2LMHeadModel, expected the model sharded",
+        ),
+    ],
+)
 def test_a_prediction_that_cannot_be_made_as_asked_says_why(kwargs, expected):
     model, inputs = _gpt2()
     with pytest.raises(remat.RematError) as e:
@@ -85,9 +102,12 @@ def test_a_prediction_that_cannot_be_made_as_asked_says_why(kwargs, expected):
 def test_a_prediction_from_a_process_with_a_process_group_is_refused():
     model, inputs = _gpt2()
     with fake_process_group(2, "cpu"):
-        with pytest.raises(remat.RematError, match=r"^remat: world_size=2 predicts from one process with a fake "
-                                                   r"process group of its own, but this process has one already "
-                                                   r"\(rank 0 of 2\)"):
+        with pytest.raises(
+            remat.RematError,
+            match=r"^remat: world_size=2 predicts from one process with a fake "
+            r"process group of its own, but this process has one already "
+            r"\(rank 0 of 2\)",
+        ):
             remat.profile(model, inputs, mode="fake", world_size=2)
 
 
@@ -100,15 +120,17 @@ def test_a_wrapped_model_without_a_process_group_and_a_2d_mesh_are_refused():
         dist.destroy_process_group()
     with pytest.raises(remat.RematError) as e:
         remat.profile(ddp, inputs)
-    assert str(e.value).startswith("remat: GPT2LMHeadModel is wrapped in DistributedDataParallel, but this process "
-                                   "has no process group") and "Fix: call torch.distributed.init_process_group" in str(e.value)
+    assert str(e.value).startswith(
+        "remat: GPT2LMHeadModel is wrapped in DistributedDataParallel, but this process has no process group"
+    ) and "Fix: call torch.distributed.init_process_group" in str(e.value)
     model, inputs = _gpt2()
     with fake_process_group(4, "cpu"):
         fully_shard(model, mesh=init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard")))
         with pytest.raises(remat.RematError) as e:
             remat.profile(model, inputs)
-    assert str(e.value).startswith("remat: the model is sharded over a 2-D mesh (2, 2); remat follows FSDP2 over a "
-                                   "1-D mesh") and "Fix:" in str(e.value)
+    assert str(e.value).startswith(
+        "remat: the model is sharded over a 2-D mesh (2, 2); remat follows FSDP2 over a 1-D mesh"
+    ) and "Fix:" in str(e.value)
 
 
 def test_a_plan_applied_inside_wrap_predicts_the_peak_the_plan_promised_and_an_applied_model_is_refused():
@@ -121,11 +143,20 @@ def test_a_plan_applied_inside_wrap_predicts_the_peak_the_plan_promised_and_an_a
     prof = remat.profile(model, inputs, optimizer=_adam, mode="fake", world_size=2)
     plan = remat.frontier(prof)[-1]
     assert plan.peak_bytes < prof.peak_bytes
-    planned = remat.profile(model, inputs, optimizer=_adam, mode="fake", world_size=2,
-                            wrap=lambda copy, mesh: _shard_per_block(remat.apply(copy, plan), mesh))
+    planned = remat.profile(
+        model,
+        inputs,
+        optimizer=_adam,
+        mode="fake",
+        world_size=2,
+        wrap=lambda copy, mesh: _shard_per_block(remat.apply(copy, plan), mesh),
+    )
     assert 0.99 * plan.peak_bytes <= planned.peak_bytes <= plan.peak_bytes  # seen: 0.9% under it, 2 layers
     assert applied(model) is None  # the plan went to the copy
     remat.apply(model, plan)
-    with pytest.raises(remat.RematError, match=r"^remat: world_size=2 predicts from a copy of the model, but "
-                                               r"remat.apply has wrapped modules of this one"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: world_size=2 predicts from a copy of the model, but "
+        r"remat.apply has wrapped modules of this one",
+    ):
         remat.profile(model, inputs, mode="fake", world_size=2)

@@ -30,7 +30,7 @@ HF_BLAME = "Hugging Face gradient checkpointing, or torch.utils.checkpoint"
 def readme_block() -> str:
     """The first ```python block after the "## From Python" heading."""
     text = README.read_text()
-    after = text[text.index("\n## From Python\n"):]
+    after = text[text.index("\n## From Python\n") :]
     return re.search(r"^```python\n(.*?)^```", after, re.S | re.M).group(1)
 
 
@@ -41,8 +41,12 @@ def _wrapped(model) -> dict[str, object]:
 def test_the_block_is_the_one_the_readme_shows():
     block = readme_block()
     assert block.startswith("import torch, remat\n")
-    for call in ("remat.auto(model, inputs, budget=0.5)", 'remat.apply(model, "every-block")',
-                 "remat.checkpoint(model.transformer.h[3])", "print(remat.explain(model, inputs))"):
+    for call in (
+        "remat.auto(model, inputs, budget=0.5)",
+        'remat.apply(model, "every-block")',
+        "remat.checkpoint(model.transformer.h[3])",
+        "print(remat.explain(model, inputs))",
+    ):
         assert call in block
 
 
@@ -86,8 +90,9 @@ def test_the_readme_python_block_runs_as_written(capsys):
     assert not any(HF_BLAME in m for m in messages)
     replaced = [m for m in messages if " replaced by " in m]
     assert len(replaced) == 2 and all(m.startswith("remat: GPT2LMHeadModel followed ") for m in replaced)
-    assert replaced[1].endswith("replaced by recipe 'every-block', not added to it (one plan at a time; "
-                                "remat.remove(model) undoes it).")
+    assert replaced[1].endswith(
+        "replaced by recipe 'every-block', not added to it (one plan at a time; remat.remove(model) undoes it)."
+    )
 
     # remat.apply(model, "every-block") replaced auto's plan; remat.checkpoint on a block it checkpoints: no-op
     blocks = [f"transformer.h.{i}" for i in range(len(model.transformer.h))]

@@ -20,15 +20,35 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 def _block(name: str, index: int, saved_mib: float, **kw) -> BlockProfile:
     fields = dict(
-        name=name, type="Block", index=index, depth=0, parent=None, calls=1,
-        saved_bytes=int(saved_mib * MiB), output_bytes=2 * MiB, output_saved_bytes=2 * MiB,
-        input_bytes=2 * MiB, internal_bytes=int(saved_mib * MiB) - 2 * MiB, output_kept_by=[name],
-        input_unsaved_bytes=0, forward_flops=1_500_000_000, backward_flops=3_000_000_000,
-        recompute_flops=0, checkpoint_recompute_flops=1_500_000_000, forward_s=0.0125, backward_s=0.025,
-        selective_free_bytes=int(saved_mib * MiB) // 2, selective_extra_bytes=0, selective_recompute_flops=0,
+        name=name,
+        type="Block",
+        index=index,
+        depth=0,
+        parent=None,
+        calls=1,
+        saved_bytes=int(saved_mib * MiB),
+        output_bytes=2 * MiB,
+        output_saved_bytes=2 * MiB,
+        input_bytes=2 * MiB,
+        internal_bytes=int(saved_mib * MiB) - 2 * MiB,
+        output_kept_by=[name],
+        input_unsaved_bytes=0,
+        forward_flops=1_500_000_000,
+        backward_flops=3_000_000_000,
+        recompute_flops=0,
+        checkpoint_recompute_flops=1_500_000_000,
+        forward_s=0.0125,
+        backward_s=0.025,
+        selective_free_bytes=int(saved_mib * MiB) // 2,
+        selective_extra_bytes=0,
+        selective_recompute_flops=0,
         selective_recompute_s=0.001,
-        peak_bytes=100 * MiB, forward_start_op=index, forward_end_op=index + 1,
-        backward_start_op=8 - index, backward_end_op=9 - index, checkpointed=False,
+        peak_bytes=100 * MiB,
+        forward_start_op=index,
+        forward_end_op=index + 1,
+        backward_start_op=8 - index,
+        backward_end_op=9 - index,
+        checkpointed=False,
     )
     fields.update(kw)
     return BlockProfile(**fields)
@@ -44,25 +64,57 @@ def tiny_profile(**changes) -> StepProfile:
         modules=[1, 1, 2, 3, 0, 0, 3, 2, 1, 0, 0, 0],
         module_names=["", "blocks.0", "blocks.1", "blocks.2.attention.very_long_submodule_name"],
     )
-    at_peak = Breakdown(params_bytes=8 * MiB, inputs_bytes=1 * MiB, grads_bytes=4 * MiB,
-                        activations_bytes=35 * MiB, temporaries_bytes=12 * MiB)
-    end_fwd = Breakdown(params_bytes=8 * MiB, inputs_bytes=1 * MiB, activations_bytes=30 * MiB,
-                        temporaries_bytes=3 * MiB)
+    at_peak = Breakdown(
+        params_bytes=8 * MiB,
+        inputs_bytes=1 * MiB,
+        grads_bytes=4 * MiB,
+        activations_bytes=35 * MiB,
+        temporaries_bytes=12 * MiB,
+    )
+    end_fwd = Breakdown(
+        params_bytes=8 * MiB, inputs_bytes=1 * MiB, activations_bytes=30 * MiB, temporaries_bytes=3 * MiB
+    )
     blocks = [
         _block("blocks.0", 0, 10.0),
         _block("blocks.1", 1, 15.5, checkpointed=True, checkpoint_kind="recomputed", recompute_flops=1_500_000_000),
-        _block("blocks.2.attention.very_long_submodule_name", 2, 4.25, type="VeryLongAttentionModuleName",
-               depth=1, parent="blocks.2", forward_s=0.0, backward_s=0.0),
+        _block(
+            "blocks.2.attention.very_long_submodule_name",
+            2,
+            4.25,
+            type="VeryLongAttentionModuleName",
+            depth=1,
+            parent="blocks.2",
+            forward_s=0.0,
+            backward_s=0.0,
+        ),
     ]
     profile = StepProfile(
-        model="TinyNet", mode="real", device="cpu",
-        peak_bytes=60 * MiB, peak_phase="backward", peak_module="", peak_op="mm",
-        param_bytes=8 * MiB, buffer_bytes=0, input_bytes=1 * MiB, grad_bytes=8 * MiB,
-        optimizer_bytes=16 * MiB, activation_bytes=30 * MiB, at_peak=at_peak, end_of_forward=end_fwd,
-        forward_flops=4_500_000_000, backward_flops=9_000_000_000, recompute_flops=1_500_000_000,
-        step_s=0.25, blocks=blocks, timeline=timeline, torch_version="2.x",
-        notes=["a note the measurement left for the reader; long enough that the report has to wrap it onto "
-               "a second line, which must stay indented under its bullet."],
+        model="TinyNet",
+        mode="real",
+        device="cpu",
+        peak_bytes=60 * MiB,
+        peak_phase="backward",
+        peak_module="",
+        peak_op="mm",
+        param_bytes=8 * MiB,
+        buffer_bytes=0,
+        input_bytes=1 * MiB,
+        grad_bytes=8 * MiB,
+        optimizer_bytes=16 * MiB,
+        activation_bytes=30 * MiB,
+        at_peak=at_peak,
+        end_of_forward=end_fwd,
+        forward_flops=4_500_000_000,
+        backward_flops=9_000_000_000,
+        recompute_flops=1_500_000_000,
+        step_s=0.25,
+        blocks=blocks,
+        timeline=timeline,
+        torch_version="2.x",
+        notes=[
+            "a note the measurement left for the reader; long enough that the report has to wrap it onto "
+            "a second line, which must stay indented under its bullet."
+        ],
     )
     return dataclasses.replace(profile, **changes)
 
@@ -75,7 +127,9 @@ def test_render_profile_matches_golden():
     golden = GOLDEN / "profile_report.txt"
     if os.environ.get("REMAT_REGEN_GOLDEN") == "1":
         golden.write_text(text, encoding="utf-8")
-    assert text == golden.read_text(encoding="utf-8"), "report changed; review it and regenerate with REMAT_REGEN_GOLDEN=1"
+    assert text == golden.read_text(encoding="utf-8"), (
+        "report changed; review it and regenerate with REMAT_REGEN_GOLDEN=1"
+    )
 
 
 def test_str_of_a_profile_is_the_report():
@@ -101,8 +155,11 @@ def test_top_blocks_orders_by_saved_bytes_then_execution_order():
 
 def test_fake_simulated_profile_says_so_and_shows_no_times():
     zero = [dataclasses.replace(b, forward_s=0.0, backward_s=0.0) for b in tiny_profile().blocks]
-    text = render_profile(tiny_profile(mode="fake", device="cuda", simulated_device=True, step_s=0.0,
-                                       allocation_rounding_bytes=512, blocks=zero))
+    text = render_profile(
+        tiny_profile(
+            mode="fake", device="cuda", simulated_device=True, step_s=0.0, allocation_rounding_bytes=512, blocks=zero
+        )
+    )
     assert "fake mode on cuda (simulated on CPU), storages rounded up to 512 B" in text
     assert "step " not in text.splitlines()[4]
     assert "12.5" not in text  # block times are not shown when not measured
@@ -116,8 +173,14 @@ def test_header_has_peak_in_mib_and_bytes():
 
 @pytest.mark.parametrize(
     "n, unit, expected",
-    [(0, "MiB", "0.0 MiB"), (16384, "MiB", "<0.1 MiB"), (656891912, "MiB", "626.5 MiB"),
-     (3 * 2**30, "auto", "3.0 GiB"), (512, "auto", "512 B"), (1536, "auto", "1.5 KiB")],
+    [
+        (0, "MiB", "0.0 MiB"),
+        (16384, "MiB", "<0.1 MiB"),
+        (656891912, "MiB", "626.5 MiB"),
+        (3 * 2**30, "auto", "3.0 GiB"),
+        (512, "auto", "512 B"),
+        (1536, "auto", "1.5 KiB"),
+    ],
 )
 def test_fmt_bytes(n, unit, expected):
     assert fmt_bytes(n, unit) == expected
@@ -158,16 +221,29 @@ def _plan(peak_mib: float, gflop: float, segments: int = 0, seconds: float = 0.0
     from remat.types import Plan
 
     return Plan(
-        model="TinyNet", solver=solver, decisions={}, segments=[[f"b{i}"] for i in range(segments)],
-        peak_bytes=int(peak_mib * MiB), recompute_flops=int(gflop * 1e9), recompute_s=seconds,
-        unplanned_peak_bytes=100 * MiB, budget_bytes=None, blocks=[], step_flops=int(30e9), **kw,
+        model="TinyNet",
+        solver=solver,
+        decisions={},
+        segments=[[f"b{i}"] for i in range(segments)],
+        peak_bytes=int(peak_mib * MiB),
+        recompute_flops=int(gflop * 1e9),
+        recompute_s=seconds,
+        unplanned_peak_bytes=100 * MiB,
+        budget_bytes=None,
+        blocks=[],
+        step_flops=int(30e9),
+        **kw,
     )
 
 
 def _frontier(seconds: bool = False):
     t = (lambda s: s) if seconds else (lambda s: 0.0)
-    return [_plan(100, 0, 0, t(0.0), solver="keep"), _plan(70, 1, 1, t(0.1)), _plan(55, 2.5, 2, t(0.25)),
-            _plan(40, 6, 3, t(0.6), selective=["b9"])]
+    return [
+        _plan(100, 0, 0, t(0.0), solver="keep"),
+        _plan(70, 1, 1, t(0.1)),
+        _plan(55, 2.5, 2, t(0.25)),
+        _plan(40, 6, 3, t(0.6), selective=["b9"]),
+    ]
 
 
 def _recipes():
@@ -194,8 +270,13 @@ def test_plot_frontier_marks_budget_and_recipes():
     assert len(fig.axes) >= 2  # a second panel with predicted seconds
     ax = fig.axes[0]
     labels = ax.get_legend_handles_labels()[1]
-    assert labels == ["remat frontier", "checkpoint_sequential(k), k labelled", "checkpoint every block",
-                      "Chen et al. sqrt(n) segments", "budget 50.0 MiB"]
+    assert labels == [
+        "remat frontier",
+        "checkpoint_sequential(k), k labelled",
+        "checkpoint every block",
+        "Chen et al. sqrt(n) segments",
+        "budget 50.0 MiB",
+    ]
     texts = sorted(t.get_text() for t in ax.texts)
     assert texts == ["k=2", "k=3", "k=4,6", "k=5"]
     budget = [line for line in ax.get_lines() if line.get_linestyle() == "--"]

@@ -164,8 +164,9 @@ def _on(device: str) -> torch.Tensor:
 def test_a_parameter_anchors_each_gpu_no_argument_is_on():
     """One parameter or buffer per device that the arguments do not cover, none for CPU."""
     on = {d: _on(d) for d in ("cuda:0", "cuda:1", "cpu")}
-    module = types.SimpleNamespace(parameters=lambda: [on["cuda:0"], on["cpu"], on["cuda:1"]],
-                                   buffers=lambda: [on["cuda:1"]])
+    module = types.SimpleNamespace(
+        parameters=lambda: [on["cuda:0"], on["cpu"], on["cuda:1"]], buffers=lambda: [on["cuda:1"]]
+    )
     assert _same(unseen_tensors([], [module], (), {}), [on["cuda:0"], on["cuda:1"]])
     mask, x = _on("cuda:0"), _on("cuda:1")
     assert _same(unseen_tensors([], [module], (), {"mask": [mask]}), [mask, on["cuda:1"]])
@@ -284,9 +285,14 @@ def test_explain_finds_fsdp2_style_activation_checkpointing_without_rng_state(st
         for i, layer in enumerate(model.layers):
             model.layers[i] = checkpoint_wrapper(layer, preserve_rng_state=False)
     else:
-        fn = dict(checkpoint_fn=functools.partial(tuc.checkpoint, use_reentrant=False)) if style == "checkpoint_fn" else {}
-        wrap = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **fn,
-                                 preserve_rng_state=False)
+        fn = (
+            dict(checkpoint_fn=functools.partial(tuc.checkpoint, use_reentrant=False))
+            if style == "checkpoint_fn"
+            else {}
+        )
+        wrap = functools.partial(
+            checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT, **fn, preserve_rng_state=False
+        )
         apply_activation_checkpointing(model, checkpoint_wrapper_fn=wrap, check_fn=lambda m: m in set(model.layers))
     expl = _explain(model)
     assert expl.codes() == ["rng-not-preserved"] * 3

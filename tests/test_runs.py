@@ -96,11 +96,17 @@ class Loop(nn.Module):
         return x
 
 
-@pytest.mark.parametrize("between, message", [
-    ("saves", r"^remat: code between layers.0 and layers.1 saves a tensor for backward"),
-    ("makes", r"^remat: layers.1 takes a tensor that needs a gradient and is neither an input of layers.0"),
-    ("out of turn", r"^remat: layers.2 ran while the checkpoint around layers.0 .. layers.1 expected layers.1 next"),
-])
+@pytest.mark.parametrize(
+    "between, message",
+    [
+        ("saves", r"^remat: code between layers.0 and layers.1 saves a tensor for backward"),
+        ("makes", r"^remat: layers.1 takes a tensor that needs a gradient and is neither an input of layers.0"),
+        (
+            "out of turn",
+            r"^remat: layers.2 ran while the checkpoint around layers.0 .. layers.1 expected layers.1 next",
+        ),
+    ],
+)
 def test_what_a_recomputation_cannot_repeat_is_a_remat_error(between, message):
     model = Loop(between)
     remat.apply(model, "chen")  # segments layers.0..1 and layers.2..3

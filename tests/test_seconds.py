@@ -48,8 +48,11 @@ def test_copies_of_one_block_take_the_same_seconds_so_the_clock_does_not_pick_th
     so its backward differs), and each of their ops takes the median over the copies."""
     model, x = _chain(blocks=4)
     prof = remat.profile(model, x)
-    fields = [(b.forward_s, b.backward_s, b.checkpoint_recompute_s, b.selective_recompute_s)
-              for b in prof.blocks if b.depth == 0]
+    fields = [
+        (b.forward_s, b.backward_s, b.checkpoint_recompute_s, b.selective_recompute_s)
+        for b in prof.blocks
+        if b.depth == 0
+    ]
     assert fields[1] == fields[2] == fields[3] and fields[0] != fields[1]
     assert min(fields[1][:3]) > 0
 
@@ -60,9 +63,21 @@ def _ops(module: str, seconds: list[float], flops: int = 10) -> list[OpRecord]:
 
 
 def test_only_blocks_of_one_class_running_the_same_ops_share_their_seconds():
-    ops = [OpRecord("aten.ones.default", "setup", "0", 0, 9.0, False), *_ops("0", [1.0, 4.0]), *_ops("1", [2.0, 5.0]),
-           *_ops("2", [6.0, 9.0]), *_ops("3", [1.0, 1.0], flops=20), *_ops("4", [7.0, 7.0])]
-    candidates = {"0": nn.Linear(2, 2), "1": nn.Linear(2, 2), "2": nn.Linear(2, 2), "3": nn.Linear(2, 2), "4": nn.ReLU()}
+    ops = [
+        OpRecord("aten.ones.default", "setup", "0", 0, 9.0, False),
+        *_ops("0", [1.0, 4.0]),
+        *_ops("1", [2.0, 5.0]),
+        *_ops("2", [6.0, 9.0]),
+        *_ops("3", [1.0, 1.0], flops=20),
+        *_ops("4", [7.0, 7.0]),
+    ]
+    candidates = {
+        "0": nn.Linear(2, 2),
+        "1": nn.Linear(2, 2),
+        "2": nn.Linear(2, 2),
+        "3": nn.Linear(2, 2),
+        "4": nn.ReLU(),
+    }
     same_seconds_for_copies(ops, candidates)
     by_module = {m: [op.seconds for op in ops if op.module == m and op.phase != "setup"] for m in candidates}
     assert by_module["0"] == by_module["1"] == by_module["2"] == [2.0, 5.0]  # medians, position by position
@@ -116,14 +131,23 @@ def test_a_fake_profile_and_its_plans_are_the_same_on_every_run():
 
 def test_hardware_is_checked():
     model, x = _chain()
-    with pytest.raises(remat.RematError, match=r"^remat: hardware must name a device .*A100, H100, H200, L4, cpu; "
-                                               r"saw 'B200'\. Fix: pick the nearest one"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: hardware must name a device .*A100, H100, H200, L4, cpu; "
+        r"saw 'B200'\. Fix: pick the nearest one",
+    ):
         remat.profile(model, x, mode="fake", device="cuda", hardware="B200")
-    with pytest.raises(remat.RematError, match=r"^remat: hardware='H100' is a GPU, but the step is predicted for "
-                                               r"device='cpu'\..*Fix: pass device='cuda'"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: hardware='H100' is a GPU, but the step is predicted for "
+        r"device='cpu'\..*Fix: pass device='cuda'",
+    ):
         remat.profile(model, x, mode="fake", hardware="H100")
-    with pytest.raises(remat.RematError, match=r"^remat: hardware='A100' names the device a fake-mode prediction is "
-                                               r"timed for; a real step is timed as it runs\. Fix:"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: hardware='A100' names the device a fake-mode prediction is "
+        r"timed for; a real step is timed as it runs\. Fix:",
+    ):
         remat.profile(model, x, hardware="A100")
 
 
@@ -146,7 +170,8 @@ def test_the_roofline_takes_the_slower_of_compute_and_memory_and_a_floor_per_op(
     assert mm == pytest.approx(2 * 4096**3 / fp32_rate)
     half = a.to(torch.bfloat16)
     assert roofline.op_seconds(h100, aten.mm.default, (half, half), {}, half) == pytest.approx(
-        2 * 4096**3 / (h100.half_flops * roofline.ACHIEVED_COMPUTE))
+        2 * 4096**3 / (h100.half_flops * roofline.ACHIEVED_COMPUTE)
+    )
     v = torch.empty(2**24, device="meta")  # 64 MiB: an add reads two and writes one
     add = roofline.op_seconds(h100, aten.add.Tensor, (v, v), {}, torch.empty_like(v))
     assert add == pytest.approx(3 * 4 * 2**24 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH))
@@ -177,11 +202,13 @@ def test_the_nominal_cpu_charges_transcendental_ops_the_passes_the_reference_mac
     cpu, v = roofline.HARDWARE["cpu"], torch.empty(2**24, device="meta")
     one_pass = 2 * 4 * 2**24 / (cpu.bandwidth * roofline.ACHIEVED_BANDWIDTH)
     assert roofline.op_seconds(cpu, aten.tanh.default, (v,), {}, v.clone()) == pytest.approx(
-        roofline.CPU_PASSES["tanh"] * one_pass)
+        roofline.CPU_PASSES["tanh"] * one_pass
+    )
     assert roofline.op_seconds(cpu, aten.relu.default, (v,), {}, v.clone()) == pytest.approx(one_pass)
     h100 = roofline.HARDWARE["H100"]  # a GPU's tanh streams its bytes
     assert roofline.op_seconds(h100, aten.tanh.default, (v,), {}, v.clone()) == pytest.approx(
-        2 * 4 * 2**24 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH))
+        2 * 4 * 2**24 / (h100.bandwidth * roofline.ACHIEVED_BANDWIDTH)
+    )
 
 
 def test_a_fake_step_counts_the_ops_an_eager_step_runs_and_no_metadata_question():
@@ -189,8 +216,10 @@ def test_a_fake_step_counts_the_ops_an_eager_step_runs_and_no_metadata_question(
     not: they are neither timed nor counted among the ops a checkpoint re-runs (each costs `checkpoint_op_s`)."""
     model, x = _chain()
     real, fake = remat.profile(model, x), remat.profile(model, x, mode="fake")
-    spans = [[(b.forward_start_op, b.forward_end_op, b.backward_start_op, b.checkpoint_recompute_ops)
-              for b in prof.blocks] for prof in (real, fake)]
+    spans = [
+        [(b.forward_start_op, b.forward_end_op, b.backward_start_op, b.checkpoint_recompute_ops) for b in prof.blocks]
+        for prof in (real, fake)
+    ]
     assert spans[0] == spans[1] and any(s[3] > 0 for s in spans[0])
 
 
@@ -205,8 +234,11 @@ def _two_ways(prof: StepProfile) -> StepProfile:
             flops, seconds = (10**9, 1e-3) if b.name == "0" else (10**6, 5e-3)
         else:
             flops, seconds = 10**12, 1.0
-        blocks.append(dataclasses.replace(b, checkpoint_recompute_flops=flops, checkpoint_recompute_s=seconds,
-                                          selective_free_bytes=0))
+        blocks.append(
+            dataclasses.replace(
+                b, checkpoint_recompute_flops=flops, checkpoint_recompute_s=seconds, selective_free_bytes=0
+            )
+        )
     return dataclasses.replace(prof, blocks=blocks, checkpoint_op_s=0.0, selective_op_s=0.0)
 
 
@@ -238,9 +270,14 @@ def test_a_measured_profile_charges_checkpointing_the_devices_constants_not_a_no
     first, second = remat.profile(model, x), remat.profile(model, x)
     assert first.timing == second.timing == "measured"
     for prof in (first, second):
-        assert (prof.checkpoint_op_s, prof.selective_op_s) == (roofline.HOST_CHECKPOINT_OP_S, roofline.HOST_SELECTIVE_OP_S)
+        assert (prof.checkpoint_op_s, prof.selective_op_s) == (
+            roofline.HOST_CHECKPOINT_OP_S,
+            roofline.HOST_SELECTIVE_OP_S,
+        )
     assert roofline.overheads_on(torch.device("cuda")) == {
-        "checkpoint_op_s": roofline.GPU_CHECKPOINT_OP_S, "selective_op_s": roofline.GPU_SELECTIVE_OP_S}
+        "checkpoint_op_s": roofline.GPU_CHECKPOINT_OP_S,
+        "selective_op_s": roofline.GPU_SELECTIVE_OP_S,
+    }
 
 
 def test_a_rank_of_a_job_is_not_timed_and_plans_by_flops():

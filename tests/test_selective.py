@@ -97,8 +97,12 @@ def _tanh_reruns(keeps: list[str], batch: int = 16) -> tuple[int, dict]:
     x = torch.randn(batch, 32)
     prof = remat.profile(model, x, loss_fn=lambda out: out.square().mean(), mode="fake")
     keep = remat.plan(prof, 1.0)
-    plan = dataclasses.replace(keep, decisions={**keep.decisions, "1": "selective"}, selective=["1"],
-                               selective_keeps={"1": keeps} if keeps else {})
+    plan = dataclasses.replace(
+        keep,
+        decisions={**keep.decisions, "1": "selective"},
+        selective=["1"],
+        selective_keeps={"1": keeps} if keeps else {},
+    )
     remat.apply(model, plan)
     loss = model(x).square().mean()
     with _Counting() as ops:
@@ -111,9 +115,12 @@ def test_a_selective_checkpoint_reruns_the_ops_its_plan_does_not_name_and_only_t
     assert kept_matmuls == 1  # the matmul policy keeps both linears' outputs and runs tanh again
     kept_tanh, grads_kept = _tanh_reruns([op_signature("tanh", [torch.empty(16, 128)])])
     assert kept_tanh == 0
-    with pytest.warns(UserWarning, match=r"^remat: the plan keeps the outputs of 1 op\(s\) of this Sequential by their "
-                      r"argument shapes \(e\.g\. tanh\(8x128\)\), and none ran with those shapes .*Fix: profile and "
-                      r"plan with inputs of these shapes\."):
+    with pytest.warns(
+        UserWarning,
+        match=r"^remat: the plan keeps the outputs of 1 op\(s\) of this Sequential by their "
+        r"argument shapes \(e\.g\. tanh\(8x128\)\), and none ran with those shapes .*Fix: profile and "
+        r"plan with inputs of these shapes\.",
+    ):
         other_shape, _ = _tanh_reruns([op_signature("tanh", [torch.empty(8, 128)])])
     assert other_shape == 1  # a signature is the op and its shapes: this one names no op of the step
     assert grads.keys() == grads_kept.keys()
@@ -132,8 +139,12 @@ def test_a_plan_keeping_ops_by_shape_says_so_once_when_the_inputs_have_other_sha
     torch.manual_seed(0)
     model = nn.Sequential(*[nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 32)) for _ in range(3)])
     keep = remat.plan(remat.profile(model, torch.randn(16, 32), mode="fake"), 1.0)
-    remat.apply(model, dataclasses.replace(keep, decisions={**keep.decisions, "1": "selective"}, selective=["1"],
-                                           selective_keeps={"1": signature}))
+    remat.apply(
+        model,
+        dataclasses.replace(
+            keep, decisions={**keep.decisions, "1": "selective"}, selective=["1"], selective_keeps={"1": signature}
+        ),
+    )
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(3):
@@ -146,8 +157,11 @@ def test_a_plan_naming_outputs_of_a_module_it_does_not_checkpoint_selectively_is
     model, inputs = zoo.gpt2(n_layer=2, n_embd=32, n_head=2, seq=16, batch=2, vocab=64)
     plan = remat.plan(remat.profile(model, inputs, mode="fake"), 1.0)
     bad = dataclasses.replace(plan, selective_keeps={"transformer.h.0": ["tanh(2x16x128)"]})
-    with pytest.raises(remat.RematError, match=r"^remat: the plan says which outputs transformer\.h\.0 keep\(s\), "
-                       r"but does not checkpoint it selectively .*Fix: plan again"):
+    with pytest.raises(
+        remat.RematError,
+        match=r"^remat: the plan says which outputs transformer\.h\.0 keep\(s\), "
+        r"but does not checkpoint it selectively .*Fix: plan again",
+    ):
         remat.apply(model, bad)
     assert applied(model) is None
 
@@ -159,11 +173,20 @@ def test_a_profile_whose_cost_is_flops_keeps_the_matmul_policy_however_its_varia
     test_apply's GPT-2 at 90%: 33.5 MFLOP where 0 fit; here 16.8 to 50.3 MFLOP at 90 to 70%)."""
     model, inputs = zoo.gpt2(n_layer=4, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
     prof = remat.profile(model, inputs, mode="fake")
-    blocks = [dataclasses.replace(b, selective_recompute_s=1.0, selective_variants=[
-        dataclasses.replace(v, recompute_s=0.0) for v in b.selective_variants]) for b in prof.blocks]
+    blocks = [
+        dataclasses.replace(
+            b,
+            selective_recompute_s=1.0,
+            selective_variants=[dataclasses.replace(v, recompute_s=0.0) for v in b.selective_variants],
+        )
+        for b in prof.blocks
+    ]
     by_seconds = Problem.from_profile(dataclasses.replace(prof, blocks=blocks)).units
-    assert any(b.selective_variants and not any(u.action == Action.SELECTIVE and u.blocks == (b.name,) and not u.keeps
-                                                for u in by_seconds) for b in blocks)  # timed: the policy is out
+    assert any(
+        b.selective_variants
+        and not any(u.action == Action.SELECTIVE and u.blocks == (b.name,) and not u.keeps for u in by_seconds)
+        for b in blocks
+    )  # timed: the policy is out
     untimed = dataclasses.replace(prof, blocks=blocks, timing="")
     units = Problem.from_profile(untimed).units
     for b in blocks:

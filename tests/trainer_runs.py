@@ -15,8 +15,9 @@ def gpt2(n_layer: int = 4):
 
     transformers.logging.set_verbosity_error()
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(n_layer=n_layer, n_embd=128, n_head=4, n_positions=SEQ, vocab_size=VOCAB,
-                                  bos_token_id=0, eos_token_id=0)  # dropout 0.1 everywhere, as GPT-2's config says
+    cfg = transformers.GPT2Config(
+        n_layer=n_layer, n_embd=128, n_head=4, n_positions=SEQ, vocab_size=VOCAB, bos_token_id=0, eos_token_id=0
+    )  # dropout 0.1 everywhere, as GPT-2's config says
     return transformers.AutoModelForCausalLM.from_config(cfg)
 
 
@@ -37,12 +38,20 @@ def trainer(model, out_dir, callbacks=(), **args):
     """A Trainer of `model` for 3 steps on CPU (shuffled data, dropout on, seed 0); `args` go to TrainingArguments."""
     import transformers
 
-    options = dict(output_dir=str(out_dir), max_steps=3, per_device_train_batch_size=BATCH, report_to=[],
-                   use_cpu=True, save_strategy="no", seed=0, logging_steps=100, disable_tqdm=True,
-                   learning_rate=1e-3)
+    options = dict(
+        output_dir=str(out_dir),
+        max_steps=3,
+        per_device_train_batch_size=BATCH,
+        report_to=[],
+        use_cpu=True,
+        save_strategy="no",
+        seed=0,
+        logging_steps=100,
+        disable_tqdm=True,
+        learning_rate=1e-3,
+    )
     training_args = transformers.TrainingArguments(**{**options, **args})
-    return transformers.Trainer(model=model, args=training_args, train_dataset=TokenIds(),
-                                callbacks=list(callbacks))
+    return transformers.Trainer(model=model, args=training_args, train_dataset=TokenIds(), callbacks=list(callbacks))
 
 
 def trained(model, out_dir, callbacks=(), **args):

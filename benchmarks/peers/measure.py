@@ -113,8 +113,12 @@ def named_grads(bench) -> dict:
 def compare_grads(ref: dict, got: dict) -> dict:
     """{'equal': bit-exact, 'max_abs': largest |difference|, 'rel': that over the largest |ref|}."""
     if set(ref) != set(got):
-        return {"equal": False, "max_abs": float("inf"), "rel": float("inf"),
-                "note": f"different parameters got gradients: {sorted(set(ref) ^ set(got))[:3]}"}
+        return {
+            "equal": False,
+            "max_abs": float("inf"),
+            "rel": float("inf"),
+            "note": f"different parameters got gradients: {sorted(set(ref) ^ set(got))[:3]}",
+        }
     diff = max(((got[n] - ref[n]).abs().max().item() if ref[n].numel() else 0.0) for n in ref)
     scale = max((ref[n].abs().max().item() if ref[n].numel() else 0.0) for n in ref) or 1.0
     equal = all(torch.equal(ref[n], got[n]) for n in ref)

@@ -78,21 +78,38 @@ NOT_A_LOOP = "the forward is not a plain loop over one list of modules"
 
 def _mlp000(kw: dict) -> Bench:
     model, x = zoo.mlp_report000(**kw)
-    return Bench("mlp000", model, x, None, False, [f"layers.{i}" for i in range(kw["layers"])],
-                 sequence=lambda m: list(m.layers), size=kw)
+    return Bench(
+        "mlp000",
+        model,
+        x,
+        None,
+        False,
+        [f"layers.{i}" for i in range(kw["layers"])],
+        sequence=lambda m: list(m.layers),
+        size=kw,
+    )
 
 
 def _chain001(kw: dict) -> Bench:
     model = chain(kw["width"], kw["blocks"])
     x = torch.randn(kw["batch"], kw["width"])
-    return Bench("chain001", model, x, None, False, [str(i) for i in range(kw["blocks"])],
-                 sequence=lambda m: list(m), size=kw)
+    return Bench(
+        "chain001", model, x, None, False, [str(i) for i in range(kw["blocks"])], sequence=lambda m: list(m), size=kw
+    )
 
 
 def _cnn002(kw: dict) -> Bench:
     model, x, loss_fn = zoo.cnn_report002(**kw)
-    return Bench("cnn002", model, x, loss_fn, False, ["conv1", "conv2", "conv3", "fc1"],
-                 no_sequence_why=NOT_A_LOOP + " (F.relu and flatten between the layers)", size=kw)
+    return Bench(
+        "cnn002",
+        model,
+        x,
+        loss_fn,
+        False,
+        ["conv1", "conv2", "conv3", "fc1"],
+        no_sequence_why=NOT_A_LOOP + " (F.relu and flatten between the layers)",
+        size=kw,
+    )
 
 
 def _hf_bench(name: str, built: tuple, why: str, kw: dict) -> Bench:
@@ -103,10 +120,17 @@ def _hf_bench(name: str, built: tuple, why: str, kw: dict) -> Bench:
 def _llama(kw: dict) -> tuple:
     tf = zoo._hf()
     cfg = tf.LlamaConfig(
-        hidden_size=kw["hidden"], intermediate_size=int(kw["hidden"] * 8 / 3 // 16 * 16),
-        num_hidden_layers=kw["n_layer"], num_attention_heads=kw["heads"], num_key_value_heads=kw["heads"],
-        vocab_size=kw["vocab"], max_position_embeddings=kw["seq"], use_cache=False,
-        bos_token_id=0, eos_token_id=0, pad_token_id=0,
+        hidden_size=kw["hidden"],
+        intermediate_size=int(kw["hidden"] * 8 / 3 // 16 * 16),
+        num_hidden_layers=kw["n_layer"],
+        num_attention_heads=kw["heads"],
+        num_key_value_heads=kw["heads"],
+        vocab_size=kw["vocab"],
+        max_position_embeddings=kw["seq"],
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
     )
     torch.manual_seed(0)
     return tf.LlamaForCausalLM(cfg), _hf_inputs(kw["vocab"], kw["batch"], kw["seq"])
@@ -115,13 +139,20 @@ def _llama(kw: dict) -> tuple:
 def _vit(kw: dict) -> tuple:
     tf = zoo._hf()
     cfg = tf.ViTConfig(
-        image_size=kw["image"], patch_size=kw["patch"], hidden_size=kw["hidden"], num_hidden_layers=kw["n_layer"],
-        num_attention_heads=kw["heads"], intermediate_size=4 * kw["hidden"], num_labels=10,
+        image_size=kw["image"],
+        patch_size=kw["patch"],
+        hidden_size=kw["hidden"],
+        num_hidden_layers=kw["n_layer"],
+        num_attention_heads=kw["heads"],
+        intermediate_size=4 * kw["hidden"],
+        num_labels=10,
     )
     torch.manual_seed(0)
     model = tf.ViTForImageClassification(cfg)
-    inputs = {"pixel_values": torch.randn(kw["batch"], 3, kw["image"], kw["image"]),
-              "labels": torch.randint(0, 10, (kw["batch"],))}
+    inputs = {
+        "pixel_values": torch.randn(kw["batch"], 3, kw["image"], kw["image"]),
+        "labels": torch.randint(0, 10, (kw["batch"],)),
+    }
     return model, inputs
 
 
@@ -129,8 +160,14 @@ class _DoubleConv(nn.Sequential):
     """Two 3x3 convolutions, each followed by GroupNorm and SiLU: one U-Net stage."""
 
     def __init__(self, cin: int, cout: int):
-        super().__init__(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU(),
-                         nn.Conv2d(cout, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.SiLU())
+        super().__init__(
+            nn.Conv2d(cin, cout, 3, padding=1),
+            nn.GroupNorm(8, cout),
+            nn.SiLU(),
+            nn.Conv2d(cout, cout, 3, padding=1),
+            nn.GroupNorm(8, cout),
+            nn.SiLU(),
+        )
 
 
 class UNet(nn.Module):
@@ -163,23 +200,40 @@ def _unet(kw: dict) -> Bench:
     x = torch.randn(kw["batch"], 3, kw["image"], kw["image"])
     target = torch.randn_like(x)
     blocks = ["stem"] + [f"down.{i}" for i in range(kw["depth"])] + [f"up.{i}" for i in range(kw["depth"])]
-    return Bench("unet", model, x, lambda out: nn.functional.mse_loss(out, target), False, blocks,
-                 no_sequence_why="long skip connections: each down stage's output is concatenated into an up stage",
-                 size=kw)
+    return Bench(
+        "unet",
+        model,
+        x,
+        lambda out: nn.functional.mse_loss(out, target),
+        False,
+        blocks,
+        no_sequence_why="long skip connections: each down stage's output is concatenated into an up stage",
+        size=kw,
+    )
 
 
 def _skipnet(kw: dict) -> Bench:
     model, x = zoo.skipnet(**kw)
     blocks = [f"down.{i}" for i in range(kw["depth"])] + [f"up.{i}" for i in range(kw["depth"])]
-    return Bench("skipnet", model, x, None, False, blocks,
-                 no_sequence_why="long skip connections: the encoder's outputs are used again by the decoder", size=kw)
+    return Bench(
+        "skipnet",
+        model,
+        x,
+        None,
+        False,
+        blocks,
+        no_sequence_why="long skip connections: the encoder's outputs are used again by the decoder",
+        size=kw,
+    )
 
 
 BUILDERS = {
     "mlp000": _mlp000,
     "chain001": _chain001,
     "cnn002": _cnn002,
-    "gpt2": lambda kw: _hf_bench("gpt2", zoo.gpt2(**kw), "HF layers take masks and caches besides the hidden states", kw),
+    "gpt2": lambda kw: _hf_bench(
+        "gpt2", zoo.gpt2(**kw), "HF layers take masks and caches besides the hidden states", kw
+    ),
     "bert": lambda kw: _hf_bench("bert", zoo.bert(**kw), "HF layers take masks besides the hidden states", kw),
     "llama": lambda kw: _hf_bench("llama", _llama(kw), "HF layers take position embeddings and masks", kw),
     "vit": lambda kw: _hf_bench("vit", _vit(kw), "HF layers are called with extra arguments", kw),

@@ -46,8 +46,9 @@ def profile_first(bench):
     return prof, time.perf_counter() - t0
 
 
-def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0,
-            peers: list[dict] = ()) -> list[tuple[str, int]]:
+def targets(
+    out: dict, prof, fractions: list[float], compiled_peak: int = 0, peers: list[dict] = ()
+) -> list[tuple[str, int]]:
     """(where, budget bytes) of each remat + compile point.  A peer point's process peak (`peers`: {"label",
     "rss_peak"} of eager peers measured by worker_eager.py, else each torch.compile budget measured here) becomes
     a budget on the counter remat judges a compiled step by: less the offset between this process's peak of the
@@ -57,8 +58,11 @@ def targets(out: dict, prof, fractions: list[float], compiled_peak: int = 0,
     unplanned = [r["rss_peak"] for r in out.get("budgets", []) if r.get("budget") == 1.0 and "rss_peak" in r]
     if unplanned and compiled_peak:
         offset = unplanned[0] - compiled_peak
-    peers = list(peers) or [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"]}
-                            for r in out.get("budgets", []) if "rss_peak" in r]  # the first pass: compile's points
+    peers = list(peers) or [
+        {"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"]}
+        for r in out.get("budgets", [])
+        if "rss_peak" in r
+    ]  # the first pass: compile's points
     pts = [(p["label"], int(p["rss_peak"] - offset + tol_process(p["rss_peak"]))) for p in peers]
     return pts + [(f"{f:.0%} of the eager peak", int(f * prof.peak_bytes)) for f in fractions]
 
@@ -89,13 +93,21 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_
             row.update(status="infeasible", min_bytes=e.min_bytes, why=str(e))
             records.append(row)
             continue
-        key = json.dumps([plan.segments, sorted(plan.selective), plan.selective_keeps, plan.compiler_budget],
-                         sort_keys=True)
-        row.update(status="ok", key=key, plan=describe(plan), predicted_peak=plan.peak_bytes,
-                   predicted_flops=plan.recompute_flops, search_s=time.perf_counter() - t0,
-                   search_measured_peak=plan.measured_peak_bytes, search_step_s=plan.measured_step_s,
-                   search_note=plan.notes[0] if plan.notes else "",
-                   search_candidates=plan.notes[1] if len(plan.notes) > 1 else "")
+        key = json.dumps(
+            [plan.segments, sorted(plan.selective), plan.selective_keeps, plan.compiler_budget], sort_keys=True
+        )
+        row.update(
+            status="ok",
+            key=key,
+            plan=describe(plan),
+            predicted_peak=plan.peak_bytes,
+            predicted_flops=plan.recompute_flops,
+            search_s=time.perf_counter() - t0,
+            search_measured_peak=plan.measured_peak_bytes,
+            search_step_s=plan.measured_step_s,
+            search_note=plan.notes[0] if plan.notes else "",
+            search_candidates=plan.notes[1] if len(plan.notes) > 1 else "",
+        )
         if key not in by_plan:
             by_plan[key] = _one(bench, plan, ref_grads, backend_for, fresh_function, f"remat_compiled_{len(by_plan)}")
             if by_plan[key][1] is not None:

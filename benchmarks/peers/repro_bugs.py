@@ -78,8 +78,14 @@ def ilp_solve() -> dict:
     for budget in [lo + (hi - lo) * i // n for i in range(n)] + [43274759]:
         if ilp.solve(problem, budget) is None and dp.solve(problem, budget, group) is not None:
             failed.append(budget)
-    out = {"model": "mlp000 (hidden 128, 8 layers, seq 256, batch 8)", "budgets_tried": n + 1, "least": lo,
-           "unplanned": hi, "ilp_none_where_dp_plans": len(failed), "first_failing_budget": failed[0] if failed else None}
+    out = {
+        "model": "mlp000 (hidden 128, 8 layers, seq 256, batch 8)",
+        "budgets_tried": n + 1,
+        "least": lo,
+        "unplanned": hi,
+        "ilp_none_where_dp_plans": len(failed),
+        "first_failing_budget": failed[0] if failed else None,
+    }
     if failed:
         b = failed[0]
         try:
@@ -111,8 +117,12 @@ def selective_last(name: str = "gpt2") -> dict:
     return out
 
 
-CHECKS = {"chen_apply": chen_apply, "ilp_solve": ilp_solve, "selective_last_gpt2": selective_last,
-          "selective_last_bert": lambda: selective_last("bert")}
+CHECKS = {
+    "chen_apply": chen_apply,
+    "ilp_solve": ilp_solve,
+    "selective_last_gpt2": selective_last,
+    "selective_last_bert": lambda: selective_last("bert"),
+}
 
 
 def check_all(spec: dict | None = None) -> dict:

@@ -67,7 +67,19 @@ def main() -> dict:
                 pkgs = sorted({n.split("/src/rkgb/", 1)[1].split("/")[0] for n in tf.getnames() if "/src/rkgb/" in n})
             res["rkgb_sdist_contents"] = pkgs
             res["rkgb_missing_packages"] = [d for d in ("core", "lowlevel", "utils") if d not in pkgs]
-        p = sh([sys.executable, "-m", "pip", "install", "--no-deps", "--target", str(site), *map(str, dl.glob("*.tar.gz")), *EXTRA_DEPS])
+        p = sh(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--no-deps",
+                "--target",
+                str(site),
+                *map(str, dl.glob("*.tar.gz")),
+                *EXTRA_DEPS,
+            ]
+        )
         res["install_rc"] = p.returncode
         if p.returncode:
             res["install_tail"] = (p.stdout + p.stderr).strip().splitlines()[-5:]

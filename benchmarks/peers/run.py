@@ -59,18 +59,36 @@ WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
 
 PROFILES = {
     "default": dict(
-        size="default", rounds=3, budgets=[0.3, 0.5, 0.7, 0.9], solvers=["dp", "ilp", "chen"],
-        compile_budgets=[1.0, 0.9, 0.5, 0.1], frontier_points=2, sweep_max=None,
+        size="default",
+        rounds=3,
+        budgets=[0.3, 0.5, 0.7, 0.9],
+        solvers=["dp", "ilp", "chen"],
+        compile_budgets=[1.0, 0.9, 0.5, 0.1],
+        frontier_points=2,
+        sweep_max=None,
     ),
     # issue 15: steps of 3-7 s, so fewer budgets; remat + torch.compile at every torch.compile point and at
     # 65% of the eager peak (report 004's -35%)
     "large": dict(
-        size="large", rounds=3, budgets=[0.5, 0.65], solvers=["auto"], compile_budgets=[1.0, 0.5],
-        frontier_points=0, sweep_max=None, remat_compiled=[0.65], remat_compiled_at_peers=True,
+        size="large",
+        rounds=3,
+        budgets=[0.5, 0.65],
+        solvers=["auto"],
+        compile_budgets=[1.0, 0.5],
+        frontier_points=0,
+        sweep_max=None,
+        remat_compiled=[0.65],
+        remat_compiled_at_peers=True,
     ),
     "quick": dict(
-        size="quick", rounds=2, budgets=[0.5, 0.8], solvers=["dp", "ilp", "chen"],
-        compile_budgets=[1.0, 0.5], frontier_points=0, sweep_max=4, remat_compiled=[0.65],
+        size="quick",
+        rounds=2,
+        budgets=[0.5, 0.8],
+        solvers=["dp", "ilp", "chen"],
+        compile_budgets=[1.0, 0.5],
+        frontier_points=0,
+        sweep_max=4,
+        remat_compiled=[0.65],
     ),
 }
 QUICK_MODELS = ["chain001", "gpt2"]
@@ -95,14 +113,22 @@ def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> d
         sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
         sp.write_text(json.dumps(spec))
         t0 = time.perf_counter()
-        p = subprocess.Popen([sys.executable, str(HERE / script), str(sp), str(op)], env=fresh_env(WORKER_ENV),
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        p = subprocess.Popen(
+            [sys.executable, str(HERE / script), str(sp), str(op)],
+            env=fresh_env(WORKER_ENV),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines = []
         try:
             for line in p.stdout:  # progress, as the worker goes
                 lines.append(line)
                 if verbose:
-                    print(f"    [{spec['model']} {script[7:-3]} {time.perf_counter() - t0:5.0f}s] {line.rstrip()}", flush=True)
+                    print(
+                        f"    [{spec['model']} {script[7:-3]} {time.perf_counter() - t0:5.0f}s] {line.rstrip()}",
+                        flush=True,
+                    )
                 if time.perf_counter() - t0 > timeout:
                     p.kill()
                     break
@@ -120,7 +146,9 @@ def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> d
 
 def inductor_cache_state() -> dict:
     """Inductor's on-disk cache at the start (compile seconds depend on it: a cold cache compiles every kernel)."""
-    d = Path(os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}")
+    d = Path(
+        os.environ.get("TORCHINDUCTOR_CACHE_DIR") or Path(tempfile.gettempdir()) / f"torchinductor_{getpass.getuser()}"
+    )
     n = sum(1 for _ in d.rglob("*.so")) if d.exists() else 0
     return {"dir": str(d), "compiled_kernels_at_start": n}
 
@@ -161,21 +189,37 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--compile-budgets", help="comma-separated activation_memory_budget values ('' for none)")
     ap.add_argument("--no-compile", action="store_true")
     ap.add_argument("--out", help="results basename in benchmarks/results (default peers or peers_quick)")
-    ap.add_argument("--docs", action=argparse.BooleanOptionalAction, default=None,
-                    help="write docs/peers.md and docs/peers_<model>.png (default: on unless --quick)")
+    ap.add_argument(
+        "--docs",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="write docs/peers.md and docs/peers_<model>.png (default: on unless --quick)",
+    )
     ap.add_argument("--no-bugs", action="store_true", help="skip repro_bugs.py (the remat bugs this benchmark found)")
-    ap.add_argument("--from-json", metavar="PATH",
-                    help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring); "
-                         "several, comma-separated, are merged (runs made model by model)")
-    ap.add_argument("--at-peers-of", metavar="PATH",
-                    help="measure only remat + torch.compile at the eager peers' peaks that an earlier run's "
-                         "remat + compile points did not reach (a second compile worker), spliced into that run")
-    ap.add_argument("--recompile", action="store_true",
-                    help="with --at-peers-of: run the compile worker again first and replace the earlier run's")
-    ap.add_argument("--recheck", metavar="PATH",
-                    help="measure again, over --rounds (default 9) interleaved rounds in one fresh process, each "
-                         "torch.compile peer point an earlier run's remat + compile lost within the rounds' noise, "
-                         "and the remat plan it lost with; added to that run")
+    ap.add_argument(
+        "--from-json",
+        metavar="PATH",
+        help="re-render the tables, plots and docs from an earlier run's results JSON (no measuring); "
+        "several, comma-separated, are merged (runs made model by model)",
+    )
+    ap.add_argument(
+        "--at-peers-of",
+        metavar="PATH",
+        help="measure only remat + torch.compile at the eager peers' peaks that an earlier run's "
+        "remat + compile points did not reach (a second compile worker), spliced into that run",
+    )
+    ap.add_argument(
+        "--recompile",
+        action="store_true",
+        help="with --at-peers-of: run the compile worker again first and replace the earlier run's",
+    )
+    ap.add_argument(
+        "--recheck",
+        metavar="PATH",
+        help="measure again, over --rounds (default 9) interleaved rounds in one fresh process, each "
+        "torch.compile peer point an earlier run's remat + compile lost within the rounds' noise, "
+        "and the remat plan it lost with; added to that run",
+    )
     ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
     args = ap.parse_args(argv)
     if args.recompile and not args.at_peers_of:
@@ -247,12 +291,30 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
         comp = run_worker("worker_compile.py", compile_spec(m, prof, args), args.timeout)
     points = []
     if comp and "budgets" in comp:
-        points = [{"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"],
-                   "extra_flops": r.get("extra_flops")} for r in comp["budgets"] if "rss_peak" in r]
-    eager = run_worker("worker_eager.py", {
-        "model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
-        "budgets": prof["budgets"], "solvers": prof["solvers"], "frontier_points": prof["frontier_points"],
-        "sweep": sweep_for(m, prof["size"], prof["sweep_max"]), "compile_points": points}, args.timeout)
+        points = [
+            {
+                "label": f"torch.compile budget {r['budget']:g}",
+                "rss_peak": r["rss_peak"],
+                "extra_flops": r.get("extra_flops"),
+            }
+            for r in comp["budgets"]
+            if "rss_peak" in r
+        ]
+    eager = run_worker(
+        "worker_eager.py",
+        {
+            "model": m,
+            "size": prof["size"],
+            "threads": args.threads,
+            "rounds": prof["rounds"],
+            "budgets": prof["budgets"],
+            "solvers": prof["solvers"],
+            "frontier_points": prof["frontier_points"],
+            "sweep": sweep_for(m, prof["size"], prof["sweep_max"]),
+            "compile_points": points,
+        },
+        args.timeout,
+    )
     if prof.get("remat_compiled_at_peers") and comp and "remat_compiled" in comp:
         compiled_at_peers(m, prof, args, eager, comp)
     err = eager.get("worker_error") or (comp or {}).get("worker_error")
@@ -263,18 +325,26 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
 
 
 def compile_spec(m: str, prof: dict, args: argparse.Namespace) -> dict:
-    return {"model": m, "size": prof["size"], "threads": args.threads, "rounds": prof["rounds"],
-            "budgets": prof["compile_budgets"], "remat_points": "remat_compiled" in prof,
-            "remat_fractions": prof.get("remat_compiled", [])}
+    return {
+        "model": m,
+        "size": prof["size"],
+        "threads": args.threads,
+        "rounds": prof["rounds"],
+        "budgets": prof["compile_budgets"],
+        "remat_points": "remat_compiled" in prof,
+        "remat_fractions": prof.get("remat_compiled", []),
+    }
 
 
 def unreached_peers(eager: dict, comp: dict) -> list[dict]:
     """The eager peer points (process peaks) that no remat + compile point of `comp` reached: at each, remat +
     compile has no measured point to be judged by (report.time_verdicts)."""
     reached = [r["rss_peak"] for r in comp.get("remat_compiled", []) if r.get("rss_peak")]
-    return [{"label": c["label"], "rss_peak": c["rss_peak"]} for c in eager.get("configs", [])
-            if c["family"] in PEERS_FAMILIES and c.get("rss_peak")
-            and not any(reaches(r, c["rss_peak"]) for r in reached)]
+    return [
+        {"label": c["label"], "rss_peak": c["rss_peak"]}
+        for c in eager.get("configs", [])
+        if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and not any(reaches(r, c["rss_peak"]) for r in reached)
+    ]
 
 
 def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict, comp: dict) -> None:
@@ -284,8 +354,17 @@ def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict,
     peers = unreached_peers(eager, comp)
     if not peers:
         return
-    more = run_worker("worker_compile.py", {**compile_spec(m, prof, args), "budgets": [1.0], "remat_points": True,
-                                            "remat_fractions": [], "remat_at_peers": peers}, args.timeout)
+    more = run_worker(
+        "worker_compile.py",
+        {
+            **compile_spec(m, prof, args),
+            "budgets": [1.0],
+            "remat_points": True,
+            "remat_fractions": [],
+            "remat_at_peers": peers,
+        },
+        args.timeout,
+    )
     if "worker_error" in more:
         comp["at_peers_error"] = more["worker_error"]
         return
@@ -308,8 +387,9 @@ def at_peers_of(args: argparse.Namespace) -> int:
             compiled_at_peers(m, data["profile"], args, R["eager"], R["compile"])
     again = " --recompile" if args.recompile else ""
     when = f"{time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')}"
-    data["command"] += (f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models "
-                        f"{','.join(models)}{again} ({when})")
+    data["command"] += (
+        f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models {','.join(models)}{again} ({when})"
+    )
     name = args.out or Path(args.at_peers_of).stem
     print(f"spliced into {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
     return 0
@@ -334,26 +414,41 @@ def recheck(args: argparse.Namespace) -> int:
         points = [v for v in lost if v.get("peer_budget") is not None and v.get("remat_key")]
         for v in lost:
             if v not in points:
-                print(f"{m}: {v['peer']} against {v.get('remat') or 'nothing'}: not rechecked (eager points are "
-                      "measured by worker_eager.py; run that model again)")
+                print(
+                    f"{m}: {v['peer']} against {v.get('remat') or 'nothing'}: not rechecked (eager points are "
+                    "measured by worker_eager.py; run that model again)"
+                )
         if not points:
             continue
-        spec = {"model": m, "size": data["profile"]["size"], "threads": args.threads,
-                "rounds": args.rounds or RECHECK_ROUNDS, "budgets": sorted({v["peer_budget"] for v in points}),
-                "plans": sorted({v["remat_key"] for v in points})}
+        spec = {
+            "model": m,
+            "size": data["profile"]["size"],
+            "threads": args.threads,
+            "rounds": args.rounds or RECHECK_ROUNDS,
+            "budgets": sorted({v["peer_budget"] for v in points}),
+            "plans": sorted({v["remat_key"] for v in points}),
+        }
         res = run_worker("worker_recheck.py", spec, args.timeout)
         if "worker_error" in res:
             print(f"{m}: {res['worker_error']}\n{res.get('log_tail', '')}")
             return 1
-        R["compile"]["recheck"] = dict(res, date=time.strftime("%Y-%m-%d"), commit=git_state().get("commit", "?"),
-                                       peers=[v["peer"] for v in points])
+        R["compile"]["recheck"] = dict(
+            res,
+            date=time.strftime("%Y-%m-%d"),
+            commit=git_state().get("commit", "?"),
+            peers=[v["peer"] for v in points],
+        )
         done.append(m)
     if not done:
-        print("nothing to recheck: no loss within noise nor tie remat was slower in, between a torch.compile budget "
-              "and remat + compile")
+        print(
+            "nothing to recheck: no loss within noise nor tie remat was slower in, between a torch.compile budget "
+            "and remat + compile"
+        )
         return 0
-    data["command"] += (f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(done)}"
-                        f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})")
+    data["command"] += (
+        f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(done)}"
+        f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
+    )
     name = args.out or Path(args.recheck).stem
     print(f"added to {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
     return 0
@@ -368,7 +463,11 @@ def main(argv=None) -> int:
     if args.recheck:
         return recheck(args)
     prof = run_profile(args)
-    models = args.models.split(",") if args.models else (QUICK_MODELS if args.quick else LARGE_ORDER if args.large else ORDER)
+    models = (
+        args.models.split(",")
+        if args.models
+        else (QUICK_MODELS if args.quick else LARGE_ORDER if args.large else ORDER)
+    )
     compile_models = QUICK_COMPILE_MODELS if (args.quick and not args.models) else models
     name = args.out or ("peers_quick" if args.quick else "peers_large" if args.large else "peers")
     docs = (not args.quick) if args.docs is None else args.docs

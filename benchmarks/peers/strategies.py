@@ -29,7 +29,12 @@ from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
     apply_activation_checkpointing,
     checkpoint_wrapper,
 )
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, checkpoint_sequential, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    checkpoint_sequential,
+    create_selective_checkpoint_contexts,
+)
 
 import remat
 
@@ -58,8 +63,12 @@ def sac_context_fn():
     return create_selective_checkpoint_contexts(_sac_policy)
 
 
-LABELS = {"none": "no checkpointing", "every_block": "every block", "chen": "Chen sqrt(n)",
-          "sac": "selective (SAC, save matmuls)"}
+LABELS = {
+    "none": "no checkpointing",
+    "every_block": "every block",
+    "chen": "Chen sqrt(n)",
+    "sac": "selective (SAC, save matmuls)",
+}
 
 
 def label(spec: dict) -> str:
@@ -127,8 +136,16 @@ class Applied:
         elif k == "every_block":
             _wrap_blocks(m, b.blocks, partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT))
         elif k == "sac":
-            _wrap_blocks(m, b.blocks, partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT,
-                                              context_fn=sac_context_fn, preserve_rng_state=False))
+            _wrap_blocks(
+                m,
+                b.blocks,
+                partial(
+                    checkpoint_wrapper,
+                    checkpoint_impl=CheckpointImpl.NO_REENTRANT,
+                    context_fn=sac_context_fn,
+                    preserve_rng_state=False,
+                ),
+            )
         elif k == "ckpt_seq":
             layers, segs = b.sequence(m), self.spec["k"]
             m.forward = lambda x: checkpoint_sequential(layers, segs, x, use_reentrant=False)

@@ -57,25 +57,51 @@ def main():
     ap.add_argument("--batch", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    reset = {int(k): v for k, v in run_fresh(__file__, {"batch": args.batch, "threads": args.threads}, env_extra=ENV).items()}
+    reset = {
+        int(k): v for k, v in run_fresh(__file__, {"batch": args.batch, "threads": args.threads}, env_extra=ENV).items()
+    }
     rows = []
     for s in SEGMENTS:
-        fresh = run_fresh(WORKER, {"model": "chain", "kwargs": {"batch": args.batch}, "segments": s, "method": "process",
-                                   "optimizer": "adam", "threads": args.threads}, env_extra=ENV)
+        fresh = run_fresh(
+            WORKER,
+            {
+                "model": "chain",
+                "kwargs": {"batch": args.batch},
+                "segments": s,
+                "method": "process",
+                "optimizer": "adam",
+                "threads": args.threads,
+            },
+            env_extra=ENV,
+        )
         f = fresh["proc_peak"]
-        rows.append([f"checkpoint_sequential({s})" if s else "no checkpointing", f / MiB, reset[s] / MiB,
-                     f"{(reset[s] - f) / MiB:+.1f}", f"{(reset[s] - f) / f:+.1%}"])
+        rows.append(
+            [
+                f"checkpoint_sequential({s})" if s else "no checkpointing",
+                f / MiB,
+                reset[s] / MiB,
+                f"{(reset[s] - f) / MiB:+.1f}",
+                f"{(reset[s] - f) / f:+.1%}",
+            ]
+        )
         print(rows[-1], flush=True)
     text = results_markdown(
         "The peers benchmark's process-peak method against MEASURING.md's fresh-process method",
-        machine_info(args.threads), f"python benchmarks/peers/validate_reset.py --batch {args.batch}",
-        [("", f"Report 001's chain, 32 × [Linear(1024), ReLU] + Sigmoid, batch {args.batch}, Adam, "
-              "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1 OMP_WAIT_POLICY=PASSIVE. fresh = one interpreter per row "
-              "(RSS before the model is built, VmHWM after the step; benchmarks/_worker.py). reset = all rows in one "
-              "interpreter, VmHWM reset before each step, VmHWM − RSS before the step + parameters and inputs "
-              "(benchmarks/peers/measure.py). The difference is the first step's one-time costs in the fresh figure "
-              "(libraries paged in, thread pools, allocator arenas), which the reset figure does not carry."),
-         ("", md_table(["strategy", "fresh MiB", "reset MiB", "reset − fresh MiB", "relative"], rows))])
+        machine_info(args.threads),
+        f"python benchmarks/peers/validate_reset.py --batch {args.batch}",
+        [
+            (
+                "",
+                f"Report 001's chain, 32 × [Linear(1024), ReLU] + Sigmoid, batch {args.batch}, Adam, "
+                "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1 OMP_WAIT_POLICY=PASSIVE. fresh = one interpreter per row "
+                "(RSS before the model is built, VmHWM after the step; benchmarks/_worker.py). reset = all rows in one "
+                "interpreter, VmHWM reset before each step, VmHWM − RSS before the step + parameters and inputs "
+                "(benchmarks/peers/measure.py). The difference is the first step's one-time costs in the fresh figure "
+                "(libraries paged in, thread pools, allocator arenas), which the reset figure does not carry.",
+            ),
+            ("", md_table(["strategy", "fresh MiB", "reset MiB", "reset − fresh MiB", "relative"], rows)),
+        ],
+    )
     out = HERE.parent / "results" / "peers_validate.md"
     out.write_text(text)
     print(text)

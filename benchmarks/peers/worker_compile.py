@@ -123,8 +123,12 @@ def main(spec: dict) -> dict:
     torch.compile(lambda x: (x.sin() * 2).sum())(w).backward()
     startup_s = time.perf_counter() - t0
     ref_flops, ref_grads = flops_and_grads(bench, eager)
-    out = {"model": spec["model"], "none_flops": ref_flops, "eager_rss_peak": rss_step_peak(bench, eager),
-           "inductor_startup_s": startup_s}
+    out = {
+        "model": spec["model"],
+        "none_flops": ref_flops,
+        "eager_rss_peak": rss_step_peak(bench, eager),
+        "inductor_startup_s": startup_s,
+    }
     variants = {}
     for b in spec["budgets"]:
         record, call = compile_at(bench, eager, b, ref_grads)
@@ -134,7 +138,9 @@ def main(spec: dict) -> dict:
     against_compiled(bench, out.get("budgets", []), {b: c for b, (_, c) in variants.items()})
     if prof is not None:
         out.update(remat_profile_s=profile_s, remat_tracker_peak=prof.peak_bytes)
-        variants.update(remat_compiled.measure_points(bench, prof, out, spec, ref_grads, counting_backend, fresh_function))
+        variants.update(
+            remat_compiled.measure_points(bench, prof, out, spec, ref_grads, counting_backend, fresh_function)
+        )
     for r in out.get("budgets", []) + out.get("remat_compiled", []):
         if "flops" in r:
             r["extra_flops"] = r["flops"] - ref_flops
@@ -172,8 +178,10 @@ def compile_at(bench, eager, b: float, ref_grads: dict):
     except Exception as e:
         record["error"] = f"{type(e).__name__}: {str(e)[:300]}"
     zero_grads(bench.model)
-    log(f"  compile budget {b}: {record.get('compile_s', 0):.1f} s (partition {record.get('partition_s', 0):.2f} s) "
-        f"rss {record.get('rss_peak', 0) / 2**20:.1f} MiB, {record.get('flops', 0) / 1e9:.2f} GFLOP {record.get('error', '')}")
+    log(
+        f"  compile budget {b}: {record.get('compile_s', 0):.1f} s (partition {record.get('partition_s', 0):.2f} s) "
+        f"rss {record.get('rss_peak', 0) / 2**20:.1f} MiB, {record.get('flops', 0) / 1e9:.2f} GFLOP {record.get('error', '')}"
+    )
     return record, ok
 
 

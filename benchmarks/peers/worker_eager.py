@@ -58,15 +58,26 @@ def tol_process(peak: float) -> float:
 
 
 def plan_key(plan: remat.Plan) -> str:
-    return "remat:" + json.dumps([plan.segments, sorted(getattr(plan, "selective", [])), sorted(getattr(plan, "offload", []))])
+    return "remat:" + json.dumps(
+        [plan.segments, sorted(getattr(plan, "selective", [])), sorted(getattr(plan, "offload", []))]
+    )
 
 
 def plan_spec(plan: remat.Plan) -> dict:
     sel = list(getattr(plan, "selective", []))
     off = list(getattr(plan, "offload", []))  # remat versions that also plan offload to CPU memory
-    what = f"{len(plan.segments)} ckpt" + (f" + {len(sel)} selective" if sel else "") + (f" + {len(off)} offload" if off else "")
-    return {"kind": "remat", "plan": plan.to_json(), "label": f"remat {plan.solver} ({what})",
-            "segments": plan.segments, "selective": sel}
+    what = (
+        f"{len(plan.segments)} ckpt"
+        + (f" + {len(sel)} selective" if sel else "")
+        + (f" + {len(off)} offload" if off else "")
+    )
+    return {
+        "kind": "remat",
+        "plan": plan.to_json(),
+        "label": f"remat {plan.solver} ({what})",
+        "segments": plan.segments,
+        "selective": sel,
+    }
 
 
 def pareto(plans: list) -> list:
@@ -110,17 +121,29 @@ class EagerRun:
         del opt
         zero_grads(self.model)
         gc.collect()
-        self.out.update(model=self.spec["model"], size=self.spec["size"], describe=bench.describe(),
-                        fresh_none_rss=fresh_none, fresh_none_reader="VmHWM", static_bytes=static_bytes(bench),
-                        params=sum(p.numel() for p in self.model.parameters()))
+        self.out.update(
+            model=self.spec["model"],
+            size=self.spec["size"],
+            describe=bench.describe(),
+            fresh_none_rss=fresh_none,
+            fresh_none_reader="VmHWM",
+            static_bytes=static_bytes(bench),
+            params=sum(p.numel() for p in self.model.parameters()),
+        )
 
     def profile(self):
         return remat.profile(self.model, self.bench.inputs, loss_fn=self.bench.loss_fn, optimizer=adam_params)
 
     def add(self, key: str, s: dict, **meta) -> str:
         if key not in self.configs:
-            self.configs[key] = {"key": key, "spec": s, "label": label(s), "family": family(s),
-                                 "how": how(self.bench, s), **meta}
+            self.configs[key] = {
+                "key": key,
+                "spec": s,
+                "label": label(s),
+                "family": family(s),
+                "how": how(self.bench, s),
+                **meta,
+            }
             self.order.append(key)
         return key
 
@@ -130,23 +153,33 @@ class EagerRun:
     def add_peers(self) -> None:
         self.add("none", {"kind": "none"})
         skipped = []
-        peers = [{"kind": "every_block"}, *({"kind": "ckpt_seq", "k": k} for k in self.spec["sweep"]), {"kind": "chen"},
-                 {"kind": "sac"}]
+        peers = [
+            {"kind": "every_block"},
+            *({"kind": "ckpt_seq", "k": k} for k in self.spec["sweep"]),
+            {"kind": "chen"},
+            {"kind": "sac"},
+        ]
         for s in peers:
             why = applicable(self.bench, s)
             if not why:
                 self.add(json.dumps(s), s)
             elif s["kind"] != "ckpt_seq" or s["k"] == 2:
-                skipped.append({"label": label(s) if s["kind"] != "ckpt_seq" else "checkpoint_sequential(k)", "why": why})
+                skipped.append(
+                    {"label": label(s) if s["kind"] != "ckpt_seq" else "checkpoint_sequential(k)", "why": why}
+                )
         self.out["skipped"] = skipped
 
     def plan_budgets(self) -> None:
         """(2) remat.profile once, then remat.plan at every budget x solver (timed: the planning time)."""
         t0 = time.perf_counter()
         self.prof = prof = self.profile()
-        self.out.update(profile_s=time.perf_counter() - t0, unplanned_tracker_peak=prof.peak_bytes,
-                        peak_phase=prof.peak_phase, n_blocks=len(prof.blocks),
-                        step_flops=prof.forward_flops + prof.backward_flops)
+        self.out.update(
+            profile_s=time.perf_counter() - t0,
+            unplanned_tracker_peak=prof.peak_bytes,
+            peak_phase=prof.peak_phase,
+            n_blocks=len(prof.blocks),
+            step_flops=prof.forward_flops + prof.backward_flops,
+        )
         plans = []  # one row per (budget, solver)
         for frac in self.spec["budgets"]:
             for solver in self.spec["solvers"]:
@@ -155,9 +188,14 @@ class EagerRun:
                 try:
                     p = remat.plan(prof, frac, solver=solver)
                     row["plan_s"] = time.perf_counter() - t0
-                    row.update(status="ok", predicted_peak=p.peak_bytes, predicted_flops=p.recompute_flops,
-                               solver_used=p.solver, n_segments=len(p.segments),
-                               n_selective=len(getattr(p, "selective", [])))
+                    row.update(
+                        status="ok",
+                        predicted_peak=p.peak_bytes,
+                        predicted_flops=p.recompute_flops,
+                        solver_used=p.solver,
+                        n_segments=len(p.segments),
+                        n_selective=len(getattr(p, "selective", [])),
+                    )
                     row["key"] = self.add_plan(p)
                 except remat.InfeasibleBudget as e:
                     row.update(status="infeasible", plan_s=time.perf_counter() - t0, min_bytes=e.min_bytes)
@@ -227,8 +265,10 @@ class EagerRun:
             if applied:
                 a.off()
             zero_grads(self.model)
-        log(f"  {c['label']:<40} tracker {c.get('tracker_peak', 0) / 2**20:8.1f} MiB  rss {c.get('rss_peak', 0) / 2**20:8.1f}"
-            f"  +{c.get('extra_flops', 0) / 1e9:7.2f} GFLOP  {c.get('error', '')}")
+        log(
+            f"  {c['label']:<40} tracker {c.get('tracker_peak', 0) / 2**20:8.1f} MiB  rss {c.get('rss_peak', 0) / 2**20:8.1f}"
+            f"  +{c.get('extra_flops', 0) / 1e9:7.2f} GFLOP  {c.get('error', '')}"
+        )
         return c
 
     def measure_all(self) -> None:
@@ -241,8 +281,11 @@ class EagerRun:
 
     def peer_points(self) -> list[tuple[str, float, str]]:
         """(label, peak to match, method) of every measured peer point and every torch.compile point."""
-        points = [(c["label"], c["tracker_peak"], "tracker") for c in map(self.configs.get, self.order)
-                  if c["family"] not in ("none", "remat", "diagnostic") and "tracker_peak" in c]
+        points = [
+            (c["label"], c["tracker_peak"], "tracker")
+            for c in map(self.configs.get, self.order)
+            if c["family"] not in ("none", "remat", "diagnostic") and "tracker_peak" in c
+        ]
         return points + [(c["label"], c["rss_peak"] - self.offset, "rss") for c in self.spec.get("compile_points", [])]
 
     def match_peers(self) -> None:
@@ -254,12 +297,22 @@ class EagerRun:
         for lab, peak, method in self.peer_points():
             tol = TOL_TRACKER if method == "tracker" else tol_process(peak + self.offset)
             budget = int(peak + tol)
-            row = {"peer": lab, "budget_bytes": budget, "peer_budget_bytes": int(peak), "tol_bytes": int(tol), "method": method}
+            row = {
+                "peer": lab,
+                "budget_bytes": budget,
+                "peer_budget_bytes": int(peak),
+                "tol_bytes": int(tol),
+                "method": method,
+            }
             t0 = time.perf_counter()
             try:
                 p = self.plan_at(budget, row)
-                row.update(status="ok", plan_s=time.perf_counter() - t0, predicted_peak=p.peak_bytes,
-                           predicted_flops=p.recompute_flops)
+                row.update(
+                    status="ok",
+                    plan_s=time.perf_counter() - t0,
+                    predicted_peak=p.peak_bytes,
+                    predicted_flops=p.recompute_flops,
+                )
                 row["key"] = self.add_plan(p)
                 self.measure(row["key"])
             except remat.InfeasibleBudget as e:
@@ -279,8 +332,10 @@ class EagerRun:
                 raise
             # remat's own message says a plan fits (least < budget): the ILP failed, not the budget
             # (HiGHS "Solve error"; docs/peers.md "Bugs found").  Take dp's plan, and say so.
-            row["solver_note"] = (f"plan(solver='auto') raised InfeasibleBudget although its least is "
-                                  f"{e.min_bytes} B < budget {budget} B; dp's plan used")
+            row["solver_note"] = (
+                f"plan(solver='auto') raised InfeasibleBudget although its least is "
+                f"{e.min_bytes} B < budget {budget} B; dp's plan used"
+            )
             return remat.plan(self.prof, budget, solver="dp")
 
     def time_steps(self) -> None:
@@ -303,8 +358,9 @@ class EagerRun:
                     times[k].append(dt)
         for k in ok:
             ratios = [t / b for t, b in zip(times[k], times["none"])]
-            self.configs[k].update(step_s=statistics.median(times[k]), time_ratio=statistics.median(ratios),
-                                   time_ratios=ratios)
+            self.configs[k].update(
+                step_s=statistics.median(times[k]), time_ratio=statistics.median(ratios), time_ratios=ratios
+            )
 
 
 def main(spec: dict) -> dict:
@@ -318,8 +374,12 @@ def main(spec: dict) -> dict:
     run.measure_all()
     run.match_peers()
     run.time_steps()
-    run.out.update(configs=[run.configs[k] for k in run.order], rss_offset=run.offset,
-                   threads=torch.get_num_threads(), elapsed_s=time.perf_counter() - t_start)
+    run.out.update(
+        configs=[run.configs[k] for k in run.order],
+        rss_offset=run.offset,
+        threads=torch.get_num_threads(),
+        elapsed_s=time.perf_counter() - t_start,
+    )
     return run.out
 
 

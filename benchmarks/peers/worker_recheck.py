@@ -36,8 +36,9 @@ def plan_of(prof, key: str):
     """The plan a remat + compile record's key names, on this process's profile."""
     segments, selective, keeps, knob = json.loads(key)
     keep = remat.plan(prof, prof.peak_bytes)
-    return dataclasses.replace(keep, segments=segments, selective=selective, selective_keeps=keeps,
-                               compiler_budget=knob, solver="recheck")
+    return dataclasses.replace(
+        keep, segments=segments, selective=selective, selective_keeps=keeps, compiler_budget=knob, solver="recheck"
+    )
 
 
 def main(spec: dict) -> dict:
@@ -54,13 +55,16 @@ def main(spec: dict) -> dict:
             variants[b] = (bench, call)
     for i, key in enumerate(spec["plans"]):
         plan = plan_of(prof, key)
-        fig, pair = remat_compiled._one(bench, plan, ref_grads, worker_compile.counting_backend,
-                                        worker_compile.fresh_function, f"recheck_{i}")
+        fig, pair = remat_compiled._one(
+            bench, plan, ref_grads, worker_compile.counting_backend, worker_compile.fresh_function, f"recheck_{i}"
+        )
         out["remat_compiled"].append(dict(fig, key=key, plan=remat_compiled.describe(plan)))
         if pair is not None:
             variants[key] = pair
-        worker_compile.log(f"  remat + compile ({remat_compiled.describe(plan)}): "
-                           f"rss {fig.get('rss_peak', 0) / 2**20:.1f} MiB {fig.get('error', '')}")
+        worker_compile.log(
+            f"  remat + compile ({remat_compiled.describe(plan)}): "
+            f"rss {fig.get('rss_peak', 0) / 2**20:.1f} MiB {fig.get('error', '')}"
+        )
     worker_compile.time_interleaved(bench, eager, variants, out, spec["rounds"])
     out.update(rounds=spec["rounds"], threads=torch.get_num_threads(), elapsed_s=time.perf_counter() - t_start)
     return out

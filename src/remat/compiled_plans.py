@@ -65,6 +65,7 @@ TIME_NOISE = 0.05
 faster of steps 2 and 3 spread over 10% (one thread, CPU); the fastest of four steps is steadier, by how much
 not measured."""
 
+
 class Measured(NamedTuple):
     """A candidate plan and what the counter measured of the compiled step with it applied (Rule 3)."""
 
@@ -73,8 +74,9 @@ class Measured(NamedTuple):
     counter: str
 
 
-def plan_for(model, step: tuple, prof: StepProfile, budget: int, trials: int = SEARCH_TRIALS,
-             plan_options: dict | None = None) -> Plan:
+def plan_for(
+    model, step: tuple, prof: StepProfile, budget: int, trials: int = SEARCH_TRIALS, plan_options: dict | None = None
+) -> Plan:
     """The plan `remat.auto` applies, not applied: `remat.plan`'s, unless `model` is compiled and its compiled step is
     over `budget` (then NOTE [Plans for a compiled step]).  `step` is (inputs, loss_fn, optimizer); `prof` is
     `remat.profile` of `model`."""
@@ -84,12 +86,14 @@ def plan_for(model, step: tuple, prof: StepProfile, budget: int, trials: int = S
         return plan(prof, budget, **plan_options)
     tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
     tried += _compiler_candidates(model, step, prof, budget, trials)
-    return _fastest_fit(tried + _hybrid_candidates(model, step, prof, budget, (trials, tried), plan_options),
-                        budget, prof)
+    return _fastest_fit(
+        tried + _hybrid_candidates(model, step, prof, budget, (trials, tried), plan_options), budget, prof
+    )
 
 
-def _remat_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int,
-                      plan_options: dict) -> list[Measured]:
+def _remat_candidates(
+    model, step: tuple, prof: StepProfile, budget: int, trials: int, plan_options: dict
+) -> list[Measured]:
     """Rules 1, 3 and 4 for plans of remat's checkpoints."""
     eager = dataclasses.replace(prof, compiled_peak_bytes=0)  # priced eagerly, with no compiled-step shortcut
     tried: dict[str, Measured] = {}
@@ -120,9 +124,11 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
         fraction = round(fraction, 3)
         if any(c.compiler_budget == fraction for c, _, _ in tried):
             break
-        note = (f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
-                "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
-                "(docs/compile.md).")
+        note = (
+            f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
+            "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
+            "(docs/compile.md)."
+        )
         candidate = dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
         try:
             measured, counter = _measured(model, candidate, step)
@@ -139,8 +145,9 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
     return tried
 
 
-def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, search: tuple[int, list[Measured]],
-                       plan_options: dict) -> list[Measured]:
+def _hybrid_candidates(
+    model, step: tuple, prof: StepProfile, budget: int, search: tuple[int, list[Measured]], plan_options: dict
+) -> list[Measured]:
     """Rule 6: remat's checkpoints under torch.compile's budget, for a fraction measured fast but over `budget`.
     `search` is (trials, the candidates measured so far)."""
     trials, tried = search
@@ -160,10 +167,13 @@ def _hybrid_candidates(model, step: tuple, prof: StepProfile, budget: int, searc
         checkpoints = _eager_plan(eager, int(target), plan_options)
         if _key(checkpoints) in hybrids or not _checkpoints(checkpoints):
             break
-        note = (f"torch.compile's activation memory budget {knob.compiler_budget:g} over remat's checkpoints: "
-                "Inductor recomputes within what they leave (docs/compile.md).")
-        candidate = dataclasses.replace(checkpoints, compiler_budget=knob.compiler_budget,
-                                        notes=[note, *checkpoints.notes])
+        note = (
+            f"torch.compile's activation memory budget {knob.compiler_budget:g} over remat's checkpoints: "
+            "Inductor recomputes within what they leave (docs/compile.md)."
+        )
+        candidate = dataclasses.replace(
+            checkpoints, compiler_budget=knob.compiler_budget, notes=[note, *checkpoints.notes]
+        )
         measured, counter = _measured(model, candidate, step)
         hybrids[_key(checkpoints)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, checkpoints.peak_bytes, (fit, miss))
@@ -203,8 +213,10 @@ def _measured(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tuple[Proce
     finally:
         remove(model)
     if measured is None:  # profile measured the compiled step with this counter: it cannot be gone
-        raise RematError("remat: the compiled step's counter gave no figure. Expected the one remat.profile used. "
-                         "Fix: report this to remat.")
+        raise RematError(
+            "remat: the compiled step's counter gave no figure. Expected the one remat.profile used. "
+            "Fix: report this to remat."
+        )
     return measured, counter
 
 
@@ -218,25 +230,38 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
             f"measured by the {tried[0].counter} peaked at "
             f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
             f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or more trials (trials=8).",
-            least, budget,
+            least,
+            budget,
         )
     fastest = min(m.step_s for _, m, _ in fitting)
-    best, measured, counter = min((t for t in fitting if t.peak.step_s <= fastest * (1 + TIME_NOISE)),
-                                  key=lambda t: t.peak.peak_bytes)
+    best, measured, counter = min(
+        (t for t in fitting if t.peak.step_s <= fastest * (1 + TIME_NOISE)), key=lambda t: t.peak.peak_bytes
+    )
     knobs = sum(c.compiler_budget < 1.0 and not _checkpoints(c) for c, _, _ in tried)
     both = sum(c.compiler_budget < 1.0 and _checkpoints(c) for c, _, _ in tried)
-    versus = (f", {measured.step_s / prof.compiled_step_s - 1:+.1%} against the unplanned compiled step's "
-              f"{prof.compiled_step_s * 1e3:,.1f} ms" if prof.compiled_step_s else "")
+    versus = (
+        f", {measured.step_s / prof.compiled_step_s - 1:+.1%} against the unplanned compiled step's "
+        f"{prof.compiled_step_s * 1e3:,.1f} ms"
+        if prof.compiled_step_s
+        else ""
+    )
     eager = f" (eager prediction {fmt_bytes(best.peak_bytes, 'auto')})" if best.compiler_budget == 1.0 else ""
-    note = (f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter} "
-            f"({len(tried) - knobs - both} of remat's checkpoints, {knobs} of torch.compile's own budget"
-            f"{f', {both} of both' if both else ''}); this one "
-            f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"
-            f"{versus}, the fastest within the budget (docs/compile.md).")
+    note = (
+        f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter} "
+        f"({len(tried) - knobs - both} of remat's checkpoints, {knobs} of torch.compile's own budget"
+        f"{f', {both} of both' if both else ''}); this one "
+        f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"
+        f"{versus}, the fastest within the budget (docs/compile.md)."
+    )
     each = "; ".join(f"{_kind(c)}: {fmt_bytes(m.peak_bytes, 'auto')}, {m.step_s * 1e3:,.0f} ms" for c, m, _ in tried)
-    return dataclasses.replace(best, budget_bytes=budget, measured_peak_bytes=measured.peak_bytes,
-                               measured_counter=counter, measured_step_s=measured.step_s,
-                               notes=[note, f"measured: {each}.", *best.notes])
+    return dataclasses.replace(
+        best,
+        budget_bytes=budget,
+        measured_peak_bytes=measured.peak_bytes,
+        measured_counter=counter,
+        measured_step_s=measured.step_s,
+        notes=[note, f"measured: {each}.", *best.notes],
+    )
 
 
 def _checkpoints(plan: Plan) -> bool:
@@ -249,6 +274,7 @@ def _kind(candidate: Plan) -> str:
     knob = f"compiler budget {candidate.compiler_budget:g}" if candidate.compiler_budget < 1.0 else ""
     if knob and not _checkpoints(candidate):
         return knob
-    ours = (f"remat {len(candidate.segments)} checkpoints + {len(candidate.selective)} selective"
-            + (f" + {len(candidate.offload)} offloaded" if candidate.offload else ""))
+    ours = f"remat {len(candidate.segments)} checkpoints + {len(candidate.selective)} selective" + (
+        f" + {len(candidate.offload)} offloaded" if candidate.offload else ""
+    )
     return f"{knob} + {ours}" if knob else ours

@@ -83,17 +83,25 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     if measured is None:
         return prof
     peak = measured.peak_bytes
-    note = (f"compiled step: {fmt_bytes(peak, 'auto')} by the {counter}, against {fmt_bytes(prof.peak_bytes, 'auto')} "
-            "eager; a budget 2% above it or more needs no checkpoint (docs/compile.md).")
-    return dataclasses.replace(prof, compiled_peak_bytes=peak, compiled_counter=counter,
-                               compiled_step_s=measured.step_s, notes=[*prof.notes, note])
+    note = (
+        f"compiled step: {fmt_bytes(peak, 'auto')} by the {counter}, against {fmt_bytes(prof.peak_bytes, 'auto')} "
+        "eager; a budget 2% above it or more needs no checkpoint (docs/compile.md)."
+    )
+    return dataclasses.replace(
+        prof,
+        compiled_peak_bytes=peak,
+        compiled_counter=counter,
+        compiled_step_s=measured.step_s,
+        notes=[*prof.notes, note],
+    )
 
 
 profile.__signature__ = inspect.signature(measure_profile)  # type: ignore[attr-defined]  # its options, for `help`
 
 
-def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *, trials: int = SEARCH_TRIALS,
-         **plan_options) -> Plan:
+def auto(
+    model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *, trials: int = SEARCH_TRIALS, **plan_options
+) -> Plan:
     """Profile, plan and apply in one call; returns the Plan it applied.  For a compiled model whose compiled step
     is over the budget, the plan is chosen by compiling and measuring candidates, at most `trials` of remat's
     checkpoints and `trials` of torch.compile's own budget (NOTE [Plans for a compiled step]).
@@ -106,17 +114,23 @@ def auto(model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *,
     with `remat.apply`'s warning naming it.  If no plan fits, the old one is left in force.
     """
     if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise RematError(f"remat: trials must be a whole number of candidate plans to compile, 1 or more; saw "
-                         f"{trials!r}. Fix: pass trials={SEARCH_TRIALS} (the default) or more.")
+        raise RematError(
+            f"remat: trials must be a whole number of candidate plans to compile, 1 or more; saw "
+            f"{trials!r}. Fix: pass trials={SEARCH_TRIALS} (the default) or more."
+        )
     with taken_off(model):  # the model as written, remat's own checkpoints put back after (or if nothing fits)
         prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
-        chosen = plan_for(model, (inputs, loss_fn, optimizer), prof, parse_budget(budget, prof.peak_bytes), trials,
-                          plan_options)
+        chosen = plan_for(
+            model, (inputs, loss_fn, optimizer), prof, parse_budget(budget, prof.peak_bytes), trials, plan_options
+        )
         if chosen.compiler_budget == 1.0 and not chosen.measured_peak_bytes:  # an eager plan, on CUDA checked
             chosen = fit_gpu(model, (inputs, loss_fn, optimizer), prof, chosen, plan_options)
     if chosen.allocator and chosen.allocator not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", ""):
-        warnings.warn(f"remat: this plan fits the budget only with PYTORCH_CUDA_ALLOC_CONF={chosen.allocator}, and "
-                      "this process runs without it. Fix: set it before torch is imported (in the shell, or first "
-                      "thing in the script), and run again.", stacklevel=2)
+        warnings.warn(
+            f"remat: this plan fits the budget only with PYTORCH_CUDA_ALLOC_CONF={chosen.allocator}, and "
+            "this process runs without it. Fix: set it before torch is imported (in the shell, or first "
+            "thing in the script), and run again.",
+            stacklevel=2,
+        )
     replace_plan(model, chosen, stacklevel=3)  # in place of the old plan, if any, saying so
     return chosen

@@ -43,18 +43,23 @@ from remat.types.reserve import EXPANDABLE, GpuReserve
 
 TRIALS = 4
 MIN_STEP = 2 * 2**20
-NOT_REPLAYED = ("The GPU reserve of a plan that may offload is not checked where CUDA is simulated on the CPU: the "
-                "offloaded tensors would stay in the memory replayed (docs/validation.md §6.2).")
-RANK_NOT_REPLAYED = ("The GPU reserve of this plan for one rank of a job is not checked: its step is predicted on a "
-                     "sharded copy of the model, which the plan's checkpoints do not reach. On the GPUs, remat.verify "
-                     "in a rank measures it.")
+NOT_REPLAYED = (
+    "The GPU reserve of a plan that may offload is not checked where CUDA is simulated on the CPU: the "
+    "offloaded tensors would stay in the memory replayed (docs/validation.md §6.2)."
+)
+RANK_NOT_REPLAYED = (
+    "The GPU reserve of this plan for one rank of a job is not checked: its step is predicted on a "
+    "sharded copy of the model, which the plan's checkpoints do not reach. On the GPUs, remat.verify "
+    "in a rank measures it."
+)
 RESERVE_MARGIN = 0.04
 """Rule 2's room for the replay's error: on the H200 its reserve was 0.1-3.4% under the measured one for BERT's and
 the Llama's steps, planned and not (docs/validation.md section 6.2)."""
 
 
-def fit_reserve(first: Plan, budget: int, replan: Callable[[int], Plan],
-                reserve_of: Callable[[Plan], GpuReserve]) -> Plan:
+def fit_reserve(
+    first: Plan, budget: int, replan: Callable[[int], Plan], reserve_of: Callable[[Plan], GpuReserve]
+) -> Plan:
     """Rules 2-4: `first` (planned for `budget`) or a plan for fewer tensor bytes (`replan(bytes)`), checked by
     `reserve_of(plan)` (Rule 1)."""
     checked: list[Plan] = []
@@ -89,9 +94,13 @@ def _fits(reserved: int, budget: int) -> bool:
 
 def _nothing_fits(checked: list[Plan], budget: int) -> InfeasibleBudget:
     """Rule 4: the least reserve seen, with the allocator setting that had it."""
-    need, setting, plan = min((min((p.gpu_reserve.reserved_bytes, ""), (p.gpu_reserve.expandable_reserved_bytes,
-                                                                        EXPANDABLE)) + (p,) for p in checked),
-                              key=lambda t: t[0])
+    need, setting, plan = min(
+        (
+            min((p.gpu_reserve.reserved_bytes, ""), (p.gpu_reserve.expandable_reserved_bytes, EXPANDABLE)) + (p,)
+            for p in checked
+        ),
+        key=lambda t: t[0],
+    )
     least = int(need * (1 + RESERVE_MARGIN)) + 1
     with_setting = f" with PYTORCH_CUDA_ALLOC_CONF={setting}" if setting else ""
     plans = f"{len(checked)} plan{'s' if len(checked) > 1 else ''} checked"
@@ -101,24 +110,35 @@ def _nothing_fits(checked: list[Plan], budget: int) -> InfeasibleBudget:
         f"{fmt_bytes(need, 'auto')}{with_setting}, and a budget needs {RESERVE_MARGIN:.0%} more than that "
         f"(docs/validation.md §6.2). Fix: give a budget of at least {least} bytes "
         f"({fmt_bytes(least, 'auto')}){with_setting}, or a smaller batch.",
-        min_bytes=least, budget_bytes=budget,
+        min_bytes=least,
+        budget_bytes=budget,
     )
 
 
 def _noted(plan: Plan, allocator: str) -> Plan:
     r = plan.gpu_reserve
-    note = (f"On the GPU the caching allocator would reserve {fmt_bytes(r.reserved_bytes, 'auto')} for this step "
-            f"({fmt_bytes(r.expandable_reserved_bytes, 'auto')} with {EXPANDABLE}); the budget is "
-            f"{fmt_bytes(plan.budget_bytes, 'auto')} (docs/validation.md §6.2).")
+    note = (
+        f"On the GPU the caching allocator would reserve {fmt_bytes(r.reserved_bytes, 'auto')} for this step "
+        f"({fmt_bytes(r.expandable_reserved_bytes, 'auto')} with {EXPANDABLE}); the budget is "
+        f"{fmt_bytes(plan.budget_bytes, 'auto')} (docs/validation.md §6.2)."
+    )
     if allocator:
-        note += (f" Only {EXPANDABLE} makes it hold: set PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE} before torch is "
-                 "imported (in the shell, or first thing in the script).")
+        note += (
+            f" Only {EXPANDABLE} makes it hold: set PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE} before torch is "
+            "imported (in the shell, or first thing in the script)."
+        )
     notes = [n for n in plan.notes if not n.startswith(TENSORS_NOTE)]  # the reserve is checked: this note says more
     return dataclasses.replace(plan, allocator=allocator, notes=[*notes, note])
 
 
-def fit_gpu(model: nn.Module, step: tuple, prof: StepProfile, first: Plan, plan_options: dict | None = None,
-            profile_options: dict | None = None) -> Plan:
+def fit_gpu(
+    model: nn.Module,
+    step: tuple,
+    prof: StepProfile,
+    first: Plan,
+    plan_options: dict | None = None,
+    profile_options: dict | None = None,
+) -> Plan:
     """`first` (remat.plan's for `first.budget_bytes`) checked against the GPU's reserve and planned again until it
     fits (NOTE [A plan fits the GPU's reserve]); `first` itself where `prof` is no CUDA step or has no budget.
     `step` is (inputs, loss_fn, optimizer); `profile_options` what `prof` was profiled with besides them."""
@@ -144,7 +164,9 @@ def fit_gpu(model: nn.Module, step: tuple, prof: StepProfile, first: Plan, plan_
     return fit_reserve(first, first.budget_bytes, replan, reserve_of)
 
 
-def planned_reserve(model: nn.Module, step: tuple, prof: StepProfile, plan: Plan, options: dict[str, Any]) -> GpuReserve:
+def planned_reserve(
+    model: nn.Module, step: tuple, prof: StepProfile, plan: Plan, options: dict[str, Any]
+) -> GpuReserve:
     """Rule 1: the reserve of `model`'s step under `plan`; the unplanned profile's for a plan that changes nothing."""
     if not (plan.segments or plan.selective or plan.offload):
         return prof.gpu_reserve

@@ -163,7 +163,8 @@ def _check_no_required_args(factory: Callable, label: str) -> None:
     except (TypeError, ValueError):  # no signature to read (some builtins): let the call decide
         return
     required = [
-        p.name for p in params
+        p.name
+        for p in params
         if p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
     ]
     if required:
@@ -177,7 +178,8 @@ def _check_no_required_args(factory: Callable, label: str) -> None:
 def _callables(module: ModuleType, limit: int = 8) -> str:
     """Public functions, then classes, defined in `module` itself (not imported into it)."""
     own = [
-        (n, obj) for n, obj in vars(module).items()
+        (n, obj)
+        for n, obj in vars(module).items()
         if not n.startswith("_") and getattr(obj, "__module__", None) == module.__name__
     ]
     names = [n for n, obj in own if inspect.isfunction(obj)] + [n for n, obj in own if inspect.isclass(obj)]

@@ -30,8 +30,14 @@ def gpt2(n_layer: int = 4, n_embd: int = 256, n_head: int = 4, seq: int = 256, b
     tf = _hf()
     torch.manual_seed(0)
     cfg = tf.GPT2Config(
-        n_layer=n_layer, n_embd=n_embd, n_head=n_head, n_positions=seq, vocab_size=vocab,
-        bos_token_id=0, eos_token_id=0, use_cache=False,  # training: no KV cache
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+        n_positions=seq,
+        vocab_size=vocab,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,  # training: no KV cache
     )
     model = tf.GPT2LMHeadModel(cfg)
     ids = torch.randint(0, vocab, (batch, seq))
@@ -48,8 +54,12 @@ def bert(n_layer: int = 4, hidden: int = 256, heads: int = 4, seq: int = 128, ba
     tf = _hf()
     torch.manual_seed(0)
     cfg = tf.BertConfig(
-        num_hidden_layers=n_layer, hidden_size=hidden, num_attention_heads=heads,
-        intermediate_size=4 * hidden, vocab_size=vocab, max_position_embeddings=seq,
+        num_hidden_layers=n_layer,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        vocab_size=vocab,
+        max_position_embeddings=seq,
     )
     model = tf.BertForMaskedLM(cfg)
     ids = torch.randint(0, vocab, (batch, seq))
@@ -124,8 +134,13 @@ class ConvBNNet(nn.Module):
         for w in widths:
             stages.append(
                 nn.Sequential(
-                    nn.Conv2d(c, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(),
-                    nn.Conv2d(w, w, 3, padding=1), nn.BatchNorm2d(w), nn.ReLU(), nn.MaxPool2d(2),
+                    nn.Conv2d(c, w, 3, padding=1),
+                    nn.BatchNorm2d(w),
+                    nn.ReLU(),
+                    nn.Conv2d(w, w, 3, padding=1),
+                    nn.BatchNorm2d(w),
+                    nn.ReLU(),
+                    nn.MaxPool2d(2),
                 )
             )
             c = w

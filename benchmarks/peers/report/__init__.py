@@ -64,6 +64,6 @@ def write_benchmarks_span(span: str, path: Path) -> None:
     else:
         lines = text.split("\n")
         i = next((k for k, ln in enumerate(lines) if ln.startswith("# ")), -1)
-        lines[i + 1:i + 1] = ["", span, ""]
+        lines[i + 1 : i + 1] = ["", span, ""]
         text = "\n".join(lines)
     path.write_text(text)

@@ -21,20 +21,63 @@ def model_section(m: str, E: dict, C: dict | None, img: str | None, vs: list[dic
         lines += [f"![{m}]({img})", ""]
     rows, rng = _strategy_rows(E)
     rows += _compile_rows(E, C) + _remat_rows(E)
-    lines += ["All strategies (tracker = `remat.profile(...).peak_bytes` on the modified model; process = RSS method; "
-              "Δ against no checkpointing):", ""]
-    lines += [table(["strategy", "applied with", "tracker peak MiB", "process peak MiB", "extra GFLOP (of step)",
-                     "step time vs none", "planning / compile s", "gradients vs none"], rows), ""]
+    lines += [
+        "All strategies (tracker = `remat.profile(...).peak_bytes` on the modified model; process = RSS method; "
+        "Δ against no checkpointing):",
+        "",
+    ]
+    lines += [
+        table(
+            [
+                "strategy",
+                "applied with",
+                "tracker peak MiB",
+                "process peak MiB",
+                "extra GFLOP (of step)",
+                "step time vs none",
+                "planning / compile s",
+                "gradients vs none",
+            ],
+            rows,
+        ),
+        "",
+    ]
     if E.get("skipped"):
-        lines += ["Not applicable as users apply them: " + "; ".join(f"{s['label']} — {s['why']}" for s in E["skipped"]) + ".", ""]
-    lines += [f"remat at each budget (fraction of the tracker's unplanned peak {mib(configs_by_key(E)['none']['tracker_peak'])} "
-              f"MiB) and solver (profile {E['profile_s']:.2f} s once, then plan s below):", ""]
-    lines += [table(["budget", "solver", "plan", "predicted MiB", "tracker MiB", "process MiB", "extra GFLOP predicted / measured",
-                     "time vs none", "plan s"], [_plan_row(r, configs_by_key(E).get(r.get("key"), {})) for r in E.get("plans", [])]), ""]
+        lines += [
+            "Not applicable as users apply them: "
+            + "; ".join(f"{s['label']} — {s['why']}" for s in E["skipped"])
+            + ".",
+            "",
+        ]
+    lines += [
+        f"remat at each budget (fraction of the tracker's unplanned peak {mib(configs_by_key(E)['none']['tracker_peak'])} "
+        f"MiB) and solver (profile {E['profile_s']:.2f} s once, then plan s below):",
+        "",
+    ]
+    lines += [
+        table(
+            [
+                "budget",
+                "solver",
+                "plan",
+                "predicted MiB",
+                "tracker MiB",
+                "process MiB",
+                "extra GFLOP predicted / measured",
+                "time vs none",
+                "plan s",
+            ],
+            [_plan_row(r, configs_by_key(E).get(r.get("key"), {})) for r in E.get("plans", [])],
+        ),
+        "",
+    ]
     lines += _verdict_table(E, vs)
     if rng:
-        lines += ["¹ torchtitan's wrapper uses `preserve_rng_state=False`; this model has dropout, so the recomputed "
-                  "dropout masks differ from the forward's and the gradients change (remat preserves the RNG state).", ""]
+        lines += [
+            "¹ torchtitan's wrapper uses `preserve_rng_state=False`; this model has dropout, so the recomputed "
+            "dropout masks differ from the forward's and the gradients change (remat preserves the RNG state).",
+            "",
+        ]
     return lines
 
 
@@ -45,7 +88,8 @@ def _summary(m: str, E: dict, C: dict | None) -> str:
         f"Unplanned step: tracker {mib(none['tracker_peak'])} MiB (peak in {E['peak_phase']}), process {mib(none['rss_peak'])} MiB "
         f"(fresh-process MEASURING.md figure {mib(E['fresh_none_rss'])} MiB), {gflop(none['flops'])} GFLOP forward+backward, "
         f"{E['n_blocks']} candidate modules for remat. Worker wall time {E.get('wall_s', 0):.0f} s"
-        + (f" + compile worker {C.get('wall_s', 0):.0f} s" if C and "wall_s" in C else "") + "."
+        + (f" + compile worker {C.get('wall_s', 0):.0f} s" if C and "wall_s" in C else "")
+        + "."
     )
 
 
@@ -60,10 +104,19 @@ def _strategy_rows(E: dict) -> tuple[list[list], bool]:
         note = c.get("error", "")
         is_rng = c["family"] == "sac" and not (c.get("grads") or {}).get("equal", True)
         rng = rng or is_rng
-        rows.append([c["label"], c["how"] or "—", mib(c.get("tracker_peak")) + f" ({pct(c.get('tracker_peak'), base_t)})",
-                     mib(c.get("rss_peak")) + f" ({pct(c.get('rss_peak'), base_r)})",
-                     gflop(c.get("extra_flops")) + (f" ({c['extra_flops'] / step_flops:.0%})" if c.get("extra_flops") is not None else ""),
-                     ratio(c.get("time_ratio")), "0", grads_text(c.get("grads"), is_rng) + (f" {note}" if note else "")])
+        rows.append(
+            [
+                c["label"],
+                c["how"] or "—",
+                mib(c.get("tracker_peak")) + f" ({pct(c.get('tracker_peak'), base_t)})",
+                mib(c.get("rss_peak")) + f" ({pct(c.get('rss_peak'), base_r)})",
+                gflop(c.get("extra_flops"))
+                + (f" ({c['extra_flops'] / step_flops:.0%})" if c.get("extra_flops") is not None else ""),
+                ratio(c.get("time_ratio")),
+                "0",
+                grads_text(c.get("grads"), is_rng) + (f" {note}" if note else ""),
+            ]
+        )
     return rows, rng
 
 
@@ -75,11 +128,18 @@ def _compile_rows(E: dict, C: dict | None) -> list[list]:
             rows.append([f"torch.compile budget {r['budget']:g}", "—", "—", "—", "—", "—", "—", r["error"]])
             continue
         g = r.get("grads_vs_compiled_1")
-        rows.append([f"torch.compile budget {r['budget']:g}", "torch.compile(step) + activation_memory_budget",
-                     "n/a ²", mib(r["rss_peak"]) + f" ({pct(r['rss_peak'], none['rss_peak'])})",
-                     gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})", ratio(r.get("time_ratio")),
-                     f"{secs(r['compile_s'])} (partitioner {secs(r['partition_s'])})",
-                     f"vs eager {grads_text(r['grads_vs_eager'])}; vs budget 1.0 {grads_text(g)}"])
+        rows.append(
+            [
+                f"torch.compile budget {r['budget']:g}",
+                "torch.compile(step) + activation_memory_budget",
+                "n/a ²",
+                mib(r["rss_peak"]) + f" ({pct(r['rss_peak'], none['rss_peak'])})",
+                gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})",
+                ratio(r.get("time_ratio")),
+                f"{secs(r['compile_s'])} (partitioner {secs(r['partition_s'])})",
+                f"vs eager {grads_text(r['grads_vs_eager'])}; vs budget 1.0 {grads_text(g)}",
+            ]
+        )
     seen = set()
     for r in (C or {}).get("remat_compiled", []):
         if r["status"] != "ok" or r["key"] in seen:
@@ -89,11 +149,18 @@ def _compile_rows(E: dict, C: dict | None) -> list[list]:
         if "error" in r:
             rows.append([f"**remat + compile ({r['plan']})** ← {where}", "—", "—", "—", "—", "—", "—", r["error"]])
             continue
-        rows.append([f"**remat + compile ({r['plan']})** ← {where}", "remat.apply(model, plan); torch.compile(step)",
-                     f"n/a ² (predicted eager {mib(r['predicted_peak'])})",
-                     mib(r["rss_peak"]) + f" ({pct(r['rss_peak'], none['rss_peak'])})",
-                     gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})", ratio(r.get("time_ratio")),
-                     secs(r["compile_s"]), f"vs eager {grads_text(r['grads_vs_eager'])}"])
+        rows.append(
+            [
+                f"**remat + compile ({r['plan']})** ← {where}",
+                "remat.apply(model, plan); torch.compile(step)",
+                f"n/a ² (predicted eager {mib(r['predicted_peak'])})",
+                mib(r["rss_peak"]) + f" ({pct(r['rss_peak'], none['rss_peak'])})",
+                gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})",
+                ratio(r.get("time_ratio")),
+                secs(r["compile_s"]),
+                f"vs eager {grads_text(r['grads_vs_eager'])}",
+            ]
+        )
     return rows
 
 
@@ -103,13 +170,29 @@ def _remat_rows(E: dict) -> list[list]:
     for c in E["configs"]:
         if c["family"] not in ("remat", "diagnostic"):
             continue
-        where = "" if c["family"] == "diagnostic" else f" ← {', '.join(src.get(c['key'], [])[:4])}{' …' if len(src.get(c['key'], [])) > 4 else ''}"
-        rows.append([(f"_{c['label']}_" if c["family"] == "diagnostic" else f"**{c['label']}**") + where,
-                     "remat.apply(model, plan)",
-                     mib(c.get("tracker_peak")) + f" ({pct(c.get('tracker_peak'), none['tracker_peak'])}; predicted {mib(c.get('predicted_peak'))})",
-                     mib(c.get("rss_peak")) + f" ({pct(c.get('rss_peak'), none['rss_peak'])})",
-                     gflop(c.get("extra_flops")) + (f" ({c['extra_flops'] / none['flops']:.0%}; predicted {gflop(c.get('predicted_flops'))})" if c.get("extra_flops") is not None else ""),
-                     ratio(c.get("time_ratio")), f"{secs(E['profile_s'])} + plan", grads_text(c.get("grads")) + (f" {c.get('error', '')}")])
+        where = (
+            ""
+            if c["family"] == "diagnostic"
+            else f" ← {', '.join(src.get(c['key'], [])[:4])}{' …' if len(src.get(c['key'], [])) > 4 else ''}"
+        )
+        rows.append(
+            [
+                (f"_{c['label']}_" if c["family"] == "diagnostic" else f"**{c['label']}**") + where,
+                "remat.apply(model, plan)",
+                mib(c.get("tracker_peak"))
+                + f" ({pct(c.get('tracker_peak'), none['tracker_peak'])}; predicted {mib(c.get('predicted_peak'))})",
+                mib(c.get("rss_peak")) + f" ({pct(c.get('rss_peak'), none['rss_peak'])})",
+                gflop(c.get("extra_flops"))
+                + (
+                    f" ({c['extra_flops'] / none['flops']:.0%}; predicted {gflop(c.get('predicted_flops'))})"
+                    if c.get("extra_flops") is not None
+                    else ""
+                ),
+                ratio(c.get("time_ratio")),
+                f"{secs(E['profile_s'])} + plan",
+                grads_text(c.get("grads")) + (f" {c.get('error', '')}"),
+            ]
+        )
     return rows
 
 
@@ -117,9 +200,19 @@ def _plan_row(r: dict, c: dict) -> list:
     """One (budget, solver) row; `c` is the measured config of its plan."""
     head = [f"{r['budget_frac']:.0%}", r["solver"]]
     if r["status"] == "ok":
-        return [head[0], r["solver"] + (f" → {r['solver_used']}" if r["solver_used"] != r["solver"] else ""),
-                f"{r['n_segments']} ckpt" + (f" + {r['n_selective']} sel" if r.get("n_selective") else "") + (" — apply fails: " + c["error"][:120] if c.get("error") else ""), mib(r["predicted_peak"]), mib(c.get("tracker_peak")), mib(c.get("rss_peak")),
-                f"{gflop(r['predicted_flops'])} / {gflop(c.get('extra_flops'))}", ratio(c.get("time_ratio")), f"{r['plan_s']:.3f}"]
+        return [
+            head[0],
+            r["solver"] + (f" → {r['solver_used']}" if r["solver_used"] != r["solver"] else ""),
+            f"{r['n_segments']} ckpt"
+            + (f" + {r['n_selective']} sel" if r.get("n_selective") else "")
+            + (" — apply fails: " + c["error"][:120] if c.get("error") else ""),
+            mib(r["predicted_peak"]),
+            mib(c.get("tracker_peak")),
+            mib(c.get("rss_peak")),
+            f"{gflop(r['predicted_flops'])} / {gflop(c.get('extra_flops'))}",
+            ratio(c.get("time_ratio")),
+            f"{r['plan_s']:.3f}",
+        ]
     if r["status"] == "infeasible" and r["min_bytes"] <= r["budget_bytes"]:
         what = f"no plan: InfeasibleBudget although its least is {mib(r['min_bytes'])} MiB (solver error, bug 2)"
     elif r["status"] == "infeasible":
@@ -133,13 +226,39 @@ def _verdict_table(E: dict, vs: list[dict]) -> list[str]:
     vrows = []
     for v in vs:
         unit = "tracker" if v["method"] == "tracker" else "process"
-        vrows.append([v["peer"], f"{mib(v['peer_peak'])} ({unit})", gflop(v["peer_flops"]), ratio(v.get("peer_time")),
-                      v.get("remat") or "—", mib(v.get("remat_peak")), gflop(v.get("remat_flops")), ratio(v.get("remat_time")),
-                      f"**{v['verdict']}**" + (f": {v['why']}" if v.get("why") else "")])
+        vrows.append(
+            [
+                v["peer"],
+                f"{mib(v['peer_peak'])} ({unit})",
+                gflop(v["peer_flops"]),
+                ratio(v.get("peer_time")),
+                v.get("remat") or "—",
+                mib(v.get("remat_peak")),
+                gflop(v.get("remat_flops")),
+                ratio(v.get("remat_time")),
+                f"**{v['verdict']}**" + (f": {v['why']}" if v.get("why") else ""),
+            ]
+        )
     if not vrows:
         return []
-    return ["remat at each peer's measured peak (budget = the peer's tracker peak + 64 KiB; for torch.compile its "
-            "process peak minus the unplanned process−tracker offset "
-            f"{mib(E.get('rss_offset'))} MiB, + max(1 MiB, 1%), compared on process peaks with that tolerance):", "",
-            table(["peer point", "peer peak MiB", "peer extra GFLOP", "peer time", "remat plan", "remat peak MiB",
-                   "remat extra GFLOP", "remat time", "verdict"], vrows), ""]
+    return [
+        "remat at each peer's measured peak (budget = the peer's tracker peak + 64 KiB; for torch.compile its "
+        "process peak minus the unplanned process−tracker offset "
+        f"{mib(E.get('rss_offset'))} MiB, + max(1 MiB, 1%), compared on process peaks with that tolerance):",
+        "",
+        table(
+            [
+                "peer point",
+                "peer peak MiB",
+                "peer extra GFLOP",
+                "peer time",
+                "remat plan",
+                "remat peak MiB",
+                "remat extra GFLOP",
+                "remat time",
+                "verdict",
+            ],
+            vrows,
+        ),
+        "",
+    ]

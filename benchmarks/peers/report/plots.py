@@ -34,8 +34,15 @@ def plot_model(m: str, E: dict, C: dict | None, path: Path) -> None:
         offset = E.get("rss_offset", 0)
         xs = [f["flops"] / 1e9 for f in front]
         ys = [(f["peak"] + offset) / MiB for f in front]
-        axes[0].step(xs, ys, where="post", color="tab:red", alpha=0.45, lw=1.2,
-                     label="remat frontier (predicted, + process offset)")
+        axes[0].step(
+            xs,
+            ys,
+            where="post",
+            color="tab:red",
+            alpha=0.45,
+            lw=1.2,
+            label="remat frontier (predicted, + process offset)",
+        )
     for fam, items in _points(E, C).items():
         _scatter(axes, fam, items)
     _decorate(axes, m, configs_by_key(E)["none"]["rss_peak"] / MiB)
@@ -51,26 +58,40 @@ def _points(E: dict, C: dict | None) -> dict[str, list]:
     for c in E["configs"]:
         if c.get("rss_peak") is None:
             continue
-        pts.setdefault(c["family"], []).append((c.get("extra_flops", 0) / 1e9, c.get("time_ratio"), c["rss_peak"] / MiB, c["label"]))
+        pts.setdefault(c["family"], []).append(
+            (c.get("extra_flops", 0) / 1e9, c.get("time_ratio"), c["rss_peak"] / MiB, c["label"])
+        )
     for r in (C or {}).get("budgets", []):
         if "rss_peak" in r:
-            pts.setdefault("compile", []).append((r["extra_flops"] / 1e9, r.get("time_ratio"), r["rss_peak"] / MiB,
-                                                  f"{r['budget']:g}"))
+            pts.setdefault("compile", []).append(
+                (r["extra_flops"] / 1e9, r.get("time_ratio"), r["rss_peak"] / MiB, f"{r['budget']:g}")
+            )
     for r in (C or {}).get("remat_compiled", []):
         if "rss_peak" in r:
-            pts.setdefault("remat_compiled", []).append((r["extra_flops"] / 1e9, r.get("time_ratio"),
-                                                         r["rss_peak"] / MiB, r["plan"]))
+            pts.setdefault("remat_compiled", []).append(
+                (r["extra_flops"] / 1e9, r.get("time_ratio"), r["rss_peak"] / MiB, r["plan"])
+            )
     return pts
 
 
 def _scatter(axes, fam: str, items: list) -> None:
     color, marker, lab = STYLE.get(fam, ("gray", "o", fam))
     size = 140 if fam == "remat" else 55
-    axes[0].scatter([i[0] for i in items], [i[2] for i in items], c=color, marker=marker, s=size, label=lab,
-                    edgecolors="k", linewidths=0.4, zorder=3)
+    axes[0].scatter(
+        [i[0] for i in items],
+        [i[2] for i in items],
+        c=color,
+        marker=marker,
+        s=size,
+        label=lab,
+        edgecolors="k",
+        linewidths=0.4,
+        zorder=3,
+    )
     tt = [(i[1], i[2]) for i in items if i[1] is not None]
-    axes[1].scatter([t[0] for t in tt], [t[1] for t in tt], c=color, marker=marker, s=size, edgecolors="k",
-                    linewidths=0.4, zorder=3)
+    axes[1].scatter(
+        [t[0] for t in tt], [t[1] for t in tt], c=color, marker=marker, s=size, edgecolors="k", linewidths=0.4, zorder=3
+    )
     if fam == "compile":
         for i in items:
             axes[0].annotate(i[3], (i[0], i[2]), fontsize=7, xytext=(3, 3), textcoords="offset points")

@@ -57,43 +57,52 @@ REMAT_COMPILED = [
 
 
 PER_MODEL = [
-    "## Per model", "",
+    "## Per model",
+    "",
     "Each plot: left, measured process peak against extra FLOPs (remat's predicted frontier as a line, shifted "
     "by the unplanned process−tracker offset); right, the same peaks against step time. Tables: every strategy, "
-    "remat at every budget and solver, and remat at every peer point.", "",
+    "remat at every budget and solver, and remat at every peer point.",
+    "",
 ]
 
-ONEFLOW = ["## User report 004 restated on our BERT", "",
-           "OneFlow's documentation (user-reports/004) measured BERT with activation checkpointing at −35% memory "
-           "(9141 → 5978 MB) for +33% time.", ""]
+ONEFLOW = [
+    "## User report 004 restated on our BERT",
+    "",
+    "OneFlow's documentation (user-reports/004) measured BERT with activation checkpointing at −35% memory "
+    "(9141 → 5978 MB) for +33% time.",
+    "",
+]
 
 ONEFLOW_LINES = {  # by the key of verdicts.oneflow_headline they format
     "at_time": "- **At OneFlow's extra time (≤ +33% step time)** remat's best measured plan ({label}) cuts the "
-               "peak by **{reduction:.0%}** (tracker; process {reduction_rss:.0%}) at {time:.2f}× step "
-               "time (+{flops_frac:.0%} FLOPs).",
+    "peak by **{reduction:.0%}** (tracker; process {reduction_rss:.0%}) at {time:.2f}× step "
+    "time (+{flops_frac:.0%} FLOPs).",
     "at_mem": "- **For OneFlow's reduction (−35%)** remat needs **{extra_time:+.0%} step time** ({label}: "
-              "−{reduction:.0%} tracker, −{reduction_rss:.0%} process, +{flops_frac:.0%} FLOPs).",
+    "−{reduction:.0%} tracker, −{reduction_rss:.0%} process, +{flops_frac:.0%} FLOPs).",
     "least": "- OneFlow's −35% is out of reach on this BERT: remat's least measured peak is −{reduction:.0%}.",
     "at_flops": "- The same in FLOPs, exact on any machine (OneFlow's +33% time is about one extra forward, about "
-                "+33% of a step's FLOPs): within +33% extra FLOPs remat reaches **−{reduction:.0%}** "
-                "({label}: +{flops_frac:.0%} FLOPs, −{reduction_rss:.0%} process, {time:.2f}×)",
+    "+33% of a step's FLOPs): within +33% extra FLOPs remat reaches **−{reduction:.0%}** "
+    "({label}: +{flops_frac:.0%} FLOPs, −{reduction_rss:.0%} process, {time:.2f}×)",
     "at_mem_flops": "; for −35% it needs **+{flops_frac:.0%} FLOPs** ({label}: −{reduction:.0%} tracker, {time:.2f}×).",
     "sac": "- Why time and FLOPs disagree here: on CPU eager, recomputing pointwise ops is not free in time "
-           "though FlopCounterMode counts it 0 — selective op checkpointing (SAC) is +{flops_frac:.0%} FLOPs "
-           "but {time:.2f}× step time for −{reduction:.0%}; remat's selective plans pay the same. Step "
-           "times are medians of interleaved rounds on a shared machine: the per-round ratios of one strategy "
-           "on this model span up to {max_spread:.2f} (`time_ratios` in benchmarks/results/{results}.json), "
-           "so step-time differences of that order are noise; FLOPs are exact.",
+    "though FlopCounterMode counts it 0 — selective op checkpointing (SAC) is +{flops_frac:.0%} FLOPs "
+    "but {time:.2f}× step time for −{reduction:.0%}; remat's selective plans pay the same. Step "
+    "times are medians of interleaved rounds on a shared machine: the per-round ratios of one strategy "
+    "on this model span up to {max_spread:.2f} (`time_ratios` in benchmarks/results/{results}.json), "
+    "so step-time differences of that order are noise; FLOPs are exact.",
     "every_block": "- OneFlow's recipe (every layer checkpointed) here: −{reduction:.0%} at {time:.2f}× "
-                   "(+{flops_frac:.0%} FLOPs).",
+    "(+{flops_frac:.0%} FLOPs).",
 }
+
 
 def oneflow_caveat(describe: str) -> list[str]:
     return [
         "- Caveat: OneFlow's figures are a full-size BERT on an RTX 3090 (whole training run time); ours are a BERT "
         f"of {describe or 'the size above'} on 2 shared CPU cores, where parameters and Adam state are a larger "
         "share of the peak, and step times are medians of interleaved steps. Only remat plans measured in this run "
-        "are considered (no interpolation).", ""]
+        "are considered (no interpolation).",
+        "",
+    ]
 
 
 def method(fresh_peak: str) -> list[str]:
@@ -128,29 +137,42 @@ def method(fresh_peak: str) -> list[str]:
     ]
 
 
-FAMILY_NAMES = {"every_block": "every block (HF / apply_activation_checkpointing)",
-                "checkpoint_sequential": "checkpoint_sequential(k)", "chen": "Chen sqrt(n)",
-                "sac": "selective op checkpointing (SAC, torchtitan-style)",
-                "compile": "torch.compile activation_memory_budget"}
+FAMILY_NAMES = {
+    "every_block": "every block (HF / apply_activation_checkpointing)",
+    "checkpoint_sequential": "checkpoint_sequential(k)",
+    "chen": "Chen sqrt(n)",
+    "sac": "selective op checkpointing (SAC, torchtitan-style)",
+    "compile": "torch.compile activation_memory_budget",
+}
 
 CAUSE_TEXT = {
-    "fusion": ("**Fusion (op level, a genuine limit of module-level planning).** torch.compile at a budget where its "
-               "graphs count no extra FLOPs still has a lower peak than eager: Inductor's fused kernels never store "
-               "the pointwise intermediates (activations, dropout masks, residual sums) that eager PyTorch keeps, and "
-               "the partitioner recomputes such ops in backward for free as FlopCounterMode counts. remat plans "
-               "checkpoints around eager modules; its cheapest unit that frees as much recomputes a matmul."),
-    "free_ops": ("**Free ops (op level, a genuine limit).** The peer recomputes only ops that FlopCounterMode counts "
-                 "as 0 FLOPs (pointwise, norms, softmax, dropout) on every block and keeps every matmul. remat's "
-                 "selective unit is the same policy per module, but its whole-module and selective units do not "
-                 "cover every mix the peer reaches; where they do not, remat's plan that fits recomputes a matmul."),
-    "finer": ("**Finer choices (op level, a genuine limit).** The compile partitioner chooses single ops to save or "
-              "recompute anywhere in the joint graph; remat chooses whole modules (or a module's selective policy), so "
-              "between two of its frontier points it pays for the next whole module."),
-    "below": ("**Below remat's least-memory plan.** The peer's peak is lower than any plan remat can build from its "
-              "units: it checkpoints runs that are not one module or one run of nn.Sequential children, or it saves "
-              "memory inside modules."),
-    "bug3": ("**remat bug 3 (a remat bug, see Bugs found).** Selective checkpointing on every layer would match the "
-             "peer (the _diagnostic_ row measures it), but remat predicts it too high and plans something costlier."),
+    "fusion": (
+        "**Fusion (op level, a genuine limit of module-level planning).** torch.compile at a budget where its "
+        "graphs count no extra FLOPs still has a lower peak than eager: Inductor's fused kernels never store "
+        "the pointwise intermediates (activations, dropout masks, residual sums) that eager PyTorch keeps, and "
+        "the partitioner recomputes such ops in backward for free as FlopCounterMode counts. remat plans "
+        "checkpoints around eager modules; its cheapest unit that frees as much recomputes a matmul."
+    ),
+    "free_ops": (
+        "**Free ops (op level, a genuine limit).** The peer recomputes only ops that FlopCounterMode counts "
+        "as 0 FLOPs (pointwise, norms, softmax, dropout) on every block and keeps every matmul. remat's "
+        "selective unit is the same policy per module, but its whole-module and selective units do not "
+        "cover every mix the peer reaches; where they do not, remat's plan that fits recomputes a matmul."
+    ),
+    "finer": (
+        "**Finer choices (op level, a genuine limit).** The compile partitioner chooses single ops to save or "
+        "recompute anywhere in the joint graph; remat chooses whole modules (or a module's selective policy), so "
+        "between two of its frontier points it pays for the next whole module."
+    ),
+    "below": (
+        "**Below remat's least-memory plan.** The peer's peak is lower than any plan remat can build from its "
+        "units: it checkpoints runs that are not one module or one run of nn.Sequential children, or it saves "
+        "memory inside modules."
+    ),
+    "bug3": (
+        "**remat bug 3 (a remat bug, see Bugs found).** Selective checkpointing on every layer would match the "
+        "peer (the _diagnostic_ row measures it), but remat predicts it too high and plans something costlier."
+    ),
     "peak": ("**Measured above the prediction.** remat's plan fitted the budget as predicted but measured higher."),
     "flops": ("**More FLOPs at the same peak.** remat's plan fits but recomputes more."),
 }
@@ -159,12 +181,14 @@ LOSSES_INTRO = (
     "The short answer for practitioners: remat plans checkpoints around eager modules, and its unit is a whole "
     "module (or one module's selective policy); torch.compile works on single ops of a fused graph, so at some "
     "budgets it saves memory that no choice of modules can, and sometimes for no counted FLOPs. In time, "
-    "compiled steps were mostly faster than eager ones here (see the per-model tables); remat does not compile.")
+    "compiled steps were mostly faster than eager ones here (see the per-model tables); remat does not compile."
+)
 
 LOSSES_INTRO_LARGE = (
     "In extra FLOPs (exact, but not what a step pays in time), remat's eager plans against each peer: remat plans "
     "checkpoints around eager modules, torch.compile works on single ops of a fused graph. The time verdict above, "
-    "with remat + torch.compile, is the one issue 15 asks for.")
+    "with remat + torch.compile, is the one issue 15 asks for."
+)
 
 LOSSES_DEV = (
     "Compared with the development run (benchmarks/results/peers_dev.md, other sizes: remat won 18, tied 15, lost "
@@ -172,8 +196,10 @@ LOSSES_DEV = (
     "segment (fixed in 1b9603e); 7 from matching strictly at a peer's peak although the peer was within a few "
     "hundred bytes (tracker) or within noise (process) of remat's plan — a harness bug, fixed by the tolerances "
     "above; 1 (GPT-2 SAC) from remat bug 3, which did not decide any point in this run; the rest are the op-level "
-    "causes below.")
+    "causes below."
+)
 
 ROCKMATE_SCALE = (
     "Not patched here. For scale only (PEERS.md, a hand-patched Rockmate, not measured in this run): rotor "
-    "planned an 8-block MLP in 55–68 s, its ILP 1,282 s (it hit its 20-minute limit).")
+    "planned an 8-block MLP in 55–68 s, its ILP 1,282 s (it hit its 20-minute limit)."
+)

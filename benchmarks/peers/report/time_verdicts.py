@@ -27,26 +27,59 @@ def reaches(rss: float, peer_rss: float) -> bool:
 
 def remat_candidates(E: dict, C: dict | None) -> list[dict]:
     """Every measured remat point: eager plans, and remat + torch.compile."""
-    out = [{"label": c["label"], "rss": c["rss_peak"], "time": c["time_ratio"], "compiled": False,
-            "rounds": c.get("time_ratios") or [c["time_ratio"]]}
-           for c in E.get("configs", []) if c["family"] == "remat" and c.get("rss_peak") and c.get("time_ratio")]
+    out = [
+        {
+            "label": c["label"],
+            "rss": c["rss_peak"],
+            "time": c["time_ratio"],
+            "compiled": False,
+            "rounds": c.get("time_ratios") or [c["time_ratio"]],
+        }
+        for c in E.get("configs", [])
+        if c["family"] == "remat" and c.get("rss_peak") and c.get("time_ratio")
+    ]
     seen = set()
     for r in (C or {}).get("remat_compiled", []):
         if r.get("rss_peak") and r.get("time_ratio") and r["key"] not in seen:
             seen.add(r["key"])
-            out.append({"label": f"remat + compile ({r['plan']})", "rss": r["rss_peak"], "time": r["time_ratio"],
-                        "compiled": True, "rounds": r.get("time_ratios") or [r["time_ratio"]],
-                        "keeps_all": r["plan"] == "0 ckpt", "key": r["key"]})
+            out.append(
+                {
+                    "label": f"remat + compile ({r['plan']})",
+                    "rss": r["rss_peak"],
+                    "time": r["time_ratio"],
+                    "compiled": True,
+                    "rounds": r.get("time_ratios") or [r["time_ratio"]],
+                    "keeps_all": r["plan"] == "0 ckpt",
+                    "key": r["key"],
+                }
+            )
     return out
 
 
 def peer_points(E: dict, C: dict | None) -> list[dict]:
-    pts = [{"peer": c["label"], "family": c["family"], "rss": c["rss_peak"], "time": c["time_ratio"],
-            "rounds": c.get("time_ratios") or [c["time_ratio"]]}
-           for c in E.get("configs", []) if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and c.get("time_ratio")]
-    return pts + [{"peer": f"torch.compile budget {r['budget']:g}", "family": "compile", "rss": r["rss_peak"],
-                   "time": r["time_ratio"], "rounds": r.get("time_ratios") or [r["time_ratio"]], "budget": r["budget"]}
-                  for r in (C or {}).get("budgets", []) if r.get("rss_peak") and r.get("time_ratio")]
+    pts = [
+        {
+            "peer": c["label"],
+            "family": c["family"],
+            "rss": c["rss_peak"],
+            "time": c["time_ratio"],
+            "rounds": c.get("time_ratios") or [c["time_ratio"]],
+        }
+        for c in E.get("configs", [])
+        if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and c.get("time_ratio")
+    ]
+    return pts + [
+        {
+            "peer": f"torch.compile budget {r['budget']:g}",
+            "family": "compile",
+            "rss": r["rss_peak"],
+            "time": r["time_ratio"],
+            "rounds": r.get("time_ratios") or [r["time_ratio"]],
+            "budget": r["budget"],
+        }
+        for r in (C or {}).get("budgets", [])
+        if r.get("rss_peak") and r.get("time_ratio")
+    ]
 
 
 def time_verdicts(E: dict, C: dict | None) -> list[dict]:
@@ -59,21 +92,40 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
         fits = [c for c in cands if reaches(c["rss"], p["rss"])]
         if not fits:
             least = min(cands, key=lambda c: c["rss"], default=None)
-            v.update(verdict="loses", remat=None,
-                     why=f"no remat point measured at this peak (least {mib(least['rss']) if least else '—'} MiB)")
+            v.update(
+                verdict="loses",
+                remat=None,
+                why=f"no remat point measured at this peak (least {mib(least['rss']) if least else '—'} MiB)",
+            )
             rows.append(v)
             continue
         best = min(fits, key=lambda c: (c["time"], c["rss"]))
-        v.update(remat=best["label"], remat_rss=best["rss"], remat_time=best["time"], remat_compiled=best["compiled"],
-                 peer_budget=p.get("budget"), remat_key=best.get("key"))
+        v.update(
+            remat=best["label"],
+            remat_rss=best["rss"],
+            remat_time=best["time"],
+            remat_compiled=best["compiled"],
+            peer_budget=p.get("budget"),
+            remat_key=best.get("key"),
+        )
         v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
         if best.get("keeps_all") and p["peer"] == SAME_STEP_AS_KEEP_ALL:
-            v.update(verdict="ties", why="the same step: remat's plan for the compiled step checkpoints nothing",
-                     same_step=True)
+            v.update(
+                verdict="ties",
+                why="the same step: remat's plan for the compiled step checkpoints nothing",
+                same_step=True,
+            )
         else:
             verdict, why = judge(best["rss"], best["time"], p["rss"], p["time"])
-            v.update(verdict=verdict, why=why + (" (the per-round ratios overlap: within the rounds' noise)"
-                                                 if verdict == "loses" and v["noise"] else ""))
+            v.update(
+                verdict=verdict,
+                why=why
+                + (
+                    " (the per-round ratios overlap: within the rounds' noise)"
+                    if verdict == "loses" and v["noise"]
+                    else ""
+                ),
+            )
         rows.append(v)
     return rows
 
@@ -93,8 +145,13 @@ def doubtful(v: dict) -> bool:
     """A verdict worth measuring again (`run.py --recheck`): a loss within the rounds' noise, or a tie in which
     remat's median was the slower (three rounds cannot tell whether it is within TIME_TOL), unless both points
     are the same step."""
-    return (v["verdict"] == "loses" and bool(v.get("noise"))
-            or v["verdict"] == "ties" and not v.get("same_step") and v.get("remat_time", 0.0) > v["time"])
+    return (
+        v["verdict"] == "loses"
+        and bool(v.get("noise"))
+        or v["verdict"] == "ties"
+        and not v.get("same_step")
+        and v.get("remat_time", 0.0) > v["time"]
+    )
 
 
 def rechecked(v: dict, recheck: dict | None) -> dict | None:
@@ -103,16 +160,35 @@ def rechecked(v: dict, recheck: dict | None) -> dict | None:
     rounds, date}."""
     if not recheck or v.get("peer_budget") is None or not v.get("remat_key"):
         return None
-    peer = next((r for r in recheck.get("budgets", []) if r.get("budget") == v["peer_budget"] and r.get("time_ratio")
-                 and r.get("rss_peak")), None)
-    mine = next((r for r in recheck.get("remat_compiled", []) if r.get("key") == v["remat_key"] and r.get("time_ratio")
-                 and r.get("rss_peak")), None)
+    peer = next(
+        (
+            r
+            for r in recheck.get("budgets", [])
+            if r.get("budget") == v["peer_budget"] and r.get("time_ratio") and r.get("rss_peak")
+        ),
+        None,
+    )
+    mine = next(
+        (
+            r
+            for r in recheck.get("remat_compiled", [])
+            if r.get("key") == v["remat_key"] and r.get("time_ratio") and r.get("rss_peak")
+        ),
+        None,
+    )
     if peer is None or mine is None:
         return None
     verdict, why = judge(mine["rss_peak"], mine["time_ratio"], peer["rss_peak"], peer["time_ratio"])
-    return {"verdict": verdict, "why": why, "rss": peer["rss_peak"], "time": peer["time_ratio"],
-            "remat_rss": mine["rss_peak"], "remat_time": mine["time_ratio"], "rounds": recheck.get("rounds"),
-            "date": recheck.get("date", "")}
+    return {
+        "verdict": verdict,
+        "why": why,
+        "rss": peer["rss_peak"],
+        "time": peer["time_ratio"],
+        "remat_rss": mine["rss_peak"],
+        "remat_time": mine["time_ratio"],
+        "rounds": recheck.get("rounds"),
+        "date": recheck.get("date", ""),
+    }
 
 
 def at_oneflow_memory(E: dict, C: dict | None) -> dict | None:

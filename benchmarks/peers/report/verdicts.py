@@ -12,9 +12,9 @@ TOL_TRACKER = 64 * 1024  # as worker_eager.TOL_TRACKER
 # why remat loses, by cause (docs/peers.md "Where remat loses, and why")
 WHY = {
     "fusion": "op level: Inductor's fused kernels never store the pointwise intermediates that eager keeps, "
-              "a saving at 0 counted FLOPs that no choice of eager modules reproduces",
+    "a saving at 0 counted FLOPs that no choice of eager modules reproduces",
     "free_ops": "op level: the peer recomputes only ops FlopCounterMode counts as free (pointwise, norms, softmax, "
-                "dropout); remat's smallest unit that frees this much recomputes a matmul",
+    "dropout); remat's smallest unit that frees this much recomputes a matmul",
     "finer": "op level: the partitioner picks single ops anywhere in the graph; remat's units are whole modules",
     "below": "below remat's least-memory plan",
     "peak": "measured peak above the peer's",
@@ -64,10 +64,18 @@ def _verdict(m: dict, peer: dict, E: dict) -> dict:
     pk = "tracker_peak" if method == "tracker" else "rss_peak"
     tol = m.get("tol_bytes", TOL_TRACKER if method == "tracker" else tol_process(peer.get(pk) or 0))
     g = peer.get("grads") if method == "tracker" else peer.get("grads_vs_eager")
-    v = {"peer": m["peer"], "method": method, "peer_peak": peer.get(pk), "peer_flops": peer.get("extra_flops"),
-         "peer_time": peer.get("time_ratio"), "peer_family": "compile" if method == "rss" else peer["family"],
-         "budget": m["budget_bytes"], "tol": tol, "solver_note": m.get("solver_note"),
-         "peer_grads_differ": grads_differ(g)}
+    v = {
+        "peer": m["peer"],
+        "method": method,
+        "peer_peak": peer.get(pk),
+        "peer_flops": peer.get("extra_flops"),
+        "peer_time": peer.get("time_ratio"),
+        "peer_family": "compile" if method == "rss" else peer["family"],
+        "budget": m["budget_bytes"],
+        "tol": tol,
+        "solver_note": m.get("solver_note"),
+        "peer_grads_differ": grads_differ(g),
+    }
     if m["status"] == "infeasible":
         return _infeasible(v, m)
     if m["status"] != "ok":
@@ -75,8 +83,13 @@ def _verdict(m: dict, peer: dict, E: dict) -> dict:
         return v
     cfg = configs_by_key(E)
     r = cfg[m["key"]]
-    v.update(remat=r["label"], remat_peak=r.get(pk), remat_flops=r.get("extra_flops"), remat_time=r.get("time_ratio"),
-             predicted=r.get("predicted_peak"))
+    v.update(
+        remat=r["label"],
+        remat_peak=r.get(pk),
+        remat_flops=r.get("extra_flops"),
+        remat_time=r.get("time_ratio"),
+        predicted=r.get("predicted_peak"),
+    )
     if r.get(pk) is None or v["peer_peak"] is None or v["peer_flops"] is None:
         v.update(verdict="error", cause="error", why=r.get("error", "not measured"))
         return v
@@ -91,8 +104,10 @@ def _verdict(m: dict, peer: dict, E: dict) -> dict:
 def _infeasible(v: dict, m: dict) -> dict:
     """remat has no plan at the peer's peak."""
     cause = "fusion" if v["peer_family"] == "compile" and not v["peer_flops"] else "below"
-    why = (f"{WHY['below']} ({mib(m['min_bytes'])} MiB tracker, the peer {mib(m.get('peer_budget_bytes', m['budget_bytes']))}"
-           f"{' process − offset' if m['method'] == 'rss' else ''})")
+    why = (
+        f"{WHY['below']} ({mib(m['min_bytes'])} MiB tracker, the peer {mib(m.get('peer_budget_bytes', m['budget_bytes']))}"
+        f"{' process − offset' if m['method'] == 'rss' else ''})"
+    )
     if cause == "fusion":
         why += "; " + WHY["fusion"]
     elif v["peer_family"] in ("sac", "compile"):
@@ -115,8 +130,10 @@ def _judge(v: dict, r: dict, pk: str, E: dict) -> None:
         return
     whys, cause = [], "peak"
     if not peak_ok:
-        whys.append(f"measured peak {mib(r[pk])} MiB above the peer's {mib(v['peer_peak'])} MiB + tolerance "
-                    f"(predicted {mib(r.get('predicted_peak'))} MiB tracker)")
+        whys.append(
+            f"measured peak {mib(r[pk])} MiB above the peer's {mib(v['peer_peak'])} MiB + tolerance "
+            f"(predicted {mib(r.get('predicted_peak'))} MiB tracker)"
+        )
     if not flops_ok:
         cause, why = _flops_cause(v, r, pk, E)
         whys.append(why)
@@ -126,11 +143,17 @@ def _judge(v: dict, r: dict, pk: str, E: dict) -> None:
 def _flops_cause(v: dict, r: dict, pk: str, E: dict) -> tuple[str, str]:
     """Why remat's plan at the peer's peak recomputes more than the peer."""
     diag = next((c for c in E.get("configs", []) if c["family"] == "diagnostic" and c.get(pk) is not None), None)
-    if (diag and diag[pk] <= v["peer_peak"] + v["tol"] and diag.get("extra_flops", 1) <= v["peer_flops"]
-            and diag.get("tracker_peak", 0) < diag.get("predicted_peak", 0)):
-        return "bug3", (f"remat bug 3: selective on every layer measures {mib(diag[pk])} MiB at "
-                        f"{gflop(diag['extra_flops'])} GFLOP (diagnostic row) but is predicted at "
-                        f"{mib(diag['predicted_peak'])} MiB tracker, so the planner does not choose it")
+    if (
+        diag
+        and diag[pk] <= v["peer_peak"] + v["tol"]
+        and diag.get("extra_flops", 1) <= v["peer_flops"]
+        and diag.get("tracker_peak", 0) < diag.get("predicted_peak", 0)
+    ):
+        return "bug3", (
+            f"remat bug 3: selective on every layer measures {mib(diag[pk])} MiB at "
+            f"{gflop(diag['extra_flops'])} GFLOP (diagnostic row) but is predicted at "
+            f"{mib(diag['predicted_peak'])} MiB tracker, so the planner does not choose it"
+        )
     step_flops = configs_by_key(E)["none"].get("flops") or 1
     op_level = v["peer_family"] in ("sac", "compile")
     if v["peer_family"] == "compile" and not v["peer_flops"]:
@@ -179,5 +202,8 @@ def oneflow_headline(E: dict) -> dict:
 
 def _against_none(c: dict, none: dict) -> dict:
     """One strategy's figures against no checkpointing."""
-    return {"reduction": 1 - c["tracker_peak"] / none["tracker_peak"], "time": c["time_ratio"],
-            "flops_frac": c["extra_flops"] / none["flops"]}
+    return {
+        "reduction": 1 - c["tracker_peak"] / none["tracker_peak"],
+        "time": c["time_ratio"],
+        "flops_frac": c["extra_flops"] / none["flops"],
+    }

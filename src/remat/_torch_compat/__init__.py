@@ -113,8 +113,9 @@ def backward_in_mode(mode, func, args: tuple, kwargs: dict):
     if func is torch.Tensor.backward:
         given["grad_tensors"] = given.pop("gradient", given.get("grad_tensors"))
     tensors = _as_tuple(given["tensors"])
-    grads = _make_grads(tensors, _tensor_or_tensors_to_tuple(given.get("grad_tensors"), len(tensors)),
-                        is_grads_batched=False)
+    grads = _make_grads(
+        tensors, _tensor_or_tensors_to_tuple(given.get("grad_tensors"), len(tensors)), is_grads_batched=False
+    )
     create = bool(given.get("create_graph", False))
     retain = create if given.get("retain_graph") is None else given["retain_graph"]
     inputs = given.get("inputs")

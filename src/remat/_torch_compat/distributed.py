@@ -135,8 +135,12 @@ def _param_groups(model: nn.Module) -> Iterator[tuple[str, object]]:
 
 def fsdp_gathered(model: nn.Module) -> list[torch.Tensor]:
     """The tensors FSDP2 all-gathers each unit's parameters into (resized to 0 bytes while resharded)."""
-    return [t for _, group in _param_groups(model) for fsdp_param in group.fsdp_params
-            for t in fsdp_param.all_gather_outputs]
+    return [
+        t
+        for _, group in _param_groups(model)
+        for fsdp_param in group.fsdp_params
+        for t in fsdp_param.all_gather_outputs
+    ]
 
 
 def fsdp_mesh_problem(model: nn.Module) -> str:

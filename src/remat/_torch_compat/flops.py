@@ -52,8 +52,13 @@ def attention_backward_flops(grad_out, query, key, value, *args, **kwargs) -> in
     return scores + grad_probs + grad_v + grad_q + grad_k
 
 
-_ATTENTION = _ops(("_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
-                   "_scaled_dot_product_cudnn_attention"))
+_ATTENTION = _ops(
+    (
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_cudnn_attention",
+    )
+)
 _ATTENTION_IF_COUNTED = _ops(("_scaled_dot_product_flash_attention_for_cpu",))
 """Counted only where torch's registry has a formula for them (none up to 2.13: CPU attention counts 0)."""
 

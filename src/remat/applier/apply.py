@@ -87,8 +87,11 @@ def replace_plan(model: nn.Module, plan: Plan | str, stacklevel: int = 2) -> nn.
     object.__setattr__(model, APPLIED, plan)
     object.__setattr__(model, NO_CACHE, NoCacheInTraining(model))  # NOTE [The key/value cache in training]
     if replaced:
-        warnings.warn(f"remat: {type(model).__name__} followed {replaced}; replaced by {_describe(plan)}, not added to "
-                      "it (one plan at a time; remat.remove(model) undoes it).", stacklevel=stacklevel)
+        warnings.warn(
+            f"remat: {type(model).__name__} followed {replaced}; replaced by {_describe(plan)}, not added to "
+            "it (one plan at a time; remat.remove(model) undoes it).",
+            stacklevel=stacklevel,
+        )
     if skipped:
         warnings.warn(
             f"remat: {listing(skipped, 4)} already checkpointed by Hugging Face gradient checkpointing: left to it, "
@@ -132,15 +135,19 @@ def _compiler_budget(wrapper: nn.Module, plan: Plan | str) -> float:
     """The plan's `compiler_budget`, checked (NOTE [The compiler's budget as a plan], Rule 4); 1.0 for none."""
     budget = plan.compiler_budget if isinstance(plan, Plan) else 1.0
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
-        raise RematError(f"remat: a plan's compiler_budget is a fraction of the activations Inductor saves, from 0 "
-                         f"to 1; saw {budget!r}. Fix: plan again, or set it to 1.0 for the compiler's default.")
+        raise RematError(
+            f"remat: a plan's compiler_budget is a fraction of the activations Inductor saves, from 0 "
+            f"to 1; saw {budget!r}. Fix: plan again, or set it to 1.0 for the compiler's default."
+        )
     if budget == 1.0:
         return budget
     if optimized_module(wrapper) is None:
-        raise RematError(f"remat: the plan sets torch.compile's activation memory budget ({budget:g}), which acts "
-                         f"only on a step compiled by torch.compile(model), and this {type(wrapper).__name__} is not "
-                         "one. Fix: apply the plan to torch.compile(model) (not model.compile()), or plan again for "
-                         "the eager model.")
+        raise RematError(
+            f"remat: the plan sets torch.compile's activation memory budget ({budget:g}), which acts "
+            f"only on a step compiled by torch.compile(model), and this {type(wrapper).__name__} is not "
+            "one. Fix: apply the plan to torch.compile(model) (not model.compile()), or plan again for "
+            "the eager model."
+        )
     return budget
 
 
@@ -152,8 +159,10 @@ def _what_to_wrap(model: nn.Module, plan: Plan | str) -> tuple[list[list[str]], 
     if isinstance(plan, Plan):
         stray = sorted(set(plan.selective_keeps) - set(plan.selective))
         if stray:
-            raise RematError(f"remat: the plan says which outputs {listing(stray, 4)} keep(s), but does not checkpoint "
-                             "it selectively (`Plan.selective`). Fix: plan again, or add it to plan.selective.")
+            raise RematError(
+                f"remat: the plan says which outputs {listing(stray, 4)} keep(s), but does not checkpoint "
+                "it selectively (`Plan.selective`). Fix: plan again, or add it to plan.selective."
+            )
         segments = _check_plan(model, plan)
         return segments, {n: list(plan.selective_keeps.get(n, [])) for n in plan.selective}, list(plan.offload)
     raise RematError(
@@ -192,13 +201,18 @@ def checkpoint(module: nn.Module) -> nn.Module:
     nested in that one: the same gradients, one more forward of it in backward.
     """
     if not isinstance(module, nn.Module):
-        raise RematError(f"remat: checkpoint expects a torch.nn.Module, saw {type(module).__name__}. Fix: pass a module.")
+        raise RematError(
+            f"remat: checkpoint expects a torch.nn.Module, saw {type(module).__name__}. Fix: pass a module."
+        )
     if is_wrapped(module) and module.__dict__[WRAPPED_MARK].role != "offload":
         return module  # checkpointed already: the flag is set
     if is_wrapped(module):
         unwrap(module)
-        warnings.warn(f"remat: the plan offloaded this {type(module).__name__}; remat.checkpoint recomputes it "
-                      "instead (a checkpoint keeps only its inputs, nothing left to offload).", stacklevel=2)
+        warnings.warn(
+            f"remat: the plan offloaded this {type(module).__name__}; remat.checkpoint recomputes it "
+            "instead (a checkpoint keeps only its inputs, nothing left to offload).",
+            stacklevel=2,
+        )
     wrap_segment([module])
     object.__setattr__(module, MARKED, True)
     return module
@@ -254,11 +268,17 @@ def _check_plan(model: nn.Module, plan: Plan) -> list[list[str]]:
             f"Expected a plan made for this model (plan.model = "
             f"{plan.model!r}). Fix: profile and plan this model, then apply."
         )
-    changed = [f"{b.name} ({b.type} in the plan, {type(modules[b.name]).__name__} here)" for b in plan.blocks
-               if b.type not in {c.__name__ for c in type(modules[b.name]).__mro__}]  # FSDP2: FSDPGPT2Block
+    changed = [
+        f"{b.name} ({b.type} in the plan, {type(modules[b.name]).__name__} here)"
+        for b in plan.blocks
+        if b.type not in {c.__name__ for c in type(modules[b.name]).__mro__}
+    ]  # FSDP2: FSDPGPT2Block
     planned = {b.name for b in plan.blocks}
-    changed += [f"{n} (here, not in the plan)" for n in main_chain(find_candidates(model))
-                if n not in planned and n not in plan.called_directly]  # never called: its children are planned
+    changed += [
+        f"{n} (here, not in the plan)"
+        for n in main_chain(find_candidates(model))
+        if n not in planned and n not in plan.called_directly
+    ]  # never called: its children are planned
     if changed:
         raise RematError(
             f"remat: the plan was made for a different model: {listing(changed, 4)}. "
@@ -295,9 +315,7 @@ def _check_segment(modules: dict[str, nn.Module], seg: list[str]) -> None:
 
 def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     if recipe not in RECIPES:
-        raise RematError(
-            f"remat: unknown recipe {recipe!r}; expected one of {RECIPE_NAMES} or a Plan. Fix: pick one."
-        )
+        raise RematError(f"remat: unknown recipe {recipe!r}; expected one of {RECIPE_NAMES} or a Plan. Fix: pick one.")
     blocks = main_chain(find_candidates(model))
     if not blocks:
         raise RematError(
@@ -326,8 +344,13 @@ def _recipe(model: nn.Module, recipe: str) -> list[list[str]]:
     return runs
 
 
-def _wrap_all(model: nn.Module, segments: list[list[str]], selective: dict[str, list[str]], offload: list[str],
-              called_directly: frozenset[str] = frozenset()) -> list[str]:
+def _wrap_all(
+    model: nn.Module,
+    segments: list[list[str]],
+    selective: dict[str, list[str]],
+    offload: list[str],
+    called_directly: frozenset[str] = frozenset(),
+) -> list[str]:
     modules = dict(model.named_modules())
     skipped = []
     jobs = [(s, Action.RECOMPUTE) for s in segments] + [([n], Action.SELECTIVE) for n in selective]
@@ -358,4 +381,3 @@ def _describe(what) -> str:
 def applied(model: nn.Module) -> Plan | str | None:
     """The plan or recipe `model` (or the model inside its wrappers) follows, if any."""
     return bare(model).__dict__.get(APPLIED)
-

@@ -47,8 +47,9 @@ def unseen_tensors(functions: Iterable[Callable], modules: Iterable[nn.Module], 
     return (*given, *extra.values())
 
 
-def seen_by_torch(function: Callable, functions: list[Callable], modules: list[nn.Module], args: tuple,
-                  kwargs: dict) -> tuple[Callable, tuple]:
+def seen_by_torch(
+    function: Callable, functions: list[Callable], modules: list[nn.Module], args: tuple, kwargs: dict
+) -> tuple[Callable, tuple]:
     """(call, positional) such that torch's checkpoint of `call(*positional, **kwargs)` runs
     `function(*args, **kwargs)`, in forward and in its recomputation, and finds among its positional
     arguments every tensor `unseen_tensors(functions, modules, args, kwargs)` names; `args` stay where

@@ -106,7 +106,9 @@ class _Run:
                     call, positional = seen_by_torch(self.originals[k], [self.originals[k]], [module], args, kwargs)
                     return checkpoint(call, *positional, use_reentrant=False, preserve_rng_state=True, **kwargs)
                 return self.originals[k](*args, **kwargs)
-            if k == 0 and (not (module.training and torch.is_grad_enabled()) or in_backward() or hf_checkpoints(module)):
+            if k == 0 and (
+                not (module.training and torch.is_grad_enabled()) or in_backward() or hf_checkpoints(module)
+            ):
                 return self.originals[0](*args, **kwargs)  # Rule 4
             if k > 0 and self.close is None:
                 return self.originals[k](*args, **kwargs)  # not inside a run (eval, no grad, recomputation)
@@ -159,8 +161,11 @@ class _Run:
                 return ("out", *found[:-1]) if table is self.outputs else ("in", found[0])
         if leaf.requires_grad:
             self._abort()
-            where = ("FSDP's hooks around the layers (fully_shard) make it" if is_fsdp_unit(self.entries[k])
-                     else "the model's loop makes it between the layers")
+            where = (
+                "FSDP's hooks around the layers (fully_shard) make it"
+                if is_fsdp_unit(self.entries[k])
+                else "the model's loop makes it between the layers"
+            )
             raise RematError(
                 f"remat: {self.names[k]} takes a tensor that needs a gradient and is neither an input of "
                 f"{self.names[0]} nor an output of an earlier layer of the checkpoint {self.names[0]} .. "

@@ -282,7 +282,9 @@ def _storage_key(t: torch.Tensor) -> tuple:
 
 def offloaded_bytes(model: nn.Module) -> int:
     """Bytes the offloaded modules of `model` copied to CPU memory since they were wrapped."""
-    return sum(m.__dict__[MARK].moved[0] for m in model.modules() if is_wrapped(m) and m.__dict__[MARK].role == "offload")
+    return sum(
+        m.__dict__[MARK].moved[0] for m in model.modules() if is_wrapped(m) and m.__dict__[MARK].role == "offload"
+    )
 
 
 def _current_forward(module: nn.Module) -> Callable:

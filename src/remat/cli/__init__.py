@@ -51,8 +51,10 @@ def main(argv: list[str] | None = None) -> int:
             return EXIT_INTERRUPTED
 
 
-_KEYWORD = re.compile(r"\b(budget|offload_bandwidth|device_flops|max_segment|solver|mode|device|world_size|hardware)="
-                      r"(['\"]?)([^'\"\s,;)]+)\2")
+_KEYWORD = re.compile(
+    r"\b(budget|offload_bandwidth|device_flops|max_segment|solver|mode|device|world_size|hardware)="
+    r"(['\"]?)([^'\"\s,;)]+)\2"
+)
 
 
 def in_cli_words(message: str) -> str:

@@ -48,43 +48,83 @@ OPTIMIZERS: dict[str, Callable | None] = {"adam": adam, "sgd": sgd, "none": None
 
 def add_step_options(p: argparse.ArgumentParser) -> None:
     """How the step is run: shared by every verb that profiles a TARGET."""
-    p.add_argument("--mode", choices=("real", "fake"), default="real",
-                   help="real: run the step; fake: predict it with fake tensors, allocating nothing (default: real)")
-    p.add_argument("--device", type=_device_arg, default=None,
-                   help="device to profile for, e.g. cuda (default: where the factory puts the model); "
-                   "with --mode fake a CUDA target is simulated on a machine without one")
-    p.add_argument("--optimizer", choices=tuple(OPTIMIZERS), default="adam",
-                   help="optimizer whose state counts in the step (default: adam; sgd has no state)")
-    p.add_argument("--first-step", action="store_true",
-                   help="measure the first step of a new optimizer (default: the steady state, the step a "
-                   "training loop repeats, with the optimizer's state resident from its start)")
-    p.add_argument("--loss-only", action="store_true",
-                   help="your loop keeps only the loss, letting the model's output go before backward, as Hugging "
-                   "Face's Trainer does (default: the output is kept until after backward, as in "
-                   "`out = model(**batch); out.loss.backward()`)")
-    p.add_argument("--accumulate", type=int, default=1, metavar="K",
-                   help="forward/backward passes per optimizer step: gradient accumulation (default: 1)")
+    p.add_argument(
+        "--mode",
+        choices=("real", "fake"),
+        default="real",
+        help="real: run the step; fake: predict it with fake tensors, allocating nothing (default: real)",
+    )
+    p.add_argument(
+        "--device",
+        type=_device_arg,
+        default=None,
+        help="device to profile for, e.g. cuda (default: where the factory puts the model); "
+        "with --mode fake a CUDA target is simulated on a machine without one",
+    )
+    p.add_argument(
+        "--optimizer",
+        choices=tuple(OPTIMIZERS),
+        default="adam",
+        help="optimizer whose state counts in the step (default: adam; sgd has no state)",
+    )
+    p.add_argument(
+        "--first-step",
+        action="store_true",
+        help="measure the first step of a new optimizer (default: the steady state, the step a "
+        "training loop repeats, with the optimizer's state resident from its start)",
+    )
+    p.add_argument(
+        "--loss-only",
+        action="store_true",
+        help="your loop keeps only the loss, letting the model's output go before backward, as Hugging "
+        "Face's Trainer does (default: the output is kept until after backward, as in "
+        "`out = model(**batch); out.loss.backward()`)",
+    )
+    p.add_argument(
+        "--accumulate",
+        type=int,
+        default=1,
+        metavar="K",
+        help="forward/backward passes per optimizer step: gradient accumulation (default: 1)",
+    )
     _add_rank_options(p)
 
 
 def _add_rank_options(p: argparse.ArgumentParser) -> None:
     """The ranks and the device a fake-mode step is predicted for."""
-    p.add_argument("--world-size", type=int, default=1, metavar="N",
-                   help="with --mode fake, predict one rank of N data-parallel ranks; the TARGET's inputs are the "
-                   "global batch (default: 1, one process)")
-    p.add_argument("--wrap", choices=("fsdp", "ddp"), default="fsdp",
-                   help="with --world-size: how the ranks share the model: fsdp (FSDP2's fully_shard on each "
-                   "block, then the model, as torchtitan does) or ddp (DistributedDataParallel) (default: fsdp)")
-    p.add_argument("--hardware", choices=NAMES, default=None, type=_hardware_arg,
-                   help="with --mode fake, the device whose roofline predicts the seconds (default: this "
-                   "machine's GPU if it is one of these, else H100 for --device cuda, cpu otherwise)")
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="with --mode fake, predict one rank of N data-parallel ranks; the TARGET's inputs are the "
+        "global batch (default: 1, one process)",
+    )
+    p.add_argument(
+        "--wrap",
+        choices=("fsdp", "ddp"),
+        default="fsdp",
+        help="with --world-size: how the ranks share the model: fsdp (FSDP2's fully_shard on each "
+        "block, then the model, as torchtitan does) or ddp (DistributedDataParallel) (default: fsdp)",
+    )
+    p.add_argument(
+        "--hardware",
+        choices=NAMES,
+        default=None,
+        type=_hardware_arg,
+        help="with --mode fake, the device whose roofline predicts the seconds (default: this "
+        "machine's GPU if it is one of these, else H100 for --device cuda, cpu otherwise)",
+    )
 
 
 def loop_options(args: argparse.Namespace) -> dict:
     """The `step`, `accumulate` and `keep_output` arguments of remat.profile and remat.verify, from the step
     options."""
-    return {"step": "first" if args.first_step else "steady", "accumulate": args.accumulate,
-            "keep_output": not args.loss_only}
+    return {
+        "step": "first" if args.first_step else "steady",
+        "accumulate": args.accumulate,
+        "keep_output": not args.loss_only,
+    }
 
 
 def profile_options(args: argparse.Namespace) -> dict:
@@ -125,8 +165,14 @@ def profile_built(
     """`remat.profile` with a spinner on stderr saying which phase is running; `loop` from `profile_options`."""
     with spinner("running the step") as status:
         return remat.profile(
-            built.model, built.inputs, built.loss_fn,
-            optimizer=optimizer, mode=mode, device=device, progress=_progress(status), **(loop or {}),
+            built.model,
+            built.inputs,
+            built.loss_fn,
+            optimizer=optimizer,
+            mode=mode,
+            device=device,
+            progress=_progress(status),
+            **(loop or {}),
         )
 
 

@@ -64,8 +64,14 @@ def _demo_plan(run: DemoRun) -> None:
 def _demo_verify(run: DemoRun) -> None:
     """Apply the plan and check it: same gradients and buffers, FLOPs and peak as predicted."""
     with spinner("verify") as status:
-        report = remat.verify(run.target.model, run.target.inputs, run.plan, run.target.loss_fn, optimizer=adam,
-                              progress=progress_of(status, "verify"))
+        report = remat.verify(
+            run.target.model,
+            run.target.inputs,
+            run.plan,
+            run.target.loss_fn,
+            optimizer=adam,
+            progress=progress_of(status, "verify"),
+        )
     print(str(report), end="")
     print(verdict(report))
 

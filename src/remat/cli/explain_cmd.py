@@ -19,9 +19,13 @@ def register(verbs) -> None:
     )
     p.add_argument("target", metavar="TARGET", help=TARGET_HELP)
     add_step_options(p)
-    p.add_argument("--observed", metavar="B", default=None,
-                   help='a peak you measured yourself, e.g. "7212MiB" from nvidia-smi, to compare with the '
-                   "tensors' peak remat measures")
+    p.add_argument(
+        "--observed",
+        metavar="B",
+        default=None,
+        help='a peak you measured yourself, e.g. "7212MiB" from nvidia-smi, to compare with the '
+        "tensors' peak remat measures",
+    )
     p.set_defaults(command=_cmd_explain)
 
 
@@ -29,8 +33,13 @@ def _cmd_explain(args: argparse.Namespace) -> int:
     built = load(args.target, args.mode, args.device)
     with spinner("running the step as written, then without its checkpoints"):
         expl = remat.explain(
-            built.model, built.inputs, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer],
-            mode=args.mode, device=args.device, observed=args.observed,
+            built.model,
+            built.inputs,
+            built.loss_fn,
+            optimizer=OPTIMIZERS[args.optimizer],
+            mode=args.mode,
+            device=args.device,
+            observed=args.observed,
         )
     print(render_explanation(expl), end="")
     return EXIT_OK

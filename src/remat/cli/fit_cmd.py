@@ -20,11 +20,18 @@ def register(verbs) -> None:
         "time), or does not fit, with the least it needs and the single changes that would make it fit. "
         "Exit status 0 when it fits, 1 when it does not, 2 for an error.",
     )
-    p.add_argument("config", metavar="CONFIG",
-                   help="a Hugging Face config.json, a folder holding one, or a model name (needs the network)")
-    p.add_argument("--gpu", required=True, metavar="G",
-                   help='the GPU\'s memory ("24GiB", "80GB") or its name (H100, H200, A100, A100-40GB, L4, L40S, '
-                   "4090, 3090, A10G, T4)")
+    p.add_argument(
+        "config",
+        metavar="CONFIG",
+        help="a Hugging Face config.json, a folder holding one, or a model name (needs the network)",
+    )
+    p.add_argument(
+        "--gpu",
+        required=True,
+        metavar="G",
+        help='the GPU\'s memory ("24GiB", "80GB") or its name (H100, H200, A100, A100-40GB, L4, L40S, '
+        "4090, 3090, A10G, T4)",
+    )
     _add_step_shape(p)
     p.set_defaults(command=_cmd_fit)
 
@@ -33,27 +40,61 @@ def _add_step_shape(p: argparse.ArgumentParser) -> None:
     """The step `remat fit` predicts: its size, dtype, adapters, ranks, and what to try where it does not fit."""
     p.add_argument("--seq", type=int, default=2048, metavar="N", help="tokens per sequence (default: 2048)")
     p.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per GPU and step (default: 1)")
-    p.add_argument("--dtype", choices=tuple(DTYPES), default="bf16",
-                   help="bf16/fp16/fp32: weights, gradients and AdamW state in that dtype; amp-bf16/amp-fp16: fp32 "
-                   "weights, forward under autocast (default: bf16)")
-    p.add_argument("--lora", type=int, default=None, metavar="R",
-                   help="train LoRA adapters of rank R on every linear layer (peft), the model frozen")
-    p.add_argument("--world-size", type=int, default=1, metavar="N",
-                   help="N GPUs sharding the model with FSDP2, each with --batch sequences (default: 1)")
-    p.add_argument("--hardware", choices=GPUS, default=None, type=_any_case,
-                   help="the GPU whose roofline predicts seconds (default: the named GPU's, else H100)")
-    p.add_argument("--changes", default=",".join(KINDS), metavar="K,K",
-                   help="where it does not fit, the kinds of change to try: some of batch, seq, lora, world-size "
-                   "(default: all), or none")
-    p.add_argument("--out", metavar="F", type=Path,
-                   help="write the plan as JSON to F when it fits with one (remat.load_plan reads it)")
+    p.add_argument(
+        "--dtype",
+        choices=tuple(DTYPES),
+        default="bf16",
+        help="bf16/fp16/fp32: weights, gradients and AdamW state in that dtype; amp-bf16/amp-fp16: fp32 "
+        "weights, forward under autocast (default: bf16)",
+    )
+    p.add_argument(
+        "--lora",
+        type=int,
+        default=None,
+        metavar="R",
+        help="train LoRA adapters of rank R on every linear layer (peft), the model frozen",
+    )
+    p.add_argument(
+        "--world-size",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N GPUs sharding the model with FSDP2, each with --batch sequences (default: 1)",
+    )
+    p.add_argument(
+        "--hardware",
+        choices=GPUS,
+        default=None,
+        type=_any_case,
+        help="the GPU whose roofline predicts seconds (default: the named GPU's, else H100)",
+    )
+    p.add_argument(
+        "--changes",
+        default=",".join(KINDS),
+        metavar="K,K",
+        help="where it does not fit, the kinds of change to try: some of batch, seq, lora, world-size "
+        "(default: all), or none",
+    )
+    p.add_argument(
+        "--out",
+        metavar="F",
+        type=Path,
+        help="write the plan as JSON to F when it fits with one (remat.load_plan reads it)",
+    )
 
 
 def _cmd_fit(args: argparse.Namespace) -> int:
     with spinner("fit") as status:
         answer = will_it_fit(
-            args.config, args.gpu, seq=args.seq, batch=args.batch, dtype=args.dtype, lora=args.lora,
-            world_size=args.world_size, hardware=args.hardware, changes=_changes(args.changes),
+            args.config,
+            args.gpu,
+            seq=args.seq,
+            batch=args.batch,
+            dtype=args.dtype,
+            lora=args.lora,
+            world_size=args.world_size,
+            hardware=args.hardware,
+            changes=_changes(args.changes),
             progress=lambda phase, done: status.update(phase),
         )
     print(str(answer), end="")
@@ -69,5 +110,5 @@ def _changes(text: str) -> tuple[str, ...]:
 
 
 def _any_case(text: str) -> str:
-    """"h100" is "H100"."""
+    """ "h100" is "H100"."""
     return next((name for name in GPUS if name.lower() == text.lower()), text)

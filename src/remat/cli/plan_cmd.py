@@ -47,12 +47,17 @@ def register(verbs) -> None:
         "--budget, and compare it with the hand recipes (checkpoint every block, Chen's sqrt(n), "
         "checkpoint_sequential) on the same step.",
     )
-    p.add_argument("target", metavar="TARGET",
-                   help=f"{TARGET_HELP}; or a profile JSON file written by `remat profile --json F`")
-    p.add_argument("--budget", metavar="B", default=None,
-                   help='peak memory allowed for the whole step: "6GiB", "6GB", "800MiB", bytes (6442450944), '
-                   "a fraction of the unplanned peak (0.5) or a percentage (50%%); "
-                   "required unless --frontier or --plot")
+    p.add_argument(
+        "target", metavar="TARGET", help=f"{TARGET_HELP}; or a profile JSON file written by `remat profile --json F`"
+    )
+    p.add_argument(
+        "--budget",
+        metavar="B",
+        default=None,
+        help='peak memory allowed for the whole step: "6GiB", "6GB", "800MiB", bytes (6442450944), '
+        "a fraction of the unplanned peak (0.5) or a percentage (50%%); "
+        "required unless --frontier or --plot",
+    )
     _add_solver_options(p)
     add_step_options(p)
     _add_plan_outputs(p)
@@ -61,37 +66,65 @@ def register(verbs) -> None:
 
 def _add_solver_options(p: argparse.ArgumentParser) -> None:
     """How the plan is searched: the solver, the longest run, and what offload is weighed with."""
-    p.add_argument("--solver", choices=SOLVERS, default="auto",
-                   help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
-                   "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)")
-    p.add_argument("--max-segment", metavar="N", type=int, default=MAX_SEGMENT,
-                   help=f"the most consecutive modules one checkpoint may wrap (default {MAX_SEGMENT}); 1 wraps each "
-                   "module alone")
-    p.add_argument("--offload-bandwidth", metavar="R", default=None,
-                   help='host<->GPU copy speed, e.g. "16GB/s" or "25GiB/s": lets the plan offload saved tensors to '
-                   "CPU memory where the copies cost less than recomputing (CUDA steps only; a real CUDA profile "
-                   "measures it itself)")
-    p.add_argument("--device-flops", metavar="R", default=None,
-                   help='the GPU\'s FLOP rate, e.g. "400TFLOPs/s", to weigh copies against recomputation in a '
-                   "fake-mode profile (a real profile measures it)")
+    p.add_argument(
+        "--solver",
+        choices=SOLVERS,
+        default="auto",
+        help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
+        "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)",
+    )
+    p.add_argument(
+        "--max-segment",
+        metavar="N",
+        type=int,
+        default=MAX_SEGMENT,
+        help=f"the most consecutive modules one checkpoint may wrap (default {MAX_SEGMENT}); 1 wraps each module alone",
+    )
+    p.add_argument(
+        "--offload-bandwidth",
+        metavar="R",
+        default=None,
+        help='host<->GPU copy speed, e.g. "16GB/s" or "25GiB/s": lets the plan offload saved tensors to '
+        "CPU memory where the copies cost less than recomputing (CUDA steps only; a real CUDA profile "
+        "measures it itself)",
+    )
+    p.add_argument(
+        "--device-flops",
+        metavar="R",
+        default=None,
+        help='the GPU\'s FLOP rate, e.g. "400TFLOPs/s", to weigh copies against recomputation in a '
+        "fake-mode profile (a real profile measures it)",
+    )
 
 
 def _add_plan_outputs(p: argparse.ArgumentParser) -> None:
     """What `remat plan` writes and checks besides the plan it prints."""
     p.add_argument("--out", metavar="F", type=Path, help="also write the plan as JSON to F (remat.load_plan reads it)")
-    p.add_argument("--frontier", action="store_true",
-                   help="also print the frontier: every Pareto-optimal plan from keep-everything to the least memory")
-    p.add_argument("--plot", metavar="F", type=Path,
-                   help="write the frontier plot (peak MiB vs extra GFLOP, with the budget and the hand recipes) "
-                   "as a PNG to F")
-    p.add_argument("--verify", action="store_true",
-                   help="apply the plan to the model and run the step with and without it: gradients, buffers, "
-                   "extra FLOPs and measured peak against the prediction (needs a TARGET, real mode)")
+    p.add_argument(
+        "--frontier",
+        action="store_true",
+        help="also print the frontier: every Pareto-optimal plan from keep-everything to the least memory",
+    )
+    p.add_argument(
+        "--plot",
+        metavar="F",
+        type=Path,
+        help="write the frontier plot (peak MiB vs extra GFLOP, with the budget and the hand recipes) as a PNG to F",
+    )
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="apply the plan to the model and run the step with and without it: gradients, buffers, "
+        "extra FLOPs and measured peak against the prediction (needs a TARGET, real mode)",
+    )
 
 
 def _solver_options(args: argparse.Namespace) -> dict:
-    return {"offload_bandwidth": args.offload_bandwidth, "device_flops": args.device_flops,
-            "max_segment": args.max_segment}
+    return {
+        "offload_bandwidth": args.offload_bandwidth,
+        "device_flops": args.device_flops,
+        "max_segment": args.max_segment,
+    }
 
 
 def _cmd_plan(args: argparse.Namespace) -> int:
@@ -104,8 +137,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
             plan = remat.plan(prof, args.budget, solver=args.solver, **_solver_options(args))
         if built is not None and prof.gpu_reserve is not None:  # NOTE [A plan fits the GPU's reserve]
             with spinner("replaying the planned step through the GPU's caching allocator"):
-                plan = fit_gpu(built.model, (built.inputs, built.loss_fn, OPTIMIZERS[args.optimizer]), prof, plan,
-                               {"solver": args.solver, **_solver_options(args)}, profile_options(args))
+                plan = fit_gpu(
+                    built.model,
+                    (built.inputs, built.loss_fn, OPTIMIZERS[args.optimizer]),
+                    prof,
+                    plan,
+                    {"solver": args.solver, **_solver_options(args)},
+                    profile_options(args),
+                )
         print(render_plan(plan, baselines=report_baselines(baselines, plan.budget_bytes)), end="")
     if args.frontier or args.plot is not None:
         with spinner("computing the frontier"):
@@ -122,8 +161,14 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         print()
         with spinner("verify") as status:
             report = remat.verify(
-                built.model, built.inputs, plan, built.loss_fn, optimizer=OPTIMIZERS[args.optimizer], **loop_options(args),
-                target=args.target, progress=progress_of(status, "verify"),
+                built.model,
+                built.inputs,
+                plan,
+                built.loss_fn,
+                optimizer=OPTIMIZERS[args.optimizer],
+                **loop_options(args),
+                target=args.target,
+                progress=progress_of(status, "verify"),
             )
         print(str(report), end="")
         print(verdict(report))

@@ -29,8 +29,13 @@ def register(verbs) -> None:
     p.add_argument("target", metavar="TARGET", help=TARGET_HELP)
     add_step_options(p)
     add_outputs(p)
-    p.add_argument("--top", type=_count_arg, default=10, metavar="N",
-                   help="how many candidate blocks the report lists (default: 10)")
+    p.add_argument(
+        "--top",
+        type=_count_arg,
+        default=10,
+        metavar="N",
+        help="how many candidate blocks the report lists (default: 10)",
+    )
     p.set_defaults(command=_cmd_profile)
 
 

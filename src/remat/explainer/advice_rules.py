@@ -29,9 +29,20 @@ def measured_with_reserved_memory(ev: Evidence) -> list[Finding]:
         seen, source = ev.reserved_bytes, "The caching allocator reserved"
     if not seen or seen < (1 + RESERVE_MARGIN) * peak:
         return []
-    message, fix = _not_tensors_cpu(source, seen, peak) if _device(ev) == "cpu" else _not_tensors_cuda(source, seen, peak)
-    return [Finding("measured-with-reserved-memory", "", message, seen - peak, fix, Severity.ADVICE,
-                    dict(seen_bytes=seen, peak_bytes=peak))]
+    message, fix = (
+        _not_tensors_cpu(source, seen, peak) if _device(ev) == "cpu" else _not_tensors_cuda(source, seen, peak)
+    )
+    return [
+        Finding(
+            "measured-with-reserved-memory",
+            "",
+            message,
+            seen - peak,
+            fix,
+            Severity.ADVICE,
+            dict(seen_bytes=seen, peak_bytes=peak),
+        )
+    ]
 
 
 def _not_tensors_cuda(source: str, seen: int, peak: int) -> tuple[str, str]:
@@ -81,8 +92,13 @@ def remat_plan(ev: Evidence) -> list[Finding]:
     plan, counts = _own_checkpoints(ev.modules)
     if not counts[0] + counts[2]:
         return []
-    what = (f"a plan by {plan.solver}" if isinstance(plan, Plan) else f"the recipe {plan!r}" if plan is not None
-            else "remat.checkpoint marks")
+    what = (
+        f"a plan by {plan.solver}"
+        if isinstance(plan, Plan)
+        else f"the recipe {plan!r}"
+        if plan is not None
+        else "remat.checkpoint marks"
+    )
     offloaded = f", {counts[2]} offloaded" if counts[2] else ""
     message = (
         f"The model follows remat's own plan ({what}: {_count(counts[0], 'checkpoint')} over "
@@ -93,14 +109,25 @@ def remat_plan(ev: Evidence) -> list[Finding]:
     saved = 0
     if isinstance(plan, Plan):
         saved = max(0, plan.unplanned_peak_bytes - plan.peak_bytes)
-        message += (f" When it was made, the plan predicted a peak of {_b(plan.peak_bytes)}, {_b(saved)} below the "
-                    f"{_b(plan.unplanned_peak_bytes)} without it, for {_gflop(plan.recompute_flops)} recomputed.")
+        message += (
+            f" When it was made, the plan predicted a peak of {_b(plan.peak_bytes)}, {_b(saved)} below the "
+            f"{_b(plan.unplanned_peak_bytes)} without it, for {_gflop(plan.recompute_flops)} recomputed."
+        )
     fix = (
         "To measure the plan on this step (gradients, FLOPs and peak with it and without it): remat.verify(model, "
         "inputs, plan). To explain or profile the model without it for good: remat.remove(model) first."
     )
-    return [Finding("remat-plan", "", message, saved, fix, Severity.ADVICE,
-                    dict(checkpoints=counts[0], modules=counts[1], offloaded=counts[2], peak_bytes=ev.plain.peak_bytes))]
+    return [
+        Finding(
+            "remat-plan",
+            "",
+            message,
+            saved,
+            fix,
+            Severity.ADVICE,
+            dict(checkpoints=counts[0], modules=counts[1], offloaded=counts[2], peak_bytes=ev.plain.peak_bytes),
+        )
+    ]
 
 
 def _count(n: int, noun: str) -> str:
@@ -135,8 +162,17 @@ def no_checkpointing(ev: Evidence) -> list[Finding]:
     else:
         fix = "No checkpointing plan lowers this peak (see the other findings for what does)."
     message = f"The model does no activation checkpointing. {summary}"
-    return [Finding("no-checkpointing", "", message, max(0, saved), fix, Severity.ADVICE,
-                    dict(peak_bytes=ev.plain.peak_bytes, plan_peak_bytes=ev.plan.peak_bytes))]
+    return [
+        Finding(
+            "no-checkpointing",
+            "",
+            message,
+            max(0, saved),
+            fix,
+            Severity.ADVICE,
+            dict(peak_bytes=ev.plain.peak_bytes, plan_peak_bytes=ev.plan.peak_bytes),
+        )
+    ]
 
 
 FUSED_SHARE = 0.20
@@ -148,8 +184,10 @@ FUSED_TIME = 0.10
 def _selective_everywhere(problem: Problem) -> list:
     """The selective checkpoints that free the most, one per block, as many blocks as can take one."""
     chosen: list = []
-    for u in sorted((u for u in problem.units if u.action == Action.SELECTIVE and problem.is_useful(u)),
-                    key=lambda u: -u.reduction_bytes):
+    for u in sorted(
+        (u for u in problem.units if u.action == Action.SELECTIVE and problem.is_useful(u)),
+        key=lambda u: -u.reduction_bytes,
+    ):
         if Problem.compatible([*chosen, u]):
             chosen.append(u)
     return chosen
@@ -183,6 +221,20 @@ def compiler_fuses_it(ev: Evidence) -> list[Finding]:
         "remat.profile(torch.compile(model), ...) and remat.verify(compiled, inputs, plan), which measures the "
         "compiled step by the process counter (docs/compile.md)."
     )
-    return [Finding("compiler-fuses-it", "", message, freed, fix, Severity.ADVICE,
-                    dict(freed_bytes=freed, peak_bytes=peak, recompute_flops=flops,
-                         recompute_us=round(seconds * 1e6), step_us=round(ev.plain.step_time_s * 1e6)))]
+    return [
+        Finding(
+            "compiler-fuses-it",
+            "",
+            message,
+            freed,
+            fix,
+            Severity.ADVICE,
+            dict(
+                freed_bytes=freed,
+                peak_bytes=peak,
+                recompute_flops=flops,
+                recompute_us=round(seconds * 1e6),
+                step_us=round(ev.plain.step_time_s * 1e6),
+            ),
+        )
+    ]

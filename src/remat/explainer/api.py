@@ -89,8 +89,9 @@ def explain(
     ev, calls = _evidence(step, model, _observed(observed), compiled)
     findings = sorted((f for rule in RULES for f in rule(ev)), key=_order)
     notes = _notes(ev.plain, ev.regions, calls, ev.written is None)
-    return Explanation(findings, profile=ev.plain, written_profile=ev.written, plan=ev.plan, checkpoints=ev.regions,
-                       notes=notes)
+    return Explanation(
+        findings, profile=ev.plain, written_profile=ev.written, plan=ev.plan, checkpoints=ev.regions, notes=notes
+    )
 
 
 def _evidence(step: "_Step", model: nn.Module, observed_bytes: int | None, compiled: bool) -> tuple[Evidence, list]:
@@ -104,11 +105,19 @@ def _evidence(step: "_Step", model: nn.Module, observed_bytes: int | None, compi
     least = _least_peak(plain)
     recommended = _seen_run(step, plain, planner.plan(plain, least))  # the least recomputation that reaches it
     ev = Evidence(
-        modules=dict(model.named_modules()), plain=plain, written=written,
-        written_error=str(error) if error else "", regions=regions, recomputed=recorder.recomputed,
-        problem=problem, plan=recommended, least_peak_bytes=least,
-        kv_cache=_kv_cache(step, model, written, plain), observed_bytes=observed_bytes,
-        reserved_bytes=step.reserved_bytes, compiled=compiled,
+        modules=dict(model.named_modules()),
+        plain=plain,
+        written=written,
+        written_error=str(error) if error else "",
+        regions=regions,
+        recomputed=recorder.recomputed,
+        problem=problem,
+        plan=recommended,
+        least_peak_bytes=least,
+        kv_cache=_kv_cache(step, model, written, plain),
+        observed_bytes=observed_bytes,
+        reserved_bytes=step.reserved_bytes,
+        compiled=compiled,
     )
     return ev, calls
 
@@ -129,8 +138,10 @@ def _seen_run(step: "_Step", plain: StepProfile, plan: Plan) -> Plan:
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return keep_all(plain, None, f"{PLAN_FAILED} ({_few(named)}), so none is recommended: {first_line}")
     without_cache = ", use_cache=False as remat.apply trains" if builds_cache(step.model, _cache_asked(step)) else ""
-    notes = [f"seen run: the step with this plan measured {_b(seen.peak_bytes)} ({seen.mode} mode, remat's tracker"
-             f"{without_cache})"]
+    notes = [
+        f"seen run: the step with this plan measured {_b(seen.peak_bytes)} ({seen.mode} mode, remat's tracker"
+        f"{without_cache})"
+    ]
     if hf_was_on:
         notes.append(HF_OFF)
     return with_notes(plan, [*plan.notes, *notes])
@@ -171,7 +182,12 @@ class _Step:
         gradient is a finding, not an error, so it comes back as (None, recorder, error)."""
         recorder = Recorder(self.model, lambda i: True)
         try:
-            with applier.taken_off(self.model), recorder.active(), _input_grads_kept(self.inputs), cache_as_configured():
+            with (
+                applier.taken_off(self.model),
+                recorder.active(),
+                _input_grads_kept(self.inputs),
+                cache_as_configured(),
+            ):
                 prof = profile(self.model, self.inputs, self.loss_fn, self.optimizer, self.mode, device=self.device)
         except RematError as e:
             if not any(c.site.reentrant and not c.site.input_requires_grad for c in recorder.calls):
@@ -236,9 +252,14 @@ def _region(call: RecordedCall, step: _Step, problem: Problem, plain: StepProfil
     else:
         effect = (None, None, None, "")
     return CheckpointRegion(
-        **dataclasses.asdict(call.site), modules=tuple(call.modules), draws_random=call.draws_random,
-        blocks=unit.blocks if unit is not None else (), freed_bytes=effect[0], recompute_flops=effect[1],
-        peak_bytes=effect[2], source=effect[3],
+        **dataclasses.asdict(call.site),
+        modules=tuple(call.modules),
+        draws_random=call.draws_random,
+        blocks=unit.blocks if unit is not None else (),
+        freed_bytes=effect[0],
+        recompute_flops=effect[1],
+        peak_bytes=effect[2],
+        source=effect[3],
     )
 
 
@@ -300,8 +321,5 @@ def _notes(plain: StepProfile, regions: list[CheckpointRegion], calls: list[Reco
     unmeasured = [r.label for r in regions if not r.source]
     if unmeasured:
         why = "the step as written does not run" if failed else f"more than {MAX_MEASURED} would each need a step"
-        notes.append(
-            f"{len(unmeasured)} checkpoint(s) not measured one by one ({why}): "
-            + listing(unmeasured, 4)
-        )
+        notes.append(f"{len(unmeasured)} checkpoint(s) not measured one by one ({why}): " + listing(unmeasured, 4))
     return notes

@@ -44,8 +44,15 @@ def _no_grad(ev: Evidence, r: CheckpointRegion, params: list) -> Finding:
         "Pass use_reentrant=False (torch recommends it, and it has no such requirement); or make an input require "
         "grad before the checkpoint (x.requires_grad_(); Hugging Face: model.enable_input_require_grads())."
     )
-    return Finding("reentrant-no-grad-input", r.module, message, nbytes, fix, Severity.CORRECTNESS,
-                   dict(params=len(params), params_bytes=nbytes))
+    return Finding(
+        "reentrant-no-grad-input",
+        r.module,
+        message,
+        nbytes,
+        fix,
+        Severity.CORRECTNESS,
+        dict(params=len(params), params_bytes=nbytes),
+    )
 
 
 def _first_clause(error: str) -> str:
@@ -70,8 +77,7 @@ def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
         "the one that produced the loss; nothing fails, training is silently off."
     )
     fix = (
-        "Drop preserve_rng_state=False: the default saves the RNG state (a few KB) and replays it in the "
-        "recomputation."
+        "Drop preserve_rng_state=False: the default saves the RNG state (a few KB) and replays it in the recomputation."
     )
     return Finding("rng-not-preserved", r.module, message, 0, fix, Severity.CORRECTNESS)
 
@@ -79,8 +85,11 @@ def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
 def rng_keyword_tensors(ev: Evidence) -> list[Finding]:
     """Non-reentrant checkpoint around dropout whose tensors all come as keywords: right on CPU, but torch saves
     the GPU random state only for positional tensors' devices, so on a GPU the recomputation draws another mask."""
-    return [_keywords(ev, r) for r in ev.regions
-            if r.keyword_tensors and r.preserve_rng_state and (r.draws_random or _dropouts(ev, r))]
+    return [
+        _keywords(ev, r)
+        for r in ev.regions
+        if r.keyword_tensors and r.preserve_rng_state and (r.draws_random or _dropouts(ev, r))
+    ]
 
 
 def _keywords(ev: Evidence, r: CheckpointRegion) -> Finding:
@@ -141,4 +150,6 @@ def _batchnorm(ev: Evidence, r: CheckpointRegion, bns: list[str]) -> Finding:
         "Keep BatchNorm out of the checkpointed function (checkpoint conv blocks, call the norm outside), or save and "
         "restore the running statistics around the recomputation (remat's plan, when applied, does)."
     )
-    return Finding("batchnorm-recomputed", r.module, message, nbytes, fix, Severity.CORRECTNESS, dict(batchnorms=len(bns)))
+    return Finding(
+        "batchnorm-recomputed", r.module, message, nbytes, fix, Severity.CORRECTNESS, dict(batchnorms=len(bns))
+    )

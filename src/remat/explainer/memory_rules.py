@@ -65,8 +65,12 @@ def _whole_model(ev: Evidence, r: CheckpointRegion, group: str, per_layer: int) 
         f"`x = checkpoint(layer, x, use_reentrant=False)` inside the loop; or apply remat's plan below."
     )
     figures = dict(
-        peak_with_bytes=r.peak_bytes, peak_without_bytes=plain.peak_bytes, peak_per_layer_bytes=per_layer,
-        forward_live_with_bytes=fwd_with, forward_live_without_bytes=fwd_without, blocks=len(layers),
+        peak_with_bytes=r.peak_bytes,
+        peak_without_bytes=plain.peak_bytes,
+        peak_per_layer_bytes=per_layer,
+        forward_live_with_bytes=fwd_with,
+        forward_live_without_bytes=fwd_without,
+        blocks=len(layers),
     )
     at_stake = max(0, r.peak_bytes - per_layer)
     return Finding("whole-model-checkpoint", r.module, message, at_stake, fix, Severity.MEMORY, figures)
@@ -92,7 +96,8 @@ def checkpoint_too_small(ev: Evidence) -> list[Finding]:
     checkpoint_sequential segments are left to too-many-segments: their size is the number of segments.
     """
     return [
-        _too_small(ev, r) for r in ev.regions
+        _too_small(ev, r)
+        for r in ev.regions
         if r.freed_bytes is not None and r.freed_bytes <= 0 and r.kind != "sequential"
     ]
 
@@ -201,12 +206,17 @@ def _too_many(ev: Evidence, group: str, units: list[Unit], peaks: dict[int, int]
         "root of the number of blocks), or remat's plan below, which also picks where to cut."
     )
     figures = dict(
-        checkpoints=len(units), best_segments=best, peak_predicted_bytes=mine, best_peak_bytes=peaks[best],
+        checkpoints=len(units),
+        best_segments=best,
+        peak_predicted_bytes=mine,
+        best_peak_bytes=peaks[best],
         boundaries_bytes=boundaries,
     )
     if measured:
         figures["peak_measured_bytes"] = ev.written.peak_bytes
-    return Finding("too-many-segments", parent_name(names[0]), message, mine - peaks[best], fix, Severity.MEMORY, figures)
+    return Finding(
+        "too-many-segments", parent_name(names[0]), message, mine - peaks[best], fix, Severity.MEMORY, figures
+    )
 
 
 def _segments_words(ev: Evidence, units: list[Unit], names: list[str]) -> str:
@@ -244,8 +254,15 @@ def activations_not_dominant(ev: Evidence) -> list[Finding]:
         f"{_b((at.params_bytes + at.grads_bytes) // 2)} less); {_optimizer_words(p, at.params_bytes)}; sharding "
         "over N GPUs (FSDP, ZeRO) divides parameters, gradients and optimizer state by N."
     )
-    figures = dict(peak_bytes=p.peak_bytes, fixed_bytes=fixed, params_bytes=at.params_bytes, grads_bytes=at.grads_bytes,
-                   optimizer_bytes=at.optimizer_bytes, least_peak_bytes=ev.least_peak_bytes, most_saved_bytes=most)
+    figures = dict(
+        peak_bytes=p.peak_bytes,
+        fixed_bytes=fixed,
+        params_bytes=at.params_bytes,
+        grads_bytes=at.grads_bytes,
+        optimizer_bytes=at.optimizer_bytes,
+        least_peak_bytes=ev.least_peak_bytes,
+        most_saved_bytes=most,
+    )
     return [Finding("activations-not-dominant", "", message, fixed, fix, Severity.MEMORY, figures)]
 
 
@@ -280,6 +297,14 @@ def kv_cache_in_training(ev: Evidence) -> list[Finding]:
         "Face's gradient_checkpointing_enable() switches it off for this reason; torch.utils.checkpoint and "
         "checkpoint_wrapper do not."
     )
-    return [Finding("kv-cache-in-training", "", message, with_cache - without, fix, Severity.MEMORY,
-                    dict(peak_with_cache_bytes=with_cache, peak_without_cache_bytes=without))]
-
+    return [
+        Finding(
+            "kv-cache-in-training",
+            "",
+            message,
+            with_cache - without,
+            fix,
+            Severity.MEMORY,
+            dict(peak_with_cache_bytes=with_cache, peak_without_cache_bytes=without),
+        )
+    ]

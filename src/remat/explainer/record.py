@@ -152,8 +152,12 @@ class Recorder:
         caller = self._stack[-1] if self._stack else None
         caller_name = self.names.get(id(caller), "") if caller is not None else ""
         common = dict(
-            index=len(self.calls), reentrant=call.reentrant, preserve_rng_state=call.preserve_rng_state,
-            input_requires_grad=_requires_grad(call), depth=len(self._open), keyword_tensors=_keyword_tensors(call),
+            index=len(self.calls),
+            reentrant=call.reentrant,
+            preserve_rng_state=call.preserve_rng_state,
+            input_requires_grad=_requires_grad(call),
+            depth=len(self._open),
+            keyword_tensors=_keyword_tensors(call),
         )
         segment = sequential_segment(call.function)
         if segment is not None:
@@ -161,16 +165,18 @@ class Recorder:
         wrapper = checkpoint_wrapper_type()
         if wrapper is not None and isinstance(caller, wrapper):  # the wrapper is the block: same ops, and a candidate
             label = f"checkpoint_wrapper({_show(caller_name)})"
-            return RecordedCall(CheckpointCallSite(label=label, module=caller_name, kind="module",
-                                                   via="checkpoint_wrapper", **common))
+            return RecordedCall(
+                CheckpointCallSite(label=label, module=caller_name, kind="module", via="checkpoint_wrapper", **common)
+            )
         target = unwrap_callable(call.function)
         if isinstance(target, nn.Module) and id(target) in self.names:
             name = self.names[id(target)]
             label = f"checkpoint({_show(name)})"
             return RecordedCall(CheckpointCallSite(label=label, module=name, kind="module", via="checkpoint", **common))
         label = f"checkpoint({self._function_label(target)})"
-        return RecordedCall(CheckpointCallSite(label=label, module=caller_name, kind="function", via="checkpoint",
-                                               **common))
+        return RecordedCall(
+            CheckpointCallSite(label=label, module=caller_name, kind="function", via="checkpoint", **common)
+        )
 
     def _segment(self, segment, caller_name: str, common: dict) -> RecordedCall:
         start, end, functions = segment

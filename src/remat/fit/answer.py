@@ -64,10 +64,11 @@ def render(a: FitAnswer) -> list[str]:
     trained = "all trained" if a.trainable == a.params else f"{count(a.trainable)} trained (LoRA r={setup.lora})"
     ranks = f"each of {setup.world_size} GPUs (FSDP2)" if setup.world_size > 1 else "one GPU"
     lines = [
-        (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; "
-         f"{setup.precision.words}"),
-        (f"step: batch {setup.batch} x {setup.seq} tokens per GPU, AdamW, the loss kept (Hugging Face's Trainer), "
-         f"on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"),
+        (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.precision.words}"),
+        (
+            f"step: batch {setup.batch} x {setup.seq} tokens per GPU, AdamW, the loss kept (Hugging Face's Trainer), "
+            f"on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
+        ),
         *_memory(prof),
         "",
         *_verdict(a),
@@ -83,12 +84,16 @@ def _memory(prof: StepProfile) -> list[str]:
     other = p.buffers_bytes + p.inputs_bytes + p.gathered_bytes + p.workspaces_bytes + p.scratch_bytes
     r = prof.gpu_reserve
     return [
-        (f"memory (predicted): parameters {gib(prof.param_bytes)}, gradients {gib(prof.grad_bytes)}, "
-         f"optimizer state {gib(prof.optimizer_bytes)}, activations saved for backward {gib(prof.activation_bytes)}"),
-        (f"  peak {gib(prof.peak_bytes)} in {prof.peak_phase}: parameters {gib(p.params_bytes)}, gradients "
-         f"{gib(p.grads_bytes)}, optimizer state {gib(p.optimizer_bytes)}, activations {gib(p.activations_bytes)}, "
-         f"temporaries {gib(p.temporaries_bytes)}, other {gib(other)}; the caching allocator reserves "
-         f"{gib(r.reserved_bytes)} ({gib(r.expandable_reserved_bytes)} with expandable segments)"),
+        (
+            f"memory (predicted): parameters {gib(prof.param_bytes)}, gradients {gib(prof.grad_bytes)}, "
+            f"optimizer state {gib(prof.optimizer_bytes)}, activations saved for backward {gib(prof.activation_bytes)}"
+        ),
+        (
+            f"  peak {gib(prof.peak_bytes)} in {prof.peak_phase}: parameters {gib(p.params_bytes)}, gradients "
+            f"{gib(p.grads_bytes)}, optimizer state {gib(p.optimizer_bytes)}, activations {gib(p.activations_bytes)}, "
+            f"temporaries {gib(p.temporaries_bytes)}, other {gib(other)}; the caching allocator reserves "
+            f"{gib(r.reserved_bytes)} ({gib(r.expandable_reserved_bytes)} with expandable segments)"
+        ),
     ]
 
 
@@ -100,15 +105,21 @@ def _verdict(a: FitAnswer) -> list[str]:
     if o.verdict == WITH_PLAN:
         plan = o.plan
         return [
-            (f"answer: fits with this plan at +{o.extra_fraction:.0%} {o.extra_unit}{setting}: its step peaks at "
-             f"{gib(plan.peak_bytes)} of tensors and reserves {gib(o.reserve_bytes)} of the GPU's {room}."),
+            (
+                f"answer: fits with this plan at +{o.extra_fraction:.0%} {o.extra_unit}{setting}: its step peaks at "
+                f"{gib(plan.peak_bytes)} of tensors and reserves {gib(o.reserve_bytes)} of the GPU's {room}."
+            ),
             f"  checkpoints ({len(plan.segments) + len(plan.selective) + len(plan.offload)}): {checkpoints(plan)}",
-            "  (--out plan.json writes it; in the training script: remat.apply(model, remat.load_plan(\"plan.json\")))",
+            '  (--out plan.json writes it; in the training script: remat.apply(model, remat.load_plan("plan.json")))',
         ]
     what = "of GPU memory (the caching allocator's reserve)" if o.least_is_reserve else "of tensors"
     more = "" if o.least_is_reserve else ", and the caching allocator reserves more than its tensors"
-    return [(f"answer: does not fit: the least any checkpointing plan needs is {gib(o.least_bytes)} {what}, over "
-             f"the GPU's {room}{more}; parameters, gradients and optimizer state alone are {gib(o.states_bytes)}.")]
+    return [
+        (
+            f"answer: does not fit: the least any checkpointing plan needs is {gib(o.least_bytes)} {what}, over "
+            f"the GPU's {room}{more}; parameters, gradients and optimizer state alone are {gib(o.states_bytes)}."
+        )
+    ]
 
 
 def checkpoints(plan: Plan) -> str:
@@ -145,8 +156,10 @@ def _ranges(names: list[str]) -> str:
 
 def _suggestions(a: FitAnswer) -> list[str]:
     how = next((s.outcome.estimated for s in a.suggestions if s.outcome and s.outcome.estimated), "")
-    rows = [(change, _suggestion(group[0]) if len(group) == 1 else _ruled_out(group))
-            for change, group in _grouped(a.suggestions)]
+    rows = [
+        (change, _suggestion(group[0]) if len(group) == 1 else _ruled_out(group))
+        for change, group in _grouped(a.suggestions)
+    ]
     width = max(len(change) for change, _ in rows)
     lines = [f"what to change, one at a time{' (' + how + ')' if how else ''}:"]
     lines += [f"  {change:<{width}}  {text}" for change, text in rows]
@@ -188,12 +201,16 @@ def _suggestion(s: Suggestion) -> str:
         return f"fits as is{setting} ({about}{gib(o.reserve_bytes)} reserved)"
     if o.verdict == WITH_PLAN:
         if o.estimated:  # no plan was made: the least-memory plan's reserve says how much room is left
-            return (f"fits with a plan, +{o.extra_fraction:.0%} {o.extra_unit} at most{setting} (least-memory plan: "
-                    f"about {gib(o.least_bytes)} reserved)")
+            return (
+                f"fits with a plan, +{o.extra_fraction:.0%} {o.extra_unit} at most{setting} (least-memory plan: "
+                f"about {gib(o.least_bytes)} reserved)"
+            )
         return f"fits with a plan, +{o.extra_fraction:.0%} {o.extra_unit}{setting} ({gib(o.reserve_bytes)} reserved)"
     if o.close:
-        return (f"too close to call from the estimate: the least is about {gib(o.least_bytes)} reserved, within "
-                f"{ESTIMATE_MARGIN:.0%} of the GPU's memory; run remat fit with it")
+        return (
+            f"too close to call from the estimate: the least is about {gib(o.least_bytes)} reserved, within "
+            f"{ESTIMATE_MARGIN:.0%} of the GPU's memory; run remat fit with it"
+        )
     assert o.verdict == NO
     what = "reserved" if o.least_is_reserve else "of tensors"
     return f"does not fit: the least is {about}{gib(o.least_bytes)} {what}"

@@ -65,13 +65,17 @@ def load_config(source: Any):
     if path.is_dir():
         path = path / "config.json"
         if not path.is_file():
-            raise FitError(f"remat: CONFIG {str(source)!r} is a folder without a config.json; expected a Hugging Face "
-                           f"model's config.json in it. {CONFIG_FIX}.")
+            raise FitError(
+                f"remat: CONFIG {str(source)!r} is a folder without a config.json; expected a Hugging Face "
+                f"model's config.json in it. {CONFIG_FIX}."
+            )
     if path.is_file():
         return _from_file(path), str(source)
     if str(source).endswith(".json") or str(source).startswith((".", "/", "~")) or "\\" in str(source):
-        raise FitError(f"remat: CONFIG {str(source)!r} does not exist (looked in {Path.cwd()}); expected a Hugging "
-                       f"Face config.json, a folder holding one, or a model name. {CONFIG_FIX}.")
+        raise FitError(
+            f"remat: CONFIG {str(source)!r} does not exist (looked in {Path.cwd()}); expected a Hugging "
+            f"Face config.json, a folder holding one, or a model name. {CONFIG_FIX}."
+        )
     return _from_hub(str(source)), str(source)
 
 
@@ -81,15 +85,20 @@ def _from_file(path: Path):
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise FitError(f"remat: could not read {str(path)!r} as JSON ({e}); expected a Hugging Face config.json. "
-                       f"{CONFIG_FIX}.") from e
+        raise FitError(
+            f"remat: could not read {str(path)!r} as JSON ({e}); expected a Hugging Face config.json. {CONFIG_FIX}."
+        ) from e
     kind = data.get("model_type") if isinstance(data, dict) else None
     if not kind:
-        raise FitError(f"remat: {str(path)!r} has no \"model_type\"; expected a Hugging Face config.json, which names "
-                       f"its model type (\"llama\", \"bert\", ...). {CONFIG_FIX}, or add \"model_type\" to it.")
+        raise FitError(
+            f'remat: {str(path)!r} has no "model_type"; expected a Hugging Face config.json, which names '
+            f'its model type ("llama", "bert", ...). {CONFIG_FIX}, or add "model_type" to it.'
+        )
     if kind not in CONFIG_MAPPING:
-        raise FitError(f"remat: {str(path)!r} has model_type {kind!r}, which this transformers ({_version()}) does "
-                       "not know. Fix: upgrade transformers (pip install -U transformers), or pass another config.")
+        raise FitError(
+            f"remat: {str(path)!r} has model_type {kind!r}, which this transformers ({_version()}) does "
+            "not know. Fix: upgrade transformers (pip install -U transformers), or pass another config."
+        )
     return CONFIG_MAPPING[kind].from_dict(data)
 
 

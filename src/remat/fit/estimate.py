@@ -72,8 +72,9 @@ class Figures:
     def at(self, deeper: Figures, layers: int) -> Figures:
         """These figures for DEPTHS[0] layers and `deeper`'s for DEPTHS[1], at `layers` (Rule 1)."""
         span = (layers - DEPTHS[0]) / (DEPTHS[1] - DEPTHS[0])
-        values = {k: v + span * (getattr(deeper, k) - v) if k in LINEAR else getattr(deeper, k)
-                  for k, v in vars(self).items()}
+        values = {
+            k: v + span * (getattr(deeper, k) - v) if k in LINEAR else getattr(deeper, k) for k, v in vars(self).items()
+        }
         return Figures(**values)
 
 
@@ -82,9 +83,17 @@ def figures(config, head: str, setup: Setup, gpu: Gpu, layers: int) -> tuple[Fig
     built, prof = profile_step(with_layers(config, layers), head, setup, gpu)
     least = least_plan(prof)
     reserve = prof.gpu_reserve
-    f = Figures(prof.peak_bytes, reserve.reserved_bytes - prof.peak_bytes,
-                reserve.expandable_reserved_bytes - prof.peak_bytes, least.peak_bytes, least.extra_s,
-                prof.step_time_s, least.recompute_flops, prof.forward_flops + prof.backward_flops, states_of(prof))
+    f = Figures(
+        prof.peak_bytes,
+        reserve.reserved_bytes - prof.peak_bytes,
+        reserve.expandable_reserved_bytes - prof.peak_bytes,
+        least.peak_bytes,
+        least.extra_s,
+        prof.step_time_s,
+        least.recompute_flops,
+        prof.forward_flops + prof.backward_flops,
+        states_of(prof),
+    )
     return f, lambda: reserve_checker(built, prof, setup, gpu)(least)
 
 
@@ -111,14 +120,23 @@ def _decide(base: Outcome, f: Figures, deeper_least: float, replay: Callable[[],
     r = replay()
     timed = f.step_s > 0
     least_extra = f.least_extra_s / f.step_s if timed else f.least_flops / max(f.step_flops, 1)
-    for allocator, over, least_over in (("", f.reserved_over, r.reserved_bytes - deeper_least),
-                                        (EXPANDABLE, f.expandable_over, r.expandable_reserved_bytes - deeper_least)):
+    for allocator, over, least_over in (
+        ("", f.reserved_over, r.reserved_bytes - deeper_least),
+        (EXPANDABLE, f.expandable_over, r.expandable_reserved_bytes - deeper_least),
+    ):
         unplanned, least = f.tensors + over, f.least_tensors + least_over
         if fits_reserve(int(least), budget):
             room = budget / (1 + RESERVE_MARGIN)
             share = min(max((unplanned - room) / (unplanned - least), 0.0), 1.0) if unplanned > least else 1.0
-            return _replace(base, verdict=WITH_PLAN, allocator=allocator, least_bytes=int(least), least_is_reserve=True,
-                            extra_fraction=share * least_extra, extra_unit="time" if timed else "FLOPs")
+            return _replace(
+                base,
+                verdict=WITH_PLAN,
+                allocator=allocator,
+                least_bytes=int(least),
+                least_is_reserve=True,
+                extra_fraction=share * least_extra,
+                extra_unit="time" if timed else "FLOPs",
+            )
     least = f.least_tensors + min(r.reserved_bytes, r.expandable_reserved_bytes) - deeper_least
     return _replace(base, least_bytes=with_margin(int(least)), least_is_reserve=True)
 

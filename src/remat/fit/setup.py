@@ -90,7 +90,7 @@ def parse_gpu(text: str, hardware: str | None = None) -> Gpu:
         return Gpu(label, memory, chosen, f"seconds by the {chosen} roofline")
     names = ", ".join(GPU_NAMES)
     raise FitError(
-        f"remat: --gpu is the GPU's memory with a unit (\"24GiB\", \"80GB\") or a GPU name ({names}); saw {raw!r}. "
+        f'remat: --gpu is the GPU\'s memory with a unit ("24GiB", "80GB") or a GPU name ({names}); saw {raw!r}. '
         "Fix: e.g. --gpu 24GiB, --gpu 80GB or --gpu H100."
     )
 
@@ -123,10 +123,16 @@ DTYPES: dict[str, Precision] = {
     "bf16": Precision(torch.bfloat16, None, "weights, gradients and AdamW state in bf16"),
     "fp16": Precision(torch.float16, None, "weights, gradients and AdamW state in fp16"),
     "fp32": Precision(torch.float32, None, "weights, gradients and AdamW state in fp32"),
-    "amp-bf16": Precision(torch.float32, torch.bfloat16, "fp32 weights, gradients and AdamW state, forward under "
-                          "bf16 autocast (mixed precision)"),
-    "amp-fp16": Precision(torch.float32, torch.float16, "fp32 weights, gradients and AdamW state, forward under "
-                          "fp16 autocast (mixed precision)"),
+    "amp-bf16": Precision(
+        torch.float32,
+        torch.bfloat16,
+        "fp32 weights, gradients and AdamW state, forward under bf16 autocast (mixed precision)",
+    ),
+    "amp-fp16": Precision(
+        torch.float32,
+        torch.float16,
+        "fp32 weights, gradients and AdamW state, forward under fp16 autocast (mixed precision)",
+    ),
 }
 
 
@@ -158,11 +164,16 @@ def check_setup(setup: Setup) -> Setup:
             f"remat: --dtype is the precision the model trains in: one of {', '.join(DTYPES)}; saw {setup.dtype!r}. "
             "Fix: e.g. --dtype bf16 (weights in bf16, as a model loaded with torch_dtype=torch.bfloat16 trains)."
         )
-    for flag, value, example in (("--seq", setup.seq, 2048), ("--batch", setup.batch, 1),
-                                 ("--world-size", setup.world_size, 8)):
+    for flag, value, example in (
+        ("--seq", setup.seq, 2048),
+        ("--batch", setup.batch, 1),
+        ("--world-size", setup.world_size, 8),
+    ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise FitError(f"remat: {flag} is a whole number of at least 1; saw {value!r}. Fix: e.g. {flag} {example}.")
     if setup.lora is not None and (isinstance(setup.lora, bool) or not isinstance(setup.lora, int) or setup.lora < 1):
-        raise FitError(f"remat: --lora is the LoRA rank r, a whole number of at least 1; saw {setup.lora!r}. "
-                       "Fix: e.g. --lora 16, or leave it out for full fine-tuning.")
+        raise FitError(
+            f"remat: --lora is the LoRA rank r, a whole number of at least 1; saw {setup.lora!r}. "
+            "Fix: e.g. --lora 16, or leave it out for full fine-tuning."
+        )
     return setup

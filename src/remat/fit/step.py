@@ -26,8 +26,15 @@ Progress = Callable[[str], None]
 def options_for(setup: Setup, gpu: Gpu) -> dict[str, Any]:
     """remat.profile's arguments for the step `remat fit` predicts: a steady AdamW step on a CUDA GPU, the loss
     kept and the output let go before backward (Hugging Face's Trainer), one rank of `world_size` (FSDP2)."""
-    return {"optimizer": adamw, "mode": "fake", "device": "cuda", "hardware": gpu.hardware, "keep_output": False,
-            "world_size": setup.world_size, "wrap": "fsdp"}
+    return {
+        "optimizer": adamw,
+        "mode": "fake",
+        "device": "cuda",
+        "hardware": gpu.hardware,
+        "keep_output": False,
+        "world_size": setup.world_size,
+        "wrap": "fsdp",
+    }
 
 
 def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, StepProfile]:
@@ -40,9 +47,11 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
         if not (isinstance(limit, int) and setup.seq > limit) and isinstance(e, RematError):
             raise
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
-        hint = (f"its config allows at most {limit} positions (max_position_embeddings). Fix: --seq {limit} or "
-                "shorter" if isinstance(limit, int) and setup.seq > limit else "Fix: check the config and the "
-                "--seq and --batch asked for")
+        hint = (
+            f"its config allows at most {limit} positions (max_position_embeddings). Fix: --seq {limit} or shorter"
+            if isinstance(limit, int) and setup.seq > limit
+            else "Fix: check the config and the --seq and --batch asked for"
+        )
         raise FitError(
             f"remat: {built.name}'s training step failed on a batch of {setup.batch * setup.world_size} x {setup.seq} "
             f"tokens: {hint}. (It said: {why.removeprefix('remat: ')})"
@@ -56,8 +65,9 @@ def judge(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, progress: Pro
     base = Outcome(setup, NO, profile=prof, states_bytes=states_of(prof))
     for allocator, reserved in (("", reserve.reserved_bytes), (EXPANDABLE, reserve.expandable_reserved_bytes)):
         if fits_reserve(reserved, budget):
-            return dataclasses.replace(base, verdict=AS_IS, allocator=allocator, reserve_bytes=reserved,
-                                       peak_bytes=prof.peak_bytes)
+            return dataclasses.replace(
+                base, verdict=AS_IS, allocator=allocator, reserve_bytes=reserved, peak_bytes=prof.peak_bytes
+            )
     try:
         first = make_plan(prof, budget)
     except InfeasibleBudget as e:
@@ -72,14 +82,22 @@ def judge(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, progress: Pro
     try:
         plan = fit_reserve(first, budget, replan, reserve_checker(built, prof, setup, gpu, checked))
     except InfeasibleBudget as e:
-        return dataclasses.replace(base, least_bytes=e.min_bytes, least_is_reserve=True,
-                                   least_tensors_bytes=least_tensors(prof))
+        return dataclasses.replace(
+            base, least_bytes=e.min_bytes, least_is_reserve=True, least_tensors_bytes=least_tensors(prof)
+        )
     timed = bool(plan.step_time_s)
-    return dataclasses.replace(base, verdict=WITH_PLAN, allocator=plan.allocator, plan=plan,
-                               reserve_bytes=plan.gpu_reserve.reserved_bytes if not plan.allocator
-                               else plan.gpu_reserve.expandable_reserved_bytes, peak_bytes=plan.peak_bytes,
-                               extra_fraction=plan.extra_fraction if timed else plan.recompute_fraction,
-                               extra_unit="time" if timed else "FLOPs")
+    return dataclasses.replace(
+        base,
+        verdict=WITH_PLAN,
+        allocator=plan.allocator,
+        plan=plan,
+        reserve_bytes=plan.gpu_reserve.reserved_bytes
+        if not plan.allocator
+        else plan.gpu_reserve.expandable_reserved_bytes,
+        peak_bytes=plan.peak_bytes,
+        extra_fraction=plan.extra_fraction if timed else plan.recompute_fraction,
+        extra_unit="time" if timed else "FLOPs",
+    )
 
 
 def make_plan(prof: StepProfile, budget: int) -> Plan:
@@ -134,8 +152,9 @@ def _replanner(prof: StepProfile, budget: int, checked: list[tuple[Plan, GpuRese
     return replan
 
 
-def reserve_checker(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu,
-                    checked: list | None = None) -> Callable[[Plan], GpuReserve]:
+def reserve_checker(
+    built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, checked: list | None = None
+) -> Callable[[Plan], GpuReserve]:
     """A plan's reserve: its planned step profiled and replayed (NOTE [A plan fits the GPU's reserve], Rule 1), once
     per distinct plan (each plan and its reserve appended to `checked`).  A rank of N shards a copy of the model:
     the plan is applied to that copy, before FSDP2."""

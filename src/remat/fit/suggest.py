@@ -51,9 +51,16 @@ class Suggestion:
     note: str = ""
 
 
-def try_changes(config, head: str, main: Outcome, gpu: Gpu, layers: int | None, *,
-                progress: Callable[[str], None] | None = None, kinds: tuple[str, ...] = KINDS
-                ) -> list[Suggestion]:
+def try_changes(
+    config,
+    head: str,
+    main: Outcome,
+    gpu: Gpu,
+    layers: int | None,
+    *,
+    progress: Callable[[str], None] | None = None,
+    kinds: tuple[str, ...] = KINDS,
+) -> list[Suggestion]:
     """Rule 1: the changes of `kinds` tried for `main` (an outcome that does not fit), in order."""
     out: list[Suggestion] = []
     least = main.least_tensors_bytes or least_tensors(main.profile)
@@ -84,8 +91,10 @@ def try_changes(config, head: str, main: Outcome, gpu: Gpu, layers: int | None, 
 def check_kinds(kinds: tuple[str, ...]) -> tuple[str, ...]:
     unknown = [k for k in kinds if k not in KINDS]
     if unknown:
-        raise FitError(f"remat: the changes to try are some of {', '.join(KINDS)}, or none; saw "
-                       f"{', '.join(map(repr, unknown))}. Fix: e.g. --changes batch,seq (or --changes none).")
+        raise FitError(
+            f"remat: the changes to try are some of {', '.join(KINDS)}, or none; saw "
+            f"{', '.join(map(repr, unknown))}. Fix: e.g. --changes batch,seq (or --changes none)."
+        )
     return tuple(kinds)
 
 
@@ -119,8 +128,7 @@ def _kinds(setup: Setup) -> Iterator[tuple[str, list[tuple[str, Setup, Bound]]]]
     """Rule 1's candidates, each with Rule 2's bound: (the outcome as asked, its least tensors) -> the least
     tensors the change can reach."""
     batches = _halvings(setup.batch, 1)
-    yield "batch", [(f"--batch {b}", dataclasses.replace(setup, batch=b), _shrink(b / setup.batch, 1))
-                    for b in batches]
+    yield "batch", [(f"--batch {b}", dataclasses.replace(setup, batch=b), _shrink(b / setup.batch, 1)) for b in batches]
     seqs = _halvings(setup.seq, MIN_SEQ)
     yield "seq", [(f"--seq {s}", dataclasses.replace(setup, seq=s), _shrink(s / setup.seq, 2)) for s in seqs]
     lora = [] if setup.lora else [(f"--lora {LORA_RANK}", dataclasses.replace(setup, lora=LORA_RANK), _params)]

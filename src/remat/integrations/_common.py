@@ -75,19 +75,29 @@ def profile_options(target: str | None) -> dict:
     if target is None:
         return {}
     if not isinstance(target, str):
-        raise RematError(f"remat: target names the device to plan for, a GPU such as 'H100' or 'cpu', or None for "
-                         f"the model's own device; saw {type(target).__name__}. Fix: pass target='H100' or leave it "
-                         "out.")
+        raise RematError(
+            f"remat: target names the device to plan for, a GPU such as 'H100' or 'cpu', or None for "
+            f"the model's own device; saw {type(target).__name__}. Fix: pass target='H100' or leave it "
+            "out."
+        )
     return {"mode": "fake", "device": "cpu" if target.lower() == "cpu" else "cuda", "hardware": target}
 
 
-def plan_trainer_step(model: nn.Module, step: TrainerStep, budget, target: str | None, plan_options: dict,
-                      smaller_batch: str) -> tuple[remat.StepProfile, remat.Plan]:
+def plan_trainer_step(
+    model: nn.Module, step: TrainerStep, budget, target: str | None, plan_options: dict, smaller_batch: str
+) -> tuple[remat.StepProfile, remat.Plan]:
     """Profile `step` of `model` (Rules 1-4), plan it for `budget` and apply the plan; (profile, plan).
     `smaller_batch` says, in the trainer's words, how to make the batch smaller when no plan fits."""
     with taken_off(model), train_mode(model):  # Rule 3: the model as written
-        prof = remat.profile(model, step.inputs, loss_fn=step.loss_fn, optimizer=step.optimizer,
-                             accumulate=step.accumulate, keep_output=step.keep_output, **profile_options(target))
+        prof = remat.profile(
+            model,
+            step.inputs,
+            loss_fn=step.loss_fn,
+            optimizer=step.optimizer,
+            accumulate=step.accumulate,
+            keep_output=step.keep_output,
+            **profile_options(target),
+        )
     try:
         plan = remat.plan(prof, budget, **plan_options)
     except InfeasibleBudget as e:
@@ -100,22 +110,35 @@ def report(who: str, prof: remat.StepProfile, plan: remat.Plan, show: bool) -> s
     """The plan as the callback logs it (the logger "remat", INFO) and, when `show`, prints it."""
     where = f"{prof.mode} mode on {prof.device}"
     micro = f", {prof.accumulate} micro-batches per step" if prof.accumulate > 1 else ""
-    text = (f"remat: {who} planned {prof.model}'s training step for a budget of {fmt_mib(plan.budget_bytes)} "
-            f"(unplanned {fmt_mib(prof.peak_bytes)}, {where}{micro}):\n{plan}")
+    text = (
+        f"remat: {who} planned {prof.model}'s training step for a budget of {fmt_mib(plan.budget_bytes)} "
+        f"(unplanned {fmt_mib(prof.peak_bytes)}, {where}{micro}):\n{plan}"
+    )
     log.info(text)
     if show:
         print(text, flush=True)
     return text
 
 
-def verify_step(model: nn.Module, step: TrainerStep | None, plan: remat.Plan | None,
-                options: dict) -> remat.VerifyReport:
+def verify_step(
+    model: nn.Module, step: TrainerStep | None, plan: remat.Plan | None, options: dict
+) -> remat.VerifyReport:
     """`remat.verify` of `plan` on the step a callback profiled (`options` go to it)."""
     if plan is None or step is None:
-        raise RematError("remat: verify checks the plan the callback applied, and it has applied none yet. Fix: call "
-                         "it after training has begun (after trainer.train() or trainer.fit()).")
-    return remat.verify(model, step.inputs, plan, loss_fn=step.loss_fn, optimizer=step.optimizer,
-                        accumulate=step.accumulate, keep_output=step.keep_output, **options)
+        raise RematError(
+            "remat: verify checks the plan the callback applied, and it has applied none yet. Fix: call "
+            "it after training has begun (after trainer.train() or trainer.fit())."
+        )
+    return remat.verify(
+        model,
+        step.inputs,
+        plan,
+        loss_fn=step.loss_fn,
+        optimizer=step.optimizer,
+        accumulate=step.accumulate,
+        keep_output=step.keep_output,
+        **options,
+    )
 
 
 def fmt_mib(n: int) -> str:
@@ -156,8 +179,10 @@ def optimizer_factory(optimizer: torch.optim.Optimizer | None, model: nn.Module)
     accepted = inspect.signature(cls).parameters
     defaults = {k: v for k, v in optimizer.defaults.items() if k in accepted}  # AdamW's defaults name more
     where = {id(p): i for i, p in enumerate(model.parameters())}
-    groups = [([where.get(id(p)) for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
-              for g in optimizer.param_groups]
+    groups = [
+        ([where.get(id(p)) for p in g["params"]], {k: v for k, v in g.items() if k != "params"})
+        for g in optimizer.param_groups
+    ]
     if any(i is None for indices, _ in groups for i in indices):  # not all of this model's: its class only
         return lambda params: cls(params, **defaults)
 
@@ -188,15 +213,19 @@ def first_batch(loader: Any, what: str) -> Any:
     Of an Accelerate loader, the loader inside (`base_dataloader`): the shard's own iterator registers itself with
     Accelerate's gradient state and unregisters only at its end, which a first batch never reaches."""
     if loader is None:
-        raise RematError(f"remat: the callback profiles the first batch of {what}, and saw none. Fix: give the "
-                         "trainer a train dataset, or pass the callback batch= (one batch as the model takes it).")
+        raise RematError(
+            f"remat: the callback profiles the first batch of {what}, and saw none. Fix: give the "
+            "trainer a train dataset, or pass the callback batch= (one batch as the model takes it)."
+        )
     with generators_kept(loader):
         iterator = iter(getattr(loader, "base_dataloader", loader))
         try:
             batch = next(iterator)
         except StopIteration:
-            raise RematError(f"remat: {what} is empty, so there is no step to profile. Fix: give it data, or pass "
-                             "the callback batch= (one batch as the model takes it).") from None
+            raise RematError(
+                f"remat: {what} is empty, so there is no step to profile. Fix: give it data, or pass "
+                "the callback batch= (one batch as the model takes it)."
+            ) from None
         finally:
             close = getattr(iterator, "close", None)  # a generator's (Accelerate's loaders): its finally runs now
             if close is not None:

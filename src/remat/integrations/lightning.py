@@ -60,10 +60,16 @@ class RematLightningCallback(PlanSettings, pl.Callback):
                 "its training_step runs backward itself. Fix: profile and plan it by hand (remat.profile with a "
                 "loss_fn, remat.plan, remat.apply before trainer.fit), or use automatic optimization."
             )
-        refuse_hf_checkpointing(pl_module, "call gradient_checkpointing_disable() on the Hugging Face model inside "
-                                           f"{type(pl_module).__name__} before trainer.fit")
-        batch = self.batch if self.batch is not None else first_batch(trainer.train_dataloader,
-                                                                       "the Trainer's train dataloader")
+        refuse_hf_checkpointing(
+            pl_module,
+            "call gradient_checkpointing_disable() on the Hugging Face model inside "
+            f"{type(pl_module).__name__} before trainer.fit",
+        )
+        batch = (
+            self.batch
+            if self.batch is not None
+            else first_batch(trainer.train_dataloader, "the Trainer's train dataloader")
+        )
         self.step = TrainerStep(
             inputs=(trainer.strategy.batch_to_device(batch),),
             loss_fn=step_loss,
@@ -73,8 +79,9 @@ class RematLightningCallback(PlanSettings, pl.Callback):
         smaller = "With Lightning: RematLightningCallback(budget=...) at least that, or a smaller batch_size in the "
         smaller += "DataLoader, with a larger Trainer(accumulate_grad_batches=...) to keep the batch."
         with training_step_as_forward(pl_module, trainer):
-            self.profile, self.plan = plan_trainer_step(pl_module, self.step, self.budget, self.target,
-                                                        self.plan_options, smaller)
+            self.profile, self.plan = plan_trainer_step(
+                pl_module, self.step, self.budget, self.target, self.plan_options, smaller
+            )
         report("RematLightningCallback", self.profile, self.plan, self.show and trainer.is_global_zero)
 
     def verify(self, trainer: pl.Trainer, pl_module: pl.LightningModule, **options) -> remat.VerifyReport:
@@ -88,12 +95,16 @@ def step_loss(output: Any) -> torch.Tensor:
     """The loss of what `training_step` returned: the tensor, or a dict's "loss"."""
     if isinstance(output, Mapping):
         if "loss" not in output:
-            raise RematError(f"remat: training_step returned a dict with {sorted(output)}; expected a 'loss' in it, "
-                             "as Lightning does. Fix: return {'loss': loss, ...} or the loss tensor itself.")
+            raise RematError(
+                f"remat: training_step returned a dict with {sorted(output)}; expected a 'loss' in it, "
+                "as Lightning does. Fix: return {'loss': loss, ...} or the loss tensor itself."
+            )
         return output["loss"]
     if output is None:
-        raise RematError("remat: training_step returned None for the batch profiled (Lightning skips such a batch); "
-                         "expected a loss. Fix: pass the callback batch= with a batch the step trains on.")
+        raise RematError(
+            "remat: training_step returned None for the batch profiled (Lightning skips such a batch); "
+            "expected a loss. Fix: pass the callback batch= with a batch the step trains on."
+        )
     return output
 
 

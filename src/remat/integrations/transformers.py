@@ -57,8 +57,11 @@ class RematCallback(PlanSettings, transformers.TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         model = kwargs["model"]
         refuse_trainer_checkpointing(args, model)
-        batch = self.batch if self.batch is not None else first_batch(kwargs.get("train_dataloader"),
-                                                                       "the Trainer's train dataloader")
+        batch = (
+            self.batch
+            if self.batch is not None
+            else first_batch(kwargs.get("train_dataloader"), "the Trainer's train dataloader")
+        )
         self.step = step = TrainerStep(
             inputs=on_device(batch, model_device(model)),
             loss_fn=None,  # output.loss, as the Trainer's compute_loss takes it
@@ -66,8 +69,10 @@ class RematCallback(PlanSettings, transformers.TrainerCallback):
             accumulate=max(1, int(args.gradient_accumulation_steps)),
             keep_output=False,  # the Trainer lets the output go before backward
         )
-        smaller = ("With the Trainer: RematCallback(budget=...) at least that, or a smaller TrainingArguments("
-                   "per_device_train_batch_size=...), with a larger gradient_accumulation_steps to keep the batch.")
+        smaller = (
+            "With the Trainer: RematCallback(budget=...) at least that, or a smaller TrainingArguments("
+            "per_device_train_batch_size=...), with a larger gradient_accumulation_steps to keep the batch."
+        )
         self.profile, self.plan = plan_trainer_step(model, step, self.budget, self.target, self.plan_options, smaller)
         report("RematCallback", self.profile, self.plan, self.show and state.is_world_process_zero)
 
@@ -97,7 +102,13 @@ def refuse_trainer_checkpointing(args, model) -> None:
             "for the step without them. Fix: set fsdp_config['activation_checkpointing'] to False and let the callback's "
             "plan checkpoint what the budget needs."
         )
-    disable = "activation_checkpointing_disable" if hasattr(model, "activation_checkpointing_disable") else (
-        "gradient_checkpointing_disable")
-    refuse_hf_checkpointing(model, f"call model.{disable}() before trainer.train() (the Trainer does not turn it "
-                                   f"on unless TrainingArguments({name}=True))")
+    disable = (
+        "activation_checkpointing_disable"
+        if hasattr(model, "activation_checkpointing_disable")
+        else ("gradient_checkpointing_disable")
+    )
+    refuse_hf_checkpointing(
+        model,
+        f"call model.{disable}() before trainer.train() (the Trainer does not turn it "
+        f"on unless TrainingArguments({name}=True))",
+    )

@@ -83,8 +83,9 @@ class BlockIO:
         if name is None or in_backward():
             return
         self.inputs[name] = self._records((args, kwargs))
-        self.grad_inputs[name] = self._records([t for t in tree_flatten((args, kwargs))[0]
-                                                if isinstance(t, torch.Tensor) and t.requires_grad])
+        self.grad_inputs[name] = self._records(
+            [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
+        )
         self.outputs[name] = self._records(_flatten_output(out))
 
 
@@ -149,7 +150,9 @@ class _Block:
         mine_records = [r for r in self.tracker.records if within(r.module, self.name)]
         self.acts = [r for r in mine_records if r.category == "activations"]
         self.internal = [r for r in self.acts if id(r) not in out_ids and _kept_only_in(r, self.name)]
-        self.cached = [r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"]
+        self.cached = [
+            r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"
+        ]
         self.module = self.io.modules[self.name]
         self.variants = self._selective_variants(mine_records)
 
@@ -157,15 +160,24 @@ class _Block:
         kind = self._checkpoint_kind()
         previous_end = previous.fwd_k[-1] if previous is not None and previous.fwd_k else None
         return BlockProfile(
-            name=self.name, type=class_name(self.module), index=index, depth=self._depth(),
-            parent=self.parents[self.name], calls=self.io.calls[self.name], **self._bytes(),
-            **self._costs(), peak_bytes=max((live[k] for k in self.mine), default=0), **self._spans(),
-            checkpointed=bool(kind), checkpoint_kind=kind,
+            name=self.name,
+            type=class_name(self.module),
+            index=index,
+            depth=self._depth(),
+            parent=self.parents[self.name],
+            calls=self.io.calls[self.name],
+            **self._bytes(),
+            **self._costs(),
+            peak_bytes=max((live[k] for k in self.mine), default=0),
+            **self._spans(),
+            checkpointed=bool(kind),
+            checkpoint_kind=kind,
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
             has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
             container=_container_kind(self.io.containers.get(self.name), self.io.forward_ran),
             extra=self.name in self.io.extras,
-            grad_ops_before=self._grad_ops_before(previous_end), selective_variants=self.variants,
+            grad_ops_before=self._grad_ops_before(previous_end),
+            selective_variants=self.variants,
             foreign_grad_inputs=self._foreign_grad_inputs(previous),
         )
 
@@ -207,8 +219,11 @@ class _Block:
         if not self.recomputed:
             return ""
         ours = self.io.remat_checkpointed
-        if ours and not checkpointed_by_hf(self.module) and all(any(within(op.module, w) for w in ours)
-                                                                for op in self.recomputed):
+        if (
+            ours
+            and not checkpointed_by_hf(self.module)
+            and all(any(within(op.module, w) for w in ours) for op in self.recomputed)
+        ):
             return "remat"  # every op re-run is inside one of remat's checkpoints (around it, or inside it)
         wrapper = checkpoint_wrapper_type()
         return "checkpoint_wrapper" if wrapper is not None and isinstance(self.module, wrapper) else "recomputed"
@@ -232,8 +247,10 @@ class _Block:
             selective_extra_bytes=_sum(self.cached),
             selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
             offload_bytes=_sum(
-                r for r in self.tracker.records
-                if r.saved and r.category in ("inputs", "activations", "temporaries")
+                r
+                for r in self.tracker.records
+                if r.saved
+                and r.category in ("inputs", "activations", "temporaries")
                 and any(within(m, self.name) for m in r.packers)
             ),
         )
@@ -248,8 +265,10 @@ class _Block:
         if within(reader, self.name) or any(within(reader, s) for s in self.siblings):
             return read
         ops = self.tracker.ops
-        return max((k for k in range(read, len(ops)) if ops[k].phase == "forward" and within(ops[k].module, reader)),
-                   default=read)
+        return max(
+            (k for k in range(read, len(ops)) if ops[k].phase == "forward" and within(ops[k].module, reader)),
+            default=read,
+        )
 
     def _unsaved_inputs(self) -> list[StorageRecord]:
         """Inputs (positional and keyword) that autograd does not keep: a checkpoint holds them (Rule 2)."""
@@ -315,7 +334,7 @@ def _kept_by(records: list[StorageRecord], siblings: list[str]) -> list[str]:
 
 
 def _container_kind(parent: nn.Module | None, forward_ran: set[int]) -> str:
-    """"Sequential" when the parent runs its children in order (a subclass too) and its forward ran, CALLED_DIRECTLY
+    """ "Sequential" when the parent runs its children in order (a subclass too) and its forward ran, CALLED_DIRECTLY
     when it never did (the model calls them), else its class name."""
     if parent is None:
         return ""

@@ -54,8 +54,9 @@ class Setup:
         return self.mode == Mode.FAKE and self.target.type == "cuda"
 
 
-def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, step_s: float,
-                  noticed: list[str]) -> StepProfile:
+def build_profile(
+    model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, step_s: float, noticed: list[str]
+) -> StepProfile:
     """The StepProfile of the logged step; a `remat:` error if the forward ran no tensor op."""
     ops = tracker.ops
     if not ops or _last_index(tracker, FORWARD) < 0:
@@ -69,9 +70,16 @@ def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, 
     at_peak, end_fwd = _breakdown(tracker, k_peak), _breakdown(tracker, k_fwd)
     end_bwd = _breakdown(tracker, k_bwd) if k_bwd >= 0 else end_fwd
     return StepProfile(
-        model=model_name, mode=setup.mode, device=setup.target.type,
-        peak_bytes=live[k_peak], peak_phase=ops[k_peak].phase, peak_module=ops[k_peak].module, peak_op=ops[k_peak].name,
-        param_bytes=at_peak.params_bytes, buffer_bytes=at_peak.buffers_bytes, input_bytes=at_peak.inputs_bytes,
+        model=model_name,
+        mode=setup.mode,
+        device=setup.target.type,
+        peak_bytes=live[k_peak],
+        peak_phase=ops[k_peak].phase,
+        peak_module=ops[k_peak].module,
+        peak_op=ops[k_peak].name,
+        param_bytes=at_peak.params_bytes,
+        buffer_bytes=at_peak.buffers_bytes,
+        input_bytes=at_peak.inputs_bytes,
         grad_bytes=end_bwd.grads_bytes,
         optimizer_bytes=_breakdown(tracker, len(ops) - 1).optimizer_bytes,
         activation_bytes=end_fwd.activations_bytes,
@@ -87,8 +95,11 @@ def build_profile(model_name: str, tracker: Tracker, io: BlockIO, setup: Setup, 
         allocation_rounding_bytes=setup.rounding,
         simulated_device=setup.simulated,
         notes=[*setup.notes, *noticed, *_own_checkpoints_note(blocks)],
-        gpu_reserve=(gpu_reserve(tracker.records, tracker.scratch, [op.phase for op in ops])
-                     if setup.target.type == "cuda" else None),
+        gpu_reserve=(
+            gpu_reserve(tracker.records, tracker.scratch, [op.phase for op in ops])
+            if setup.target.type == "cuda"
+            else None
+        ),
     )
 
 
@@ -97,9 +108,11 @@ def _own_checkpoints_note(blocks) -> list[str]:
     ours = [b.name for b in blocks if b.checkpoint_kind == "remat"]
     if not ours:
         return []
-    return [f"remat's own checkpoints (remat.apply, remat.checkpoint) recompute {listing(ours, 3)} in this step: "
-            "this is the planned step. A plan made from this profile plans around them, and remat.apply replaces "
-            "them; to plan the model as written, remat.remove(model) and profile again (remat.auto does this itself)."]
+    return [
+        f"remat's own checkpoints (remat.apply, remat.checkpoint) recompute {listing(ours, 3)} in this step: "
+        "this is the planned step. A plan made from this profile plans around them, and remat.apply replaces "
+        "them; to plan the model as written, remat.remove(model) and profile again (remat.auto does this itself)."
+    ]
 
 
 def _timeline(tracker: Tracker, live: list[int]) -> Timeline:

@@ -69,8 +69,11 @@ def _in_turn(children: list[str], tracker: Tracker, io: "BlockIO") -> bool:
     ops = tracker.ops
     spans = []
     for c in children:
-        mine = [k for k, op in enumerate(ops) if op.phase in ("forward", "loss") and not op.recompute
-                and within(op.module, c)]
+        mine = [
+            k
+            for k, op in enumerate(ops)
+            if op.phase in ("forward", "loss") and not op.recompute and within(op.module, c)
+        ]
         if mine:
             spans.append((mine[0], mine[-1]))
     if not spans:

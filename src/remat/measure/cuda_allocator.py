@@ -269,8 +269,11 @@ def replay(records, scratch: list[int], phases: list[str], allocator: CachingAll
     scratch = scratch if len(scratch) == n else [0] * n
     pre = [r for r in records if r.alloc_step < 0]
     made = [r for r in records if r.alloc_step >= 0]
-    held = [r for r in pre if r.category not in (*BEFORE_LOOP, "optimizer", "workspaces")
-            and r.free_step is not None and r.free_step < n]
+    held = [
+        r
+        for r in pre
+        if r.category not in (*BEFORE_LOOP, "optimizer", "workspaces") and r.free_step is not None and r.free_step < n
+    ]
     carry = _carried(held, [r for r in made if r.free_step is None or r.free_step >= n])
     allocs, frees = _by_op(made, held, n)
     first_opt = next((k for k, p in enumerate(phases) if p == "optimizer"), n)
@@ -286,8 +289,14 @@ def replay(records, scratch: list[int], phases: list[str], allocator: CachingAll
             for r in pre if step == 0 else ():
                 if r.category == "workspaces":
                     live[id(r)] = allocator.malloc(r.nbytes)
-            live = _one_step(allocator, live, (allocs, frees, scratch), carry,
-                             [r for r in pre if id(r) in late] if step == 0 else [], first_opt)
+            live = _one_step(
+                allocator,
+                live,
+                (allocs, frees, scratch),
+                carry,
+                [r for r in pre if id(r) in late] if step == 0 else [],
+                first_opt,
+            )
     except OutOfMemory as e:
         return Replayed(allocator.peak_allocated, allocator.peak_reserved, str(e))
     return Replayed(allocator.peak_allocated, allocator.peak_reserved)
@@ -318,8 +327,9 @@ def _by_op(made: list, held: list, n: int) -> tuple[dict, dict]:
     return allocs, frees
 
 
-def _one_step(allocator: CachingAllocator, live: dict, by_op: tuple, carry: dict[int, int], late: list,
-              first_opt: int) -> dict[int, _Block]:
+def _one_step(
+    allocator: CachingAllocator, live: dict, by_op: tuple, carry: dict[int, int], late: list, first_opt: int
+) -> dict[int, _Block]:
     """One step: at each op the frees the tracker saw before it, its outputs, its scratch (Rule 6).  `live` maps
     record ids to blocks, the previous step's survivors under the held record they stand for; returns the map for
     the next step."""
@@ -355,5 +365,6 @@ def gpu_reserve(records, scratch: list[int], phases: list[str]) -> GpuReserve:
     """A tracked CUDA step replayed with the default allocator and with expandable segments (Rule 6)."""
     default = replay(records, scratch, phases, CachingAllocator())
     expandable = replay(records, scratch, phases, ExpandableAllocator())
-    return GpuReserve(default.allocated_bytes, default.reserved_bytes, expandable.reserved_bytes,
-                      expandable.allocated_bytes)
+    return GpuReserve(
+        default.allocated_bytes, default.reserved_bytes, expandable.reserved_bytes, expandable.allocated_bytes
+    )

@@ -58,12 +58,48 @@ from remat._torch_compat import backward_in_mode, cuda_autocast_runs_on_cpu
 
 FLOAT32_OPS = frozenset(  # CUDA autocast's float32 list, by Python name: inputs cast up to float32
     {
-        "acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal",
-        "rsqrt", "sinh", "tan", "pow", "__pow__", "__rpow__", "softplus", "layer_norm", "group_norm",
-        "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss",
-        "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss",
-        "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss",
-        "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp", "interpolate",
+        "acos",
+        "asin",
+        "cosh",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "sinh",
+        "tan",
+        "pow",
+        "__pow__",
+        "__rpow__",
+        "softplus",
+        "layer_norm",
+        "group_norm",
+        "cosine_similarity",
+        "poisson_nll_loss",
+        "cosine_embedding_loss",
+        "nll_loss",
+        "hinge_embedding_loss",
+        "kl_div",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "mse_loss",
+        "margin_ranking_loss",
+        "multilabel_margin_loss",
+        "soft_margin_loss",
+        "triplet_margin_loss",
+        "multi_margin_loss",
+        "binary_cross_entropy_with_logits",
+        "dist",
+        "pdist",
+        "cdist",
+        "renorm",
+        "logsumexp",
+        "interpolate",
         "cross_entropy",  # log_softmax and nll_loss inside, both on the list
     }
 )
@@ -231,8 +267,14 @@ def _math(call: Attention):
     as bool; on CPU the same aten op would save a float mask, Rule 5)."""
     if not call.dropout_p:
         return torch.ops.aten._scaled_dot_product_attention_math(
-            call.query, call.key, call.value, call.attn_mask, 0.0, call.is_causal,
-            scale=call.scale, enable_gqa=call.enable_gqa,
+            call.query,
+            call.key,
+            call.value,
+            call.attn_mask,
+            0.0,
+            call.is_causal,
+            scale=call.scale,
+            enable_gqa=call.enable_gqa,
         )[0]
     query, key, value, mask = call.query, call.key, call.value, call.attn_mask
     root = math.sqrt(call.scale if call.scale is not None else 1.0 / math.sqrt(query.size(-1)))

@@ -90,12 +90,27 @@ ATTENTION_BACKWARDS = {
     "_scaled_dot_product_efficient_attention_backward": 2,
 }
 EFFICIENT_BACKWARD = "_scaled_dot_product_efficient_attention_backward"
-DENSE_OPS = MATMULS | frozenset(ATTENTION_BACKWARDS) | frozenset({
-    "convolution", "convolution_backward", "cudnn_convolution", "native_batch_norm_backward",
-    "cudnn_batch_norm_backward", "native_layer_norm_backward", "_fused_rms_norm_backward",
-    "_softmax_backward_data", "_log_softmax_backward_data", "embedding_dense_backward",
-    "max_pool2d_with_indices_backward", "upsample_nearest2d_backward", "upsample_bilinear2d_backward",
-})
+DENSE_OPS = (
+    MATMULS
+    | frozenset(ATTENTION_BACKWARDS)
+    | frozenset(
+        {
+            "convolution",
+            "convolution_backward",
+            "cudnn_convolution",
+            "native_batch_norm_backward",
+            "cudnn_batch_norm_backward",
+            "native_layer_norm_backward",
+            "_fused_rms_norm_backward",
+            "_softmax_backward_data",
+            "_log_softmax_backward_data",
+            "embedding_dense_backward",
+            "max_pool2d_with_indices_backward",
+            "upsample_nearest2d_backward",
+            "upsample_bilinear2d_backward",
+        }
+    )
+)
 
 
 def as_cuda_holds_it(tracker: Tracker, opt, hardware: str, steady: bool) -> None:
@@ -118,7 +133,7 @@ def cublas_workspace_bytes(arch: str) -> int:
 
 
 def device_arch(device: torch.device) -> str:
-    """"sm90" for a GPU of compute capability 9.0 (H100, H200), and so on."""
+    """ "sm90" for a GPU of compute capability 9.0 (H100, H200), and so on."""
     major, minor = torch.cuda.get_device_capability(device)
     return f"sm{major}{minor}"
 
@@ -208,8 +223,9 @@ def _load_conv_workspaces() -> dict:
         data = json.load(f)
     table: dict[tuple, dict[int, dict]] = {}
     for row in data["rows"]:
-        key = _conv_key(row["input"][1:], row["weight"], row["stride"], row["padding"], row["transposed"],
-                        "torch." + row["dtype"])
+        key = _conv_key(
+            row["input"][1:], row["weight"], row["stride"], row["padding"], row["transposed"], "torch." + row["dtype"]
+        )
         table.setdefault(key, {})[row["input"][0]] = row
     return {data["arch"]: table}
 
@@ -271,8 +287,10 @@ def _reduction_staging(x: torch.Tensor, dims, device_threads: int) -> int:
     if x.dim() == 0:
         return 0
     reduced = set(range(x.dim())) if not dims and dims != 0 else {d % x.dim() for d in _as_list(dims)}
-    groups = [_merged(sorted((x.stride(d), n) for d in range(x.dim()) if (n := x.shape[d]) > 1 and (d in reduced) == r))
-              for r in (True, False)]
+    groups = [
+        _merged(sorted((x.stride(d), n) for d in range(x.dim()) if (n := x.shape[d]) > 1 and (d in reduced) == r))
+        for r in (True, False)
+    ]
     if not groups[0] or x.numel() == 0:
         return 0
     outputs = math.prod(n for _, n in groups[1])

@@ -79,7 +79,11 @@ class Loop:
 
 
 def micro_batch(
-    model: nn.Module, step: StepInputs, loss_fn: Callable | None, held: list, mark: Callable[[], None] | None = None,
+    model: nn.Module,
+    step: StepInputs,
+    loss_fn: Callable | None,
+    held: list,
+    mark: Callable[[], None] | None = None,
     keep_output: bool = True,
 ) -> None:
     """One untracked forward, loss and backward, as the user's loop runs it: `held` has the previous
@@ -100,7 +104,11 @@ def micro_batch(
 
 
 def optimizer_step_of_loop(
-    model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
+    model: nn.Module,
+    step: StepInputs,
+    loss_fn: Callable | None,
+    opt: torch.optim.Optimizer | None,
+    loop: Loop,
     held: list,
 ) -> None:
     """One step of the user's loop, untracked: K passes (Rule 2), then the optimizer step; the caller clears
@@ -130,8 +138,15 @@ def clear_grads(model: nn.Module, opt: torch.optim.Optimizer | None) -> None:
 
 
 def lead_in(
-    model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
-    rounding: int = 1, *, warm_steps: int = 0, skip_host: bool = False,
+    model: nn.Module,
+    step: StepInputs,
+    loss_fn: Callable | None,
+    opt: torch.optim.Optimizer | None,
+    loop: Loop,
+    rounding: int = 1,
+    *,
+    warm_steps: int = 0,
+    skip_host: bool = False,
 ) -> LeadIn:
     """Run what comes before the tracked pass: in steady mode a whole first step, metered (Rule 3), and
     `warm_steps` more (DDP rebuilds its buckets in the second), then the measured step's first K-1

@@ -52,8 +52,14 @@ class Parallel:
         return f"{type(self.runner).__name__}.module" if self.runner is not None else type(model).__name__
 
     def notes(self) -> list[str]:
-        return [f"rank {self.rank} of {self.world_size} ({'FSDP2' if self.kind == 'fsdp' else 'DDP'}): the figures "
-                "are this rank's (docs/many-gpus.md)."] if self.kind else []
+        return (
+            [
+                f"rank {self.rank} of {self.world_size} ({'FSDP2' if self.kind == 'fsdp' else 'DDP'}): the figures "
+                "are this rank's (docs/many-gpus.md)."
+            ]
+            if self.kind
+            else []
+        )
 
 
 def is_ddp(model: nn.Module) -> bool:
@@ -101,8 +107,10 @@ def ddp_buckets(tracker: Tracker, parallel: Parallel) -> list[str]:
         sizes = [rounded_bytes(n, tracker.rounding) for n in parallel.buckets]
         for n in sizes:
             tracker.records.append(StorageRecord(n, -1, "setup", "", category="grads", op="DDP bucket"))
-        return [f"gradients include DDP's gradient buckets, live through the step: {len(sizes)} bucket(s), "
-                f"{sum(sizes)} bytes (docs/many-gpus.md)."]
+        return [
+            f"gradients include DDP's gradient buckets, live through the step: {len(sizes)} bucket(s), "
+            f"{sum(sizes)} bytes (docs/many-gpus.md)."
+        ]
     found = []
     for rec in tracker.records:
         if rec.alloc_step >= 0 and not rec.op and rec.free_step is None and rec.phase == "backward":
@@ -111,8 +119,7 @@ def ddp_buckets(tracker: Tracker, parallel: Parallel) -> list[str]:
     reported = ddp_bucket_total(parallel.runner, tracker.rounding)
     seen = f"{len(found)} storage(s), {sum(found)} bytes"
     agrees = "as DDP reports" if sum(found) == reported else f"DDP reports {reported} bytes of buckets"
-    return [f"gradients include DDP's gradient buckets, live through the step: {seen}, {agrees} "
-            "(docs/many-gpus.md)."]
+    return [f"gradients include DDP's gradient buckets, live through the step: {seen}, {agrees} (docs/many-gpus.md)."]
 
 
 def ddp_bucket_total(model: nn.Module, rounding: int = 1) -> int:

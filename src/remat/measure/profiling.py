@@ -202,8 +202,16 @@ class _Run:
         io = BlockIO(self.model, self.candidates, tracker)
         with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             # NOTE [A rank's step], Rule 3
-            lead = lead_in(self.runner, step, self.loss_fn, opt, self.loop, self.setup.rounding,
-                           warm_steps=int(self.parallel.kind == "ddp"), skip_host=cuda_real)
+            lead = lead_in(
+                self.runner,
+                step,
+                self.loss_fn,
+                opt,
+                self.loop,
+                self.setup.rounding,
+                warm_steps=int(self.parallel.kind == "ddp"),
+                skip_host=cuda_real,
+            )
             kinds = register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             base_allocated = _reset_cuda_peak() if cuda_real else 0
             t0 = time.perf_counter()
@@ -214,8 +222,9 @@ class _Run:
             self.notes.append(CACHE_NOTE)
         if timed:
             say(self.progress, "timing the step")
-        timing = settle(tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt),
-                        io.modules, self.notes)
+        timing = settle(
+            tracker, self.setup, bool(self.parallel.kind), lambda: self._time_again(step, opt), io.modules, self.notes
+        )
         prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s, self.notes)
         if restore is not None and self._measures_scratch(prof):
             say(self.progress, "kernel scratch, in a copy of the process")
@@ -225,9 +234,13 @@ class _Run:
 
     def _new_tracker(self, timed: bool) -> Tracker:
         cuda_real = self.setup.cuda_real
-        tracker = Tracker(self.parallel.tracker_root(self.model), self.setup.rounding, timed,
-                          torch.cuda.synchronize if cuda_real else None,
-                          skip_host=cuda_real)  # NOTE [What counts as live memory], Rule 8
+        tracker = Tracker(
+            self.parallel.tracker_root(self.model),
+            self.setup.rounding,
+            timed,
+            torch.cuda.synchronize if cuda_real else None,
+            skip_host=cuda_real,
+        )  # NOTE [What counts as live memory], Rule 8
         tracker.scratch_probe, tracker.roofline = self._scratch_probe(), self.setup.hardware
         tracker.nominal = None if self.setup.hardware else roofline.nominal(self.setup.target)
         return tracker
@@ -239,10 +252,16 @@ class _Run:
         par = self.parallel
         notes += par.notes() if self.setup.mode == Mode.REAL else []  # a prediction says so itself
         prof = dataclasses.replace(
-            prof, step=str(self.loop.step), accumulate=self.loop.accumulate, keep_output=self.loop.keep_output,
+            prof,
+            step=str(self.loop.step),
+            accumulate=self.loop.accumulate,
+            keep_output=self.loop.keep_output,
             optimizer=type(opt).__name__ if opt is not None else "",
             first_step_peak_bytes=first_peak,
-            notes=prof.notes + notes, parallel=par.kind, world_size=par.world_size, rank=par.rank,
+            notes=prof.notes + notes,
+            parallel=par.kind,
+            world_size=par.world_size,
+            rank=par.rank,
             **timing,
         )
         if self.setup.cuda_real:

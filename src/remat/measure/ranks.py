@@ -153,8 +153,10 @@ def optimizer_for(optimizer: Any, model: nn.Module, sharded: nn.Module) -> Any:
         return optimizer
     names = {id(p): n for n, p in model.named_parameters()}
     params = dict(sharded.named_parameters())
-    groups = [{**{k: v for k, v in g.items() if k != "params"}, "params": [params[names[id(p)]] for p in g["params"]]}
-              for g in optimizer.param_groups]
+    groups = [
+        {**{k: v for k, v in g.items() if k != "params"}, "params": [params[names[id(p)]] for p in g["params"]]}
+        for g in optimizer.param_groups
+    ]
     return lambda _: type(optimizer)(groups)
 
 
@@ -169,4 +171,3 @@ def prediction_note(world_size: int, wrap: Any, inputs: Any) -> str:
     batch = f"rank 0's share of the batch ({rows[0] // world_size} of {rows[0]} rows)" if rows else "the inputs"
     how = "the bare model's step and DDP's buckets" if wrap == "ddp" else f"{wrap_label(wrap)}, a fake process group"
     return f"predicted for one rank of {world_size}: {how}, {batch} (docs/many-gpus.md)."
-

@@ -72,9 +72,15 @@ CONVOLUTION, CONVOLUTION_BANDWIDTH = (0.34, 0.22), 0.4
 """Rule 6: a cuDNN convolution's FLOPs (as counted) at this fraction of the tensor-core peak, forward / backward, plus
 its bytes at this fraction of the bandwidth: fitted to 3x3 convolutions of 32 x 64 x 128 x 128 (float32 as TF32
 391 / 989 us, bf16 248 / 473) and of 3 channels in (122 / 155)."""
-PASSES = {"native_batch_norm": 3.3, "cudnn_batch_norm": 3.3, "native_batch_norm_backward": 5.7,
-          "cudnn_batch_norm_backward": 5.7, "_softmax_backward_data": 1.9, "max_pool2d_with_indices_backward": 2.7,
-          "embedding_dense_backward": 4.5}
+PASSES = {
+    "native_batch_norm": 3.3,
+    "cudnn_batch_norm": 3.3,
+    "native_batch_norm_backward": 5.7,
+    "cudnn_batch_norm_backward": 5.7,
+    "_softmax_backward_data": 1.9,
+    "max_pool2d_with_indices_backward": 2.7,
+    "embedding_dense_backward": 4.5,
+}
 """Rule 6: ops measured over their bytes more than once on the H100 (2026-11-26): the measured kernel's seconds over
 the one-pass prediction (batch norm 335 / 861 us on 128 MiB, softmax's backward 287, pooling's 372, an embedding's
 gradient 274)."""
@@ -122,11 +128,15 @@ class Hardware:
 
     def describe(self) -> str:
         if not self.gpu:
-            return (f"a nominal CPU ({CPU_FLOPS / 1e9:g} GFLOP/s, {CPU_BANDWIDTH / 1e9:g} GB/s, {CPU_OP_S / US:g} us "
-                    "per op; profile in real mode for this machine's own seconds)")
-        return (f"{self.name} ({self.half_flops / TFLOPS:g} TFLOP/s bf16, {self.fp32_flops / TFLOPS:g} fp32, "
-                f"{self.bandwidth / TBS:g} TB/s; eager kernels at the fractions of its peaks an H100 reached, "
-                f"{self.op_s / US:g} us per op)")
+            return (
+                f"a nominal CPU ({CPU_FLOPS / 1e9:g} GFLOP/s, {CPU_BANDWIDTH / 1e9:g} GB/s, {CPU_OP_S / US:g} us "
+                "per op; profile in real mode for this machine's own seconds)"
+            )
+        return (
+            f"{self.name} ({self.half_flops / TFLOPS:g} TFLOP/s bf16, {self.fp32_flops / TFLOPS:g} fp32, "
+            f"{self.bandwidth / TBS:g} TB/s; eager kernels at the fractions of its peaks an H100 reached, "
+            f"{self.op_s / US:g} us per op)"
+        )
 
 
 GPU_OP_S = 10 * US
@@ -143,8 +153,17 @@ GPU_SELECTIVE_OP_S = HOST_SELECTIVE_OP_S * GPU_CHECKPOINT_OP_S / HOST_CHECKPOINT
 
 
 def _gpu(name: str, half: float, tf32: float, fp32: float, bandwidth: float) -> Hardware:
-    return Hardware(name, half * TFLOPS, tf32 * TFLOPS, fp32 * TFLOPS, bandwidth * TBS, GPU_OP_S, True,
-                    GPU_CHECKPOINT_OP_S, GPU_SELECTIVE_OP_S)
+    return Hardware(
+        name,
+        half * TFLOPS,
+        tf32 * TFLOPS,
+        fp32 * TFLOPS,
+        bandwidth * TBS,
+        GPU_OP_S,
+        True,
+        GPU_CHECKPOINT_OP_S,
+        GPU_SELECTIVE_OP_S,
+    )
 
 
 HARDWARE = {  # NVIDIA data sheets, SXM parts where there are several
@@ -156,9 +175,17 @@ HARDWARE = {  # NVIDIA data sheets, SXM parts where there are several
 CPU_FLOPS, CPU_BANDWIDTH, CPU_OP_S = 0.3 * TFLOPS, 0.03 * TBS, 2 * US
 """Rule 4: what an eager float32 matmul, a pointwise kernel and the least op reach on the reference machine
 (measured 2026-11-24: 0.30 TFLOP/s, 25-30 GB/s, 1-2 us per op), as achieved rates."""
-HARDWARE["cpu"] = Hardware("cpu", CPU_FLOPS / ACHIEVED_COMPUTE, CPU_FLOPS / ACHIEVED_COMPUTE,
-                           CPU_FLOPS / ACHIEVED_COMPUTE, CPU_BANDWIDTH / ACHIEVED_BANDWIDTH, CPU_OP_S, False,
-                           HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S)
+HARDWARE["cpu"] = Hardware(
+    "cpu",
+    CPU_FLOPS / ACHIEVED_COMPUTE,
+    CPU_FLOPS / ACHIEVED_COMPUTE,
+    CPU_FLOPS / ACHIEVED_COMPUTE,
+    CPU_BANDWIDTH / ACHIEVED_BANDWIDTH,
+    CPU_OP_S,
+    False,
+    HOST_CHECKPOINT_OP_S,
+    HOST_SELECTIVE_OP_S,
+)
 NAMES = tuple(HARDWARE)
 GPUS = tuple(n for n, hw in HARDWARE.items() if hw.gpu)
 DEFAULT_GPU = "H100"
@@ -247,8 +274,13 @@ def op_seconds(hw: Hardware, func, args, kwargs, out, flops: int | None = None) 
 
 
 ALLOCATES_ONLY = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
-_ATTENTION = ("_scaled_dot_product_flash", "_scaled_dot_product_efficient", "_scaled_dot_product_cudnn",
-              "_flash_attention", "_efficient_attention")
+_ATTENTION = (
+    "_scaled_dot_product_flash",
+    "_scaled_dot_product_efficient",
+    "_scaled_dot_product_cudnn",
+    "_flash_attention",
+    "_efficient_attention",
+)
 
 
 def _attention_rate(hw: Hardware, func, args, kwargs, dtype: torch.dtype) -> float:
@@ -265,7 +297,7 @@ def _attention_rate(hw: Hardware, func, args, kwargs, dtype: torch.dtype) -> flo
     if isinstance(bias, torch.Tensor):
         fraction *= ATTENTION_MASK[backward]
         mask = named.get("grad_input_mask")
-        if (mask[3] if backward and mask is not None else bias.requires_grad):
+        if mask[3] if backward and mask is not None else bias.requires_grad:
             fraction *= ATTENTION_BIAS_GRAD[backward]
     return hw.peak(dtype) * fraction
 

@@ -83,8 +83,11 @@ def signature(func, args, kwargs) -> Signature:
         elif a is None or isinstance(a, (bool, int, float, str)):
             parts.append(a)
         else:
-            parts.append(str(a) if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format))
-                         else type(a).__name__)
+            parts.append(
+                str(a)
+                if isinstance(a, (torch.dtype, torch.device, torch.layout, torch.memory_format))
+                else type(a).__name__
+            )
     return tuple(parts)
 
 
@@ -189,7 +192,9 @@ class Estimate:
         if model is None:
             return 0
         per_in, per_out = model
-        return int(per_in * storage_bytes(tree_flatten((args, kwargs))[0]) + per_out * storage_bytes(tree_flatten(out)[0]))
+        return int(
+            per_in * storage_bytes(tree_flatten((args, kwargs))[0]) + per_out * storage_bytes(tree_flatten(out)[0])
+        )
 
 
 class CudaAllocatorPeak:

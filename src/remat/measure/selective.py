@@ -61,9 +61,13 @@ class _Class:
         return (-spared_s / self.bytes, -spared_flops / self.bytes, self.first)
 
 
-def selective_variants(rerun: list[tuple[int, OpRecord]], after: list[tuple[int, OpRecord]],
-                       records: list[StorageRecord], internal: list[StorageRecord],
-                       matmul_keeps: set[str]) -> list[SelectiveVariant]:
+def selective_variants(
+    rerun: list[tuple[int, OpRecord]],
+    after: list[tuple[int, OpRecord]],
+    records: list[StorageRecord],
+    internal: list[StorageRecord],
+    matmul_keeps: set[str],
+) -> list[SelectiveVariant]:
     """The variants of one block.  `rerun`: (timeline index, op) of the ops a checkpoint re-runs, `after`: of its
     later forward ops; `records`: the storages made inside it; `internal`: its activations kept only inside it;
     `matmul_keeps`: the signatures the matmul policy keeps (Rule 4)."""

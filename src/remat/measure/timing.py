@@ -123,15 +123,22 @@ class StepTimes:
 
 
 def settle(
-    tracker: Tracker, setup: Setup, ranked: bool, time_again: Callable[[], StepTimes], candidates: dict[str, nn.Module],
+    tracker: Tracker,
+    setup: Setup,
+    ranked: bool,
+    time_again: Callable[[], StepTimes],
+    candidates: dict[str, nn.Module],
     notes: list[str],
 ) -> dict:
     """The profile's timing fields (`timing`, `step_time_s`, Rule 5's overheads), with the tracker's op
     seconds set as Rules 1-4 and 6 say (`candidates`: the modules plans may choose, by name);
     `time_again()` runs `time_loop` after the tracked step."""
     if setup.hardware is not None:  # Rule 3
-        return {"timing": f"roofline {setup.hardware.name}", "step_time_s": sum(op.seconds for op in tracker.ops),
-                **setup.hardware.overheads()}
+        return {
+            "timing": f"roofline {setup.hardware.name}",
+            "step_time_s": sum(op.seconds for op in tracker.ops),
+            **setup.hardware.overheads(),
+        }
     if ranked or not setup.timed:  # Rule 4, or a step whose memory alone is wanted
         notes.extend([RANK_NOTE] if ranked else [])
         return {"timing": "", "step_time_s": 0.0, "checkpoint_op_s": 0.0, "selective_op_s": 0.0}
@@ -142,8 +149,11 @@ def settle(
     for op, s in zip(tracker.ops, seconds or []):
         op.seconds = s
     same_seconds_for_copies(tracker.ops, candidates)
-    return {"timing": "tracked" if seconds is None else "measured", "step_time_s": times.step_s,
-            **overheads_on(setup.target)}
+    return {
+        "timing": "tracked" if seconds is None else "measured",
+        "step_time_s": times.step_s,
+        **overheads_on(setup.target),
+    }
 
 
 def same_seconds_for_copies(ops: list[OpRecord], candidates: dict[str, nn.Module]) -> None:
@@ -163,8 +173,14 @@ def same_seconds_for_copies(ops: list[OpRecord], candidates: dict[str, nn.Module
 
 
 def time_loop(
-    model: nn.Module, step: StepInputs, loss_fn: Callable | None, opt: torch.optim.Optimizer | None, loop: Loop,
-    *, cuda: bool = False, repeats: int | None = None,
+    model: nn.Module,
+    step: StepInputs,
+    loss_fn: Callable | None,
+    opt: torch.optim.Optimizer | None,
+    loop: Loop,
+    *,
+    cuda: bool = False,
+    repeats: int | None = None,
 ) -> StepTimes:
     """Rule 1: the step's seconds and its ops', from the model's current state (which this changes), in
     `repeats` rounds (REPEATS when None)."""

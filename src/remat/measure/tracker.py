@@ -210,8 +210,14 @@ class Tracker(_SeesResizes):
             return
         if rec is not None:
             rec.free_step = len(self.ops)
-        new = StorageRecord(rounded_bytes(st.nbytes(), self.rounding), len(self.ops), self.phase,
-                            self.current_module(), op="resize_", resized_from=rec)
+        new = StorageRecord(
+            rounded_bytes(st.nbytes(), self.rounding),
+            len(self.ops),
+            self.phase,
+            self.current_module(),
+            op="resize_",
+            resized_from=rec,
+        )
         self.records.append(new)  # 0 bytes while resized to nothing: the chain to its earlier records stays
         self._live[id(st)] = new
         weakref.finalize(st, self._freed, id(st), new)

@@ -104,8 +104,12 @@ def _nothing_to_recompute(profile: StepProfile, budget_bytes: int) -> Plan | Non
     if budget_bytes >= profile.peak_bytes:
         return with_tensors_note(profile, keep_all(profile, budget_bytes, KEEP_ALL))
     if 0 < profile.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN) <= budget_bytes:
-        return keep_all(profile, budget_bytes, f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
-                        f"the {profile.compiled_counter}, within the budget: nothing to recompute")
+        return keep_all(
+            profile,
+            budget_bytes,
+            f"the compiled step measured {profile.compiled_peak_bytes:,} bytes by "
+            f"the {profile.compiled_counter}, within the budget: nothing to recompute",
+        )
     return None
 
 
@@ -118,10 +122,12 @@ def with_tensors_note(profile: StepProfile, plan: Plan) -> Plan:
     r = profile.gpu_reserve
     if r is None:
         return plan
-    note = (f"{TENSORS_NOTE} on the GPU the caching allocator reserves more: for the unplanned step "
-            f"{r.reserved_bytes / MIB:,.1f} MiB where its tensors peak at {profile.peak_bytes / MIB:,.1f} MiB "
-            f"({r.expandable_reserved_bytes / MIB:,.1f} MiB with expandable_segments:True). remat.auto and "
-            "`remat plan TARGET` check the planned step's reserve against the budget (docs/validation.md §6.2).")
+    note = (
+        f"{TENSORS_NOTE} on the GPU the caching allocator reserves more: for the unplanned step "
+        f"{r.reserved_bytes / MIB:,.1f} MiB where its tensors peak at {profile.peak_bytes / MIB:,.1f} MiB "
+        f"({r.expandable_reserved_bytes / MIB:,.1f} MiB with expandable_segments:True). remat.auto and "
+        "`remat plan TARGET` check the planned step's reserve against the budget (docs/validation.md §6.2)."
+    )
     return dataclasses.replace(plan, notes=[*plan.notes, note])
 
 
@@ -154,13 +160,21 @@ def frontier(
     least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)
     if least is not None and problem.peak(least) < plans[-1].peak_bytes:  # cut short by max_points
         least_cost = (problem.cost(least), problem.tie(least))
-        _end_with(plans, costs, make_plan(profile, problem, least, name, None), least_cost, max_points, step,
-                  slack=problem.cost_slack)
+        _end_with(
+            plans,
+            costs,
+            make_plan(profile, problem, least, name, None),
+            least_cost,
+            max_points,
+            step,
+            slack=problem.cost_slack,
+        )
     return plans
 
 
-def _descend(profile: StepProfile, problem: Problem, name: Solver, max_points: int, time_limit_s: float
-             ) -> tuple[list[Plan], list[tuple[int, int]], int]:
+def _descend(
+    profile: StepProfile, problem: Problem, name: Solver, max_points: int, time_limit_s: float
+) -> tuple[list[Plan], list[tuple[int, int]], int]:
     """The frontier's plans from keep-everything down, each at least `step` below the last, at most `max_points`;
     their (cost, tie-break), the solvers' own order (`Problem.cost_of`); and `step`."""
     plans = [keep_all(profile, None, "keep everything")]
@@ -184,12 +198,12 @@ def _descend(profile: StepProfile, problem: Problem, name: Solver, max_points: i
     return plans, costs, step
 
 
-def _end_with(plans: list[Plan], costs: list, least: Plan, cost: tuple, max_points: int, step: int, *,
-              slack: int) -> None:
+def _end_with(
+    plans: list[Plan], costs: list, least: Plan, cost: tuple, max_points: int, step: int, *, slack: int
+) -> None:
     """Put the least-memory plan last, in place of the points it dominates, is too near, or needs room from."""
     while len(plans) > 1 and (
-        len(plans) >= max_points or _no_dearer(cost, costs[-1], slack)
-        or plans[-1].peak_bytes - least.peak_bytes < step
+        len(plans) >= max_points or _no_dearer(cost, costs[-1], slack) or plans[-1].peak_bytes - least.peak_bytes < step
     ):
         plans.pop()
         costs.pop()
@@ -296,12 +310,14 @@ def _needs_a_chain(solver: Solver) -> Iterator[None]:
 
 
 def _by(solver: str) -> str:
-    """" made by Chen's sqrt(n) segments" where the solver was told to use only those; else nothing: "any plan"
+    """ " made by Chen's sqrt(n) segments" where the solver was told to use only those; else nothing: "any plan"
     is what remat can do."""
     return " made by Chen's sqrt(n) segments" if solver == "chen" else ""
 
 
-def _infeasible(profile: StepProfile, problem: Problem, solver: Solver, budget: int, time_limit_s: float) -> InfeasibleBudget:
+def _infeasible(
+    profile: StepProfile, problem: Problem, solver: Solver, budget: int, time_limit_s: float
+) -> InfeasibleBudget:
     least = _min_bytes(problem, solver, time_limit_s)
     workspaces = profile.at_peak.workspaces_bytes
     fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes + workspaces

@@ -7,9 +7,16 @@ import re
 from remat.errors import RematError
 
 UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
 }
 ACCEPTED = (
     'an int of bytes (6442450944), a string with binary or decimal units ("6GiB", "6GB", "800MiB", "1.5 GB"), '
@@ -66,7 +73,7 @@ _RATE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgtp]?)(i?)(b|flop)s?\s*/\s*s\s*
 
 
 def _unit(example: str) -> str:
-    """"b" or "flop": what remat's own `example` of a rate counts."""
+    """ "b" or "flop": what remat's own `example` of a rate counts."""
     m = _RATE.match(example)
     if m is None:
         raise ValueError(f"not a rate: {example!r}")  # remat's own examples always are
@@ -91,7 +98,9 @@ def parse_rate(value: int | float | str, what: str, example: str) -> float:
             number, prefix, binary, _ = m.groups()
             base = 1024 if binary else 1000
             return float(number) * base ** _PREFIX[prefix.lower()]
-    kind = ('bytes per second: a positive number, or a string like "16GB/s" or "16GiB/s" (GB is 10**9, GiB 2**30)'
-            if unit == "b"
-            else 'FLOPs per second: a positive number, or a string like "400TFLOPs/s"')
-    raise RematError(f"remat: cannot read {what}={value!r}; expected {kind}. Fix: write e.g. {what}=\"{example}\".")
+    kind = (
+        'bytes per second: a positive number, or a string like "16GB/s" or "16GiB/s" (GB is 10**9, GiB 2**30)'
+        if unit == "b"
+        else 'FLOPs per second: a positive number, or a string like "400TFLOPs/s"'
+    )
+    raise RematError(f'remat: cannot read {what}={value!r}; expected {kind}. Fix: write e.g. {what}="{example}".')

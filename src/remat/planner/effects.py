@@ -70,6 +70,4 @@ def recomputed_copies(held, backward_starts, end: int) -> list[Effect]:
     """The outputs of a run's blocks (not its last) that the model holds anyway (`held` bytes): the
     recomputation at `end` makes a second copy, which the next block's backward releases before the
     block's own backward starts."""
-    return [
-        Effect(end, b, -h) for h, b in zip(held.tolist(), backward_starts.tolist()) if h and end < b
-    ]
+    return [Effect(end, b, -h) for h, b in zip(held.tolist(), backward_starts.tolist()) if h and end < b]

@@ -103,7 +103,9 @@ def _least_tie_then_peak(problem: Problem, budget_bytes: int, cost_bound: int, t
     least peak: the min-peak program with the peak column bounded by the budget and one more row."""
     n = len(problem.units)
     n_or = _n_or(problem)
-    cost_row = np.array([float(problem.cost_of(u)[0]) for u in problem.units] + [0.0] * (n_or + 1)) / max(1.0, cost_bound)
+    cost_row = np.array([float(problem.cost_of(u)[0]) for u in problem.units] + [0.0] * (n_or + 1)) / max(
+        1.0, cost_bound
+    )
     ties = np.append(_whole_ties(problem), np.zeros(n_or))
 
     def solve_at(bound: int) -> list[Unit] | None:  # the peak column bounded by `bound`

@@ -50,9 +50,16 @@ def _one_shift(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, 
         single = at.get((run.group, run.position - 1))
         if single is None:
             continue
-        new = _replaced(problem, chosen, (run, single), places, (
-            (run.group, run.position - 1, len(run.blocks), run.action, run.keeps),
-            (run.group, run.position + len(run.blocks) - 1, 1, single.action, single.keeps)))
+        new = _replaced(
+            problem,
+            chosen,
+            (run, single),
+            places,
+            (
+                (run.group, run.position - 1, len(run.blocks), run.action, run.keeps),
+                (run.group, run.position + len(run.blocks) - 1, 1, single.action, single.keeps),
+            ),
+        )
         if new is not None and _as_good(problem, new, rank, peak):
             return new
     return None
@@ -65,16 +72,24 @@ def _one_swap(problem: Problem, chosen: list[Unit], places: dict, rank: tuple, p
         for b in ordered[i + 1 :]:
             if b.group != a.group or len(b.blocks) != len(a.blocks) or _kind(b) >= _kind(a):
                 continue
-            new = _replaced(problem, chosen, (a, b), places, (
-                (a.group, a.position, len(a.blocks), b.action, b.keeps),
-                (b.group, b.position, len(b.blocks), a.action, a.keeps)))
+            new = _replaced(
+                problem,
+                chosen,
+                (a, b),
+                places,
+                (
+                    (a.group, a.position, len(a.blocks), b.action, b.keeps),
+                    (b.group, b.position, len(b.blocks), a.action, a.keeps),
+                ),
+            )
             if new is not None and _as_good(problem, new, rank, peak):
                 return new
     return None
 
 
-def _replaced(problem: Problem, chosen: list[Unit], old: tuple[Unit, Unit], places: dict,
-              keys: tuple[tuple, tuple]) -> list[Unit] | None:
+def _replaced(
+    problem: Problem, chosen: list[Unit], old: tuple[Unit, Unit], places: dict, keys: tuple[tuple, tuple]
+) -> list[Unit] | None:
     """`chosen` with the two units `old` replaced by the units at `keys` (group, position, blocks, action, keeps),
     or None where either is not a unit or frees nothing."""
     found = [i for key in keys if (i := places.get(key)) is not None and problem.useful[i]]

@@ -125,8 +125,16 @@ class Problem:
         spans = {b.name: (b.forward_end_op + 1, b.backward_start_op) for b in blocks}
         extras = frozenset(b.name for b in blocks if b.extra)
         slack = round(SECONDS_NOISE * prof.step_time_s * 1e9) if prof.timing == "measured" else 0  # Rule 8
-        return cls(list(prof.timeline.live_bytes), held.split(units), groups, spans, prof.model, extras,
-                   timed=prof.timed, cost_slack=slack)
+        return cls(
+            list(prof.timeline.live_bytes),
+            held.split(units),
+            groups,
+            spans,
+            prof.model,
+            extras,
+            timed=prof.timed,
+            cost_slack=slack,
+        )
 
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property

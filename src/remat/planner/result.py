@@ -51,7 +51,9 @@ def make_plan(profile: StepProfile, problem: Problem, chosen: list[Unit], solver
 
 def already_checkpointed_note(profile: StepProfile) -> str | None:
     """What the plan leaves to checkpointing the model does itself, and what a budget is a share of then."""
-    done = [b.name for b in profile.blocks if b.checkpointed and b.checkpoint_kind != "remat"]  # remat's: not the model's
+    done = [
+        b.name for b in profile.blocks if b.checkpointed and b.checkpoint_kind != "remat"
+    ]  # remat's: not the model's
     if not done:
         return None
     return (

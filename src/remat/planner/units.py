@@ -74,17 +74,24 @@ class Unit:
     """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "reduction_bytes", sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds))
+        object.__setattr__(
+            self, "reduction_bytes", sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds)
+        )
 
-def build_units(prof: StepProfile, max_segment: int = MAX_SEGMENT, offload: tuple[float, float] | None = None
-                ) -> tuple[list[Unit], dict[Group, list[str]], list[BlockProfile]]:
+
+def build_units(
+    prof: StepProfile, max_segment: int = MAX_SEGMENT, offload: tuple[float, float] | None = None
+) -> tuple[list[Unit], dict[Group, list[str]], list[BlockProfile]]:
     """The units of `prof` (Rules 1-7), the groups of sibling blocks they are cut from, and those blocks;
     `offload` = (host bandwidth bytes/s, device FLOP/s) adds offload units (Rule 6).  A step sharded with FSDP2
     gets one checkpoint per module (`result.FSDP_NOTE`)."""
     max_segment = 1 if prof.parallel == ParallelKind.FSDP else max_segment
     blocks = [
-        b for b in prof.blocks
-        if b.backward_start_op >= 0 and b.forward_end_op < b.backward_start_op and not b.checkpointed
+        b
+        for b in prof.blocks
+        if b.backward_start_op >= 0
+        and b.forward_end_op < b.backward_start_op
+        and not b.checkpointed
         and not (b.extra and b.calls > 1)
     ]  # the model checkpoints some itself (apply leaves them to it); an embedder shared by encoder and
     # decoder runs twice, and Rules 1-2 model one forward per block
@@ -130,8 +137,16 @@ def in_turn(names: list[str]) -> bool:
     return all(int(b) == int(a) + 1 for a, b in zip(ends, ends[1:]))
 
 
-def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, BlockProfile], group: Group,
-               nested: dict[str, frozenset], *, per_op: tuple[float, float] = (0.0, 0.0)) -> list[Unit]:
+def _runs_from(
+    names: list[str],
+    i: int,
+    max_segment: int,
+    by_name: dict[str, BlockProfile],
+    group: Group,
+    nested: dict[str, frozenset],
+    *,
+    per_op: tuple[float, float] = (0.0, 0.0),
+) -> list[Unit]:
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
     that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
     `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7)."""
@@ -150,12 +165,21 @@ def _runs_from(names: list[str], i: int, max_segment: int, by_name: dict[str, Bl
         end = last.backward_start_op
         effects = _run_effects(columns, j - i + 1, j, end)
         rerun = ops + last.checkpoint_recompute_ops
-        units.append(Unit(
-            tuple(names[i : j + 1]), group, i, covers,
-            flops + last.checkpoint_recompute_flops, seconds + last.checkpoint_recompute_s + rerun * per_op[0],
-            tuple(effects), j == i or (appliable_multi and joined), Action.RECOMPUTE, rerun,
-            holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
-        ))
+        units.append(
+            Unit(
+                tuple(names[i : j + 1]),
+                group,
+                i,
+                covers,
+                flops + last.checkpoint_recompute_flops,
+                seconds + last.checkpoint_recompute_s + rerun * per_op[0],
+                tuple(effects),
+                j == i or (appliable_multi and joined),
+                Action.RECOMPUTE,
+                rerun,
+                holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
+            )
+        )
         flops += last.forward_flops
         seconds += last.forward_s
         ops += _forward_ops(last)
@@ -176,8 +200,15 @@ def _run_effects(columns: list[np.ndarray], m: int, j: int, end: int) -> list[Ef
     return effects + recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
 
 
-def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], *,
-                          per_op: tuple[float, float] = (0.0, 0.0), timed: bool = False) -> list[Unit]:
+def _make_selective_units(
+    b: BlockProfile,
+    group: Group,
+    position: int,
+    nested: dict[str, frozenset],
+    *,
+    per_op: tuple[float, float] = (0.0, 0.0),
+    timed: bool = False,
+) -> list[Unit]:
     """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
     [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
     autograd would have dropped, keeps the inputs, and runs its policy on every op of the block twice (Rule 7).
@@ -186,16 +217,36 @@ def _make_selective_units(b: BlockProfile, group: Group, position: int, nested: 
     if b.has_batchnorm:
         return []  # BatchNorm: remat restores its statistics only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
-    matmuls = SelectiveVariant([], b.selective_free_bytes, b.selective_extra_bytes, b.selective_recompute_flops,
-                               b.selective_recompute_s, b.selective_recompute_ops, b.selective_stranded_bytes)
+    matmuls = SelectiveVariant(
+        [],
+        b.selective_free_bytes,
+        b.selective_extra_bytes,
+        b.selective_recompute_flops,
+        b.selective_recompute_s,
+        b.selective_recompute_ops,
+        b.selective_stranded_bytes,
+    )
     units = []
     for v in (matmuls, *b.selective_variants):
         if v.free_bytes <= 0:
             continue
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
-        units.append(Unit((b.name,), group, position, nested[b.name], v.recompute_flops, seconds,
-                          _selective_effects(b, v, held_end), True, Action.SELECTIVE, v.recompute_ops,
-                          holds=unit_holds(b, held_end), keeps=tuple(v.keeps)))
+        units.append(
+            Unit(
+                (b.name,),
+                group,
+                position,
+                nested[b.name],
+                v.recompute_flops,
+                seconds,
+                _selective_effects(b, v, held_end),
+                True,
+                Action.SELECTIVE,
+                v.recompute_ops,
+                holds=unit_holds(b, held_end),
+                keeps=tuple(v.keeps),
+            )
+        )
     return _cheapest_apart(units, max(4096, b.internal_bytes // 1000), timed)
 
 
@@ -230,8 +281,21 @@ def _make_offload_unit(
         return []
     seconds = 2 * b.offload_bytes / bandwidth
     effects = (Effect(b.forward_end_op + 1, b.backward_start_op, freed),)
-    return [Unit((b.name,), group, position, nested[b.name], math.ceil(seconds * flops_per_s), seconds, effects,
-                 True, Action.OFFLOAD, 0, b.offload_bytes)]
+    return [
+        Unit(
+            (b.name,),
+            group,
+            position,
+            nested[b.name],
+            math.ceil(seconds * flops_per_s),
+            seconds,
+            effects,
+            True,
+            Action.OFFLOAD,
+            0,
+            b.offload_bytes,
+        )
+    ]
 
 
 def _forward_ops(b: BlockProfile) -> int:

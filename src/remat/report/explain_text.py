@@ -48,8 +48,10 @@ def _header(expl: Explanation) -> list[str]:
     device = f"{p.device} (simulated on CPU)" if p.simulated_device else p.device
     calls = f"{n} checkpoint call{'s' if n != 1 else ''}"
     if not n and "remat-plan" in expl.codes():  # remat's own checkpoints are not the model's: see that finding
-        second = (f"no torch.utils.checkpoint call of the model's own; peak {_exact(p.peak_bytes)} in {p.peak_phase} "
-                  "(measured without remat's own plan, which the model follows)")
+        second = (
+            f"no torch.utils.checkpoint call of the model's own; peak {_exact(p.peak_bytes)} in {p.peak_phase} "
+            "(measured without remat's own plan, which the model follows)"
+        )
     elif not n:
         second = f"no torch.utils.checkpoint call; peak {_exact(p.peak_bytes)} in {p.peak_phase} (measured)"
     elif w is None:
@@ -86,8 +88,9 @@ def _group_text(expl: Explanation, i: int, group: list[Finding]) -> str:
         shown = group if len(group) <= FULL_IN_GROUP else group[: FULL_IN_GROUP - 1]
         lines = [head] + [_wrap(f.message, "    - ", "      ") for f in shown]
         if len(shown) < len(group):
-            rest = ", ".join(f"{module_label(expl.profile, f.module)} ({_b(f.bytes_at_stake)})" 
-                             for f in group[len(shown) :])
+            rest = ", ".join(
+                f"{module_label(expl.profile, f.module)} ({_b(f.bytes_at_stake)})" for f in group[len(shown) :]
+            )
             lines.append(_wrap(f"- and {len(group) - len(shown)} more like these, in {rest}", "    ", "      "))
     fixes = list(dict.fromkeys(f.fix for f in group))
     lines += [_wrap(f"Fix: {fix}", "    ", "         ") for fix in fixes]
@@ -95,16 +98,23 @@ def _group_text(expl: Explanation, i: int, group: list[Finding]) -> str:
 
 
 def _wrap(text: str, first: str, rest: str) -> str:
-    return textwrap.fill(text, width=REPORT_WIDTH, initial_indent=first, subsequent_indent=rest,
-                         break_on_hyphens=False, break_long_words=False)
+    return textwrap.fill(
+        text,
+        width=REPORT_WIDTH,
+        initial_indent=first,
+        subsequent_indent=rest,
+        break_on_hyphens=False,
+        break_long_words=False,
+    )
 
 
 # -- the model's checkpoints --------------------------------------------------------------------
 
 
 def _checkpoint_table(regions: list[CheckpointRegion]) -> Table:
-    table = Table(title="The model's checkpoints, each alone", title_justify="left", box=box.SIMPLE_HEAD,
-                  show_edge=False)
+    table = Table(
+        title="The model's checkpoints, each alone", title_justify="left", box=box.SIMPLE_HEAD, show_edge=False
+    )
     table.add_column("#", justify="right", no_wrap=True)
     table.add_column("checkpoint", overflow="fold", min_width=min(38, max(len(_label(run)) for run in _runs(regions))))
     table.add_column("variant", no_wrap=True)
@@ -127,6 +137,7 @@ def _label(run: list[CheckpointRegion]) -> str:
 
 def _runs(regions: list[CheckpointRegion]) -> list[list[CheckpointRegion]]:
     """Consecutive checkpoint_sequential segments with the same figures, shown as one row."""
+
     def key(r: CheckpointRegion):
         same = (r.label.rsplit("[", 1)[0], r.reentrant, r.freed_bytes, r.recompute_flops, r.peak_bytes)
         return same if r.kind == "sequential" else (r.index,)
@@ -153,14 +164,21 @@ def _plan_text(expl: Explanation) -> str:
     if not plan.segments and not getattr(plan, "selective", None):
         failed = [n for n in plan.notes if n.startswith(PLAN_FAILED)]
         if failed:
-            return _wrap(f"What remat would do instead: nothing it has seen run{where}. {failed[0].rstrip('.')}.", "", "")
+            return _wrap(
+                f"What remat would do instead: nothing it has seen run{where}. {failed[0].rstrip('.')}.", "", ""
+            )
         return f"What remat would do instead: nothing; no checkpointing plan lowers the peak{where}."
     lines = [f"What remat would do instead (predicted{where}):", render_plan(plan).rstrip()]
     if w is not None and expl.checkpoints:
-        lines.append(_wrap(
-            f"Yours, as written: peak {_b(w.peak_bytes)} for {fmt_flops(w.recompute_flops)} GFLOP recomputed "
-            f"(measured); remat's plan: peak {_b(plan.peak_bytes)} for {fmt_flops(plan.recompute_flops)} GFLOP "
-            "(predicted).", "", ""))
+        lines.append(
+            _wrap(
+                f"Yours, as written: peak {_b(w.peak_bytes)} for {fmt_flops(w.recompute_flops)} GFLOP recomputed "
+                f"(measured); remat's plan: peak {_b(plan.peak_bytes)} for {fmt_flops(plan.recompute_flops)} GFLOP "
+                "(predicted).",
+                "",
+                "",
+            )
+        )
     return "\n".join(lines)
 
 

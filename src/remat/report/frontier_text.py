@@ -53,14 +53,25 @@ def _frontier_table(frontier: list[Plan], budget_bytes: int | None, chosen: Plan
     offload = any(p.offload for p in frontier)
     table = Table(box=box.SIMPLE_HEAD, show_edge=False)
     table.add_column("#", justify="right")
-    columns = ("peak", "extra GFLOP", "extra %", "ops", *(("extra s",) if timed else ()), "checkpoints",
-               *(("selective",) if selective else ()), *(("offloaded",) if offload else ()))
+    columns = (
+        "peak",
+        "extra GFLOP",
+        "extra %",
+        "ops",
+        *(("extra s",) if timed else ()),
+        "checkpoints",
+        *(("selective",) if selective else ()),
+        *(("offloaded",) if offload else ()),
+    )
     for col in columns:
         table.add_column(col, justify="right")
     if budget_bytes is not None:
         table.add_column("fits", no_wrap=True)
-    cheapest_fit = next((p for p in frontier if _same_point(p, chosen)), None) if chosen is not None else (
-        _cheapest_fitting(frontier, budget_bytes))
+    cheapest_fit = (
+        next((p for p in frontier if _same_point(p, chosen)), None)
+        if chosen is not None
+        else (_cheapest_fitting(frontier, budget_bytes))
+    )
     for i, p in enumerate(frontier):
         row = [
             str(i),

@@ -16,9 +16,17 @@ from remat.types.verification import GRAD_NOISE_FACTOR, PREDICTION_AGREES
 from remat.report.text import REPORT_WIDTH, fmt_bytes, fmt_timing
 
 BASELINE_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
-    ("strategy", "left"), ("peak", "right"), ("extra GFLOP", "right"), ("fits budget", "left"))
+    ("strategy", "left"),
+    ("peak", "right"),
+    ("extra GFLOP", "right"),
+    ("fits budget", "left"),
+)
 VERIFY_COLUMNS: tuple[tuple[str, JustifyMethod], ...] = (
-    ("check", "left"), ("measured", "right"), ("expected", "right"), ("", "left"))
+    ("check", "left"),
+    ("measured", "right"),
+    ("expected", "right"),
+    ("", "left"),
+)
 
 
 def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
@@ -27,10 +35,15 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     console = Console(file=out, width=REPORT_WIDTH, force_terminal=False, color_system=None)
     console.print(_headline(plan))
     if plan.measured_peak_bytes:
-        seconds = (f", {plan.measured_step_s * 1e3:,.1f} ms a step in the copy that measured it"
-                   if plan.measured_step_s else "")
-        console.print(f"compiled step with this plan: {fmt_bytes(plan.measured_peak_bytes, 'auto')} by the "
-                      f"{plan.measured_counter}{seconds} (the predicted peak is the eager step's)")
+        seconds = (
+            f", {plan.measured_step_s * 1e3:,.1f} ms a step in the copy that measured it"
+            if plan.measured_step_s
+            else ""
+        )
+        console.print(
+            f"compiled step with this plan: {fmt_bytes(plan.measured_peak_bytes, 'auto')} by the "
+            f"{plan.measured_counter}{seconds} (the predicted peak is the eager step's)"
+        )
     table = Table(box=box.SIMPLE_HEAD, title="checkpoints (one per row)", title_justify="left")
     table.add_column("#", justify="right")
     table.add_column("modules wrapped together")
@@ -40,9 +53,12 @@ def render_plan(plan: Plan, baselines: dict[str, Plan] | None = None) -> str:
     for i, row in enumerate(rows, 1):
         table.add_row(str(i), row)
     if plan.compiler_budget < 1.0:
-        table.add_row("-", ("and " if rows else "none of remat's: ") + "torch.compile's activation memory budget "
-                      f"{plan.compiler_budget:.3g} (Inductor saves that fraction of its activations and recomputes "
-                      "the rest)")
+        table.add_row(
+            "-",
+            ("and " if rows else "none of remat's: ") + "torch.compile's activation memory budget "
+            f"{plan.compiler_budget:.3g} (Inductor saves that fraction of its activations and recomputes "
+            "the rest)",
+        )
     elif not rows:
         table.add_row("-", "none: keep every activation")
     console.print(table)
@@ -62,27 +78,65 @@ def _headline(plan: Plan) -> str:
         f"(unplanned {fmt_bytes(plan.unplanned_peak_bytes, 'auto')}, budget {budget}), "
         f"{fmt_bytes(saved, 'auto')} saved for {plan.recompute_flops / 1e9:,.2f} GFLOP of recomputation "
         f"(+{plan.recompute_fraction:.1%} of the step's FLOPs"
-        + (f"; ~{plan.recompute_s * 1e3:,.1f} ms, +{plan.recompute_s / plan.step_time_s:.1%} of the step's "
-           f"{plan.step_time_s * 1e3:,.1f} ms, {fmt_timing(plan.timing)})" if plan.step_time_s else ")")
-        + (f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
-           f"(~{plan.offload_s * 1e3:,.1f} ms of copies)" if plan.offload else "")
+        + (
+            f"; ~{plan.recompute_s * 1e3:,.1f} ms, +{plan.recompute_s / plan.step_time_s:.1%} of the step's "
+            f"{plan.step_time_s * 1e3:,.1f} ms, {fmt_timing(plan.timing)})"
+            if plan.step_time_s
+            else ")"
+        )
+        + (
+            f", and {fmt_bytes(plan.offload_bytes, 'auto')} offloaded to CPU memory and back "
+            f"(~{plan.offload_s * 1e3:,.1f} ms of copies)"
+            if plan.offload
+            else ""
+        )
     )
 
 
 _KINDS = {
     "matmuls": ("addmm", "mm", "matmul", "linear", "_scaled_mm"),
     "batched matmuls": ("bmm", "baddbmm"),
-    "attention": ("_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_attention_math",
-                  "_flash_attention_forward", "_efficient_attention_forward"),
+    "attention": (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_attention_math",
+        "_flash_attention_forward",
+        "_efficient_attention_forward",
+    ),
     "convolutions": ("convolution", "_convolution", "cudnn_convolution", "mkldnn_convolution"),
     "softmax": ("_softmax", "_safe_softmax", "softmax", "_log_softmax"),
-    "norms": ("native_layer_norm", "layer_norm", "_fused_rms_norm", "rms_norm", "native_batch_norm",
-              "_native_batch_norm_legit", "_native_batch_norm_legit_no_training", "native_group_norm"),
+    "norms": (
+        "native_layer_norm",
+        "layer_norm",
+        "_fused_rms_norm",
+        "rms_norm",
+        "native_batch_norm",
+        "_native_batch_norm_legit",
+        "_native_batch_norm_legit_no_training",
+        "native_group_norm",
+    ),
     "activations": ("gelu", "tanh", "silu", "relu", "sigmoid", "pow", "erf", "exp", "rsqrt", "sqrt"),
     "dropout": ("native_dropout", "bernoulli"),
-    "mask ops": ("ones", "zeros", "full", "tril", "triu", "scalar_tensor", "where", "masked_fill", "arange", "lt",
-                 "gt", "le", "ge", "eq", "ne", "logical_not", "lift_fresh"),
+    "mask ops": (
+        "ones",
+        "zeros",
+        "full",
+        "tril",
+        "triu",
+        "scalar_tensor",
+        "where",
+        "masked_fill",
+        "arange",
+        "lt",
+        "gt",
+        "le",
+        "ge",
+        "eq",
+        "ne",
+        "logical_not",
+        "lift_fresh",
+    ),
     "elementwise ops": ("mul", "add", "sub", "div", "neg", "rsub", "addcmul", "clamp"),
     "copies": ("clone", "cat", "_to_copy", "copy", "contiguous", "embedding", "index_select", "gather"),
 }
@@ -108,10 +162,14 @@ def _baseline_table(plan: Plan, baselines: dict[str, Plan]) -> Table:
         fits = "-" if plan.budget_bytes is None else ("yes" if p.peak_bytes <= plan.budget_bytes else "no")
         hand = BY_HAND in p.notes
         by_hand |= hand
-        table.add_row(name + (" *" if hand else ""), fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits)
+        table.add_row(
+            name + (" *" if hand else ""), fmt_bytes(p.peak_bytes, "auto"), f"{p.recompute_flops / 1e9:,.2f}", fits
+        )
     if by_hand:
-        table.caption = ("* by hand only: one checkpoint around several layers outside an nn.Sequential needs your own "
-                         "function; remat.apply checkpoints such layers one by one")
+        table.caption = (
+            "* by hand only: one checkpoint around several layers outside an nn.Sequential needs your own "
+            "function; remat.apply checkpoints such layers one by one"
+        )
         table.caption_justify = "left"
     return table
 
@@ -120,8 +178,12 @@ def _time_rows(table: Table, report) -> None:
     """The step's time with the plan, measured beside predicted, and without it."""
     predicted = report.predicted_overhead
     gap = f"{(report.measured_overhead - predicted) * 100:+.0f} pp " + ("ok" if report.time_agrees else "off")
-    table.add_row("step time with the plan", f"{report.measured_overhead:+.1%}",
-                  f"{predicted:+.1%}" if predicted else "not timed", gap if predicted else "")
+    table.add_row(
+        "step time with the plan",
+        f"{report.measured_overhead:+.1%}",
+        f"{predicted:+.1%}" if predicted else "not timed",
+        gap if predicted else "",
+    )
     table.add_row("step time without the plan", f"{report.unplanned_step_s * 1e3:,.1f} ms", "", "")
 
 
@@ -136,8 +198,12 @@ def _grad_expected(report) -> str:
 def _cuda_rows(table: Table, cuda) -> None:
     """The CUDA runs of NOTE [The budget is the GPU's memory]: each run's allocated and reserved peaks."""
     budget = fmt_bytes(cuda.budget_bytes, "auto") if cuda.budget_bytes is not None else "no budget"
-    runs = [("capped at the budget", cuda.capped), (EXPANDABLE + ", capped", cuda.expandable),
-            ("no cap", cuda.uncapped), ("without the plan, no cap", cuda.unplanned)]
+    runs = [
+        ("capped at the budget", cuda.capped),
+        (EXPANDABLE + ", capped", cuda.expandable),
+        ("no cap", cuda.uncapped),
+        ("without the plan, no cap", cuda.unplanned),
+    ]
     for name, run in runs:
         if run is None:
             continue
@@ -146,8 +212,12 @@ def _cuda_rows(table: Table, cuda) -> None:
             table.add_row(f"CUDA step, {name}", "out of memory", f"<= {budget}", "OVER" if capped else "")
             continue
         fits = cuda.budget_bytes is None or run.reserved_bytes <= cuda.budget_bytes
-        table.add_row(f"CUDA step, {name}: reserved", fmt_bytes(run.reserved_bytes, "auto"),
-                      f"<= {budget}" if capped else "", ok_word(fits) if capped else "")
+        table.add_row(
+            f"CUDA step, {name}: reserved",
+            fmt_bytes(run.reserved_bytes, "auto"),
+            f"<= {budget}" if capped else "",
+            ok_word(fits) if capped else "",
+        )
         table.add_row("  allocated (max_memory_allocated)", fmt_bytes(run.allocated_bytes, "auto"), "", "")
 
 
@@ -178,10 +248,10 @@ def render_verify(report) -> str:
     for col, just in VERIFY_COLUMNS:
         table.add_column(col, justify=just)
     ok = lambda flag: "ok" if flag else "MISMATCH"  # noqa: E731
+    table.add_row("gradients (max |diff|)", f"{worst:.3g}", _grad_expected(report), ok(report.grads_equal))
     table.add_row(
-        "gradients (max |diff|)", f"{worst:.3g}", _grad_expected(report), ok(report.grads_equal)
+        "buffers (BatchNorm stats)", "equal" if report.buffers_equal else "differ", "equal", ok(report.buffers_equal)
     )
-    table.add_row("buffers (BatchNorm stats)", "equal" if report.buffers_equal else "differ", "equal", ok(report.buffers_equal))
     table.add_row(
         "extra FLOPs (FlopCounterMode)",
         f"{report.measured_recompute_flops / 1e9:,.3f} G",
@@ -225,12 +295,16 @@ def verdict(report) -> str:
     prediction (a guide: seconds are not part of `report.ok`)."""
     if not report.ok:
         return "Verdict: the plan does NOT hold: see the rows marked MISMATCH or OVER above."
-    holds = ("Verdict: the plan holds: the same gradients, the recomputation predicted, the peak within the budget"
-             f" ({fmt_bytes(report.measured_peak_bytes, 'auto')} of {fmt_bytes(report.budget_bytes, 'auto')})")
+    holds = (
+        "Verdict: the plan holds: the same gradients, the recomputation predicted, the peak within the budget"
+        f" ({fmt_bytes(report.measured_peak_bytes, 'auto')} of {fmt_bytes(report.budget_bytes, 'auto')})"
+    )
     if not report.timed or not report.predicted_overhead:
         return holds + "."
     took = f"the step took {report.measured_overhead:+.1%} time against {report.predicted_overhead:+.1%} predicted"
     if report.time_agrees:
         return f"{holds}; {took}."
-    return (f"{holds}. Only the time differs: {took} (seconds measured on a busy machine move from run to run; "
-            "they are a guide, not part of the check).")
+    return (
+        f"{holds}. Only the time differs: {took} (seconds measured on a busy machine move from run to run; "
+        "they are a guide, not part of the check)."
+    )

@@ -73,16 +73,27 @@ def _shade_phases(ax, profile: StepProfile) -> None:
         ax.axvspan(start - 0.5, end - 0.5, color=color, alpha=0.15, linewidth=0)
         y = 0.98 if (end - start) / total >= 0.05 else 0.93
         ax.text(
-            (start + end - 1) / 2, y, phase, transform=ax.get_xaxis_transform(),
-            ha="center", va="top", fontsize="small", color=color,
+            (start + end - 1) / 2,
+            y,
+            phase,
+            transform=ax.get_xaxis_transform(),
+            ha="center",
+            va="top",
+            fontsize="small",
+            color=color,
         )
 
 
 def _draw_baseline(ax, profile: StepProfile) -> None:
     state = profile.param_bytes + profile.buffer_bytes + profile.optimizer_bytes
     if state > 0:
-        ax.axhline(state / MIB, color="gray", linestyle="--", linewidth=1.0,
-                   label=f"parameters + buffers + optimizer state ({fmt_bytes(state)})")
+        ax.axhline(
+            state / MIB,
+            color="gray",
+            linestyle="--",
+            linewidth=1.0,
+            label=f"parameters + buffers + optimizer state ({fmt_bytes(state)})",
+        )
 
 
 def _mark_peak(ax, profile: StepProfile) -> None:
@@ -96,8 +107,13 @@ def _mark_peak(ax, profile: StepProfile) -> None:
     right_half = k > len(live) / 2
     ax.annotate(
         f"peak {fmt_bytes(profile.peak_bytes)} in {where}",
-        xy=(k, y), xytext=(-12 if right_half else 12, 8), textcoords="offset points",
-        ha="right" if right_half else "left", va="bottom", fontsize="small", color="crimson",
+        xy=(k, y),
+        xytext=(-12 if right_half else 12, 8),
+        textcoords="offset points",
+        ha="right" if right_half else "left",
+        va="bottom",
+        fontsize="small",
+        color="crimson",
     )
 
 
@@ -152,8 +168,13 @@ def _frontier_figure(frontier: list[Plan], budget_bytes: int | None, baselines: 
         _draw_frontier(ax, frontier, field, scale, staircase=(field == "recompute_flops"))
         _draw_baselines(ax, baselines, field, scale)
         if budget_bytes is not None:
-            ax.axhline(budget_bytes / MIB, color="black", linestyle="--", linewidth=1.0,
-                       label=f"budget {fmt_bytes(budget_bytes, 'auto')}")
+            ax.axhline(
+                budget_bytes / MIB,
+                color="black",
+                linestyle="--",
+                linewidth=1.0,
+                label=f"budget {fmt_bytes(budget_bytes, 'auto')}",
+            )
         ax.set_xlabel(xlabel)
         ax.grid(True, alpha=0.3)
     axes[0].set_ylabel("predicted peak of the step (MiB)")
@@ -191,17 +212,40 @@ def _draw_baselines(ax, baselines: dict[str, Plan], field: str, scale: float) ->
     sequential = {n: p for n, p in baselines.items() if n.startswith(SEQUENTIAL_PREFIX)}
     if sequential:
         points = {n: (getattr(p, field) / scale, p.peak_bytes / MIB) for n, p in sequential.items()}
-        ax.plot([x for x, _ in points.values()], [y for _, y in points.values()], "s", color="#DD8452",
-                markerfacecolor="none", markersize=7, zorder=4, label="checkpoint_sequential(k), k labelled")
+        ax.plot(
+            [x for x, _ in points.values()],
+            [y for _, y in points.values()],
+            "s",
+            color="#DD8452",
+            markerfacecolor="none",
+            markersize=7,
+            zorder=4,
+            label="checkpoint_sequential(k), k labelled",
+        )
         for (x, y), names in _clusters(points, [*baselines.values()], field, scale):
-            ax.annotate(_k_label(names), xy=(x, y), xytext=(4, 3), textcoords="offset points",
-                        fontsize="x-small", color="#DD8452")
+            ax.annotate(
+                _k_label(names),
+                xy=(x, y),
+                xytext=(4, 3),
+                textcoords="offset points",
+                fontsize="x-small",
+                color="#DD8452",
+            )
     for name, p in baselines.items():
         if name in sequential:
             continue
         marker, color, label = BASELINE_STYLES.get(name, (*_OTHER_STYLE, name))
-        ax.plot([getattr(p, field) / scale], [p.peak_bytes / MIB], marker, color=color, markersize=8,
-                markerfacecolor="none", markeredgewidth=1.5, zorder=5, label=label)
+        ax.plot(
+            [getattr(p, field) / scale],
+            [p.peak_bytes / MIB],
+            marker,
+            color=color,
+            markersize=8,
+            markerfacecolor="none",
+            markeredgewidth=1.5,
+            zorder=5,
+            label=label,
+        )
 
 
 def _clusters(points: dict[str, tuple[float, float]], everything: list[Plan], field: str, scale: float):
@@ -221,7 +265,7 @@ def _clusters(points: dict[str, tuple[float, float]], everything: list[Plan], fi
 
 
 def _k_label(names: list[str]) -> str:
-    """"k=4", "k=3,4" or "k=15..28" for the checkpoint_sequential(k) plans at one point."""
+    """ "k=4", "k=3,4" or "k=15..28" for the checkpoint_sequential(k) plans at one point."""
     inner = [n[len(SEQUENTIAL_PREFIX) : -1] for n in names if n.startswith(SEQUENTIAL_PREFIX) and n.endswith(")")]
     ks = sorted(int(k) for k in inner if k.isdigit())
     if not ks:

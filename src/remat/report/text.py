@@ -161,7 +161,11 @@ def _header_lines(p: StepProfile) -> list[str]:
     where = f"{p.mode} mode on {device}"
     if p.parallel:
         label = {ParallelKind.FSDP: "FSDP2", ParallelKind.DDP: "DDP"}[p.parallel]
-        where += f", rank {p.rank} of {p.world_size} ({label})" if p.mode == Mode.REAL else f", one rank of {p.world_size} ({label})"
+        where += (
+            f", rank {p.rank} of {p.world_size} ({label})"
+            if p.mode == Mode.REAL
+            else f", one rank of {p.world_size} ({label})"
+        )
     if p.allocation_rounding_bytes > 1:
         where += f", storages rounded up to {p.allocation_rounding_bytes} B"
     gib = f"{fmt_bytes(p.peak_bytes, 'GiB')}, " if p.peak_bytes >= 2**30 else ""
@@ -184,9 +188,11 @@ def _header_lines(p: StepProfile) -> list[str]:
 
 def _reserve_line(r) -> str:
     """What the GPU's caching allocator would hold (NOTE [The caching allocator's reserve])."""
-    return (f"on the GPU (the caching allocator replayed): max_memory_allocated {fmt_bytes(r.allocated_bytes)}, "
-            f"reserved {fmt_bytes(r.reserved_bytes)}; with expandable_segments:True reserved "
-            f"{fmt_bytes(r.expandable_reserved_bytes)}")
+    return (
+        f"on the GPU (the caching allocator replayed): max_memory_allocated {fmt_bytes(r.allocated_bytes)}, "
+        f"reserved {fmt_bytes(r.reserved_bytes)}; with expandable_segments:True reserved "
+        f"{fmt_bytes(r.expandable_reserved_bytes)}"
+    )
 
 
 def _loop_line(p: StepProfile) -> str:
@@ -199,8 +205,11 @@ def _loop_line(p: StepProfile) -> str:
     else:
         step = f"first step of {which} (its state made during the step)"
     passes = f", {p.accumulate} micro-batches per optimizer step" if p.accumulate > 1 else ""
-    kept = ("the output kept until after backward" if p.keep_output
-            else "only the loss kept (the output let go before backward)")
+    kept = (
+        "the output kept until after backward"
+        if p.keep_output
+        else "only the loss kept (the output let go before backward)"
+    )
     return f"loop: {step}{passes}, {kept}"
 
 

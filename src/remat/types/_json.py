@@ -14,7 +14,9 @@ def dump(obj, fmt: str, version: int, indent: int | None) -> str:
     return json.dumps({"format": fmt, "version": version, **dataclasses.asdict(obj)}, indent=indent)
 
 
-def load(text: str, fmt: str, version: int, fix: str, upgrades: dict[int, Callable[[dict], dict]] | None = None) -> dict:
+def load(
+    text: str, fmt: str, version: int, fix: str, upgrades: dict[int, Callable[[dict], dict]] | None = None
+) -> dict:
     """The fields of a document written by `dump`, header removed; a `remat:` error otherwise.
 
     `upgrades` maps an older version still read to the function that turns its fields into this version's."""

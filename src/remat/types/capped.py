@@ -144,22 +144,28 @@ def why_not(step: CappedStep, budget: int, allocated: int | None = None) -> str:
     if allocated is not None and 0 < allocated <= budget:
         under = f", though its allocated peak, {gib(allocated)}, is {1 - allocated / budget:.0%} under the budget"
     if step.ran:
-        return (f"reserved {gib(step.reserved_bytes)}, over the budget {gib(budget)} by "
-                f"{gib(step.reserved_bytes - budget)}{under}")
+        return (
+            f"reserved {gib(step.reserved_bytes)}, over the budget {gib(budget)} by "
+            f"{gib(step.reserved_bytes - budget)}{under}"
+        )
     f = _own(parse_oom(step.out_of_memory), step.held_bytes)
     if f.tried is None:
         return f"ran out of memory under a cap of {gib(budget)}: {step.out_of_memory.split('. ')[0]}{under}"
     held = ""
     if f.in_use is not None:
-        held = (f" with {gib(f.in_use)} of {gib(f.allowed or budget)} in use ({gib(f.allocated)} allocated, "
-                f"{gib(f.unallocated)} reserved but unallocated)")
+        held = (
+            f" with {gib(f.in_use)} of {gib(f.allowed or budget)} in use ({gib(f.allocated)} allocated, "
+            f"{gib(f.unallocated)} reserved but unallocated)"
+        )
     full = ""
     if f.free is not None and f.free < f.tried:
         full = f"; the GPU itself had only {gib(f.free)} free (other processes hold it)"
     return f"ran out of memory under a cap of {gib(budget)}: asked for {gib(f.tried)}{held}{under}{full}"
 
 
-def shortfall(budget: int, capped: CappedStep, uncapped_reserved: int | None, allocated: int | None) -> tuple[int, bool]:
+def shortfall(
+    budget: int, capped: CappedStep, uncapped_reserved: int | None, allocated: int | None
+) -> tuple[int, bool]:
     """(bytes the budget must come down by, exact): the reserved peak without a cap minus the budget where it
     was measured; else, from the out-of-memory message, what was reserved plus what was asked for, minus the
     budget (a least figure); else the allocated peak minus the budget."""
@@ -188,32 +194,57 @@ def judge_cap(
         return _held(budget, capped)
     why = f"with the default allocator it {why_not(capped, budget, allocated)}"
     if expandable is not None and expandable.holds(budget):
-        return CapVerdict(True, EXPANDABLE, f"{why}; with {EXPANDABLE} it ran: reserved "
-                          f"{gib(expandable.reserved_bytes)}, allocated {gib(expandable.allocated_bytes)}",
-                          f"the budget holds only with it: {EXPANDABLE_FIX} in your training too")
+        return CapVerdict(
+            True,
+            EXPANDABLE,
+            f"{why}; with {EXPANDABLE} it ran: reserved "
+            f"{gib(expandable.reserved_bytes)}, allocated {gib(expandable.allocated_bytes)}",
+            f"the budget holds only with it: {EXPANDABLE_FIX} in your training too",
+        )
     if device_full(capped) and not (expandable is not None and expandable.ran):
-        return CapVerdict(False, "", why, "the GPU was full, not the budget: free the GPU (other processes hold it, "
-                          "the one that called verify among them) for the budget, and verify again")
+        return CapVerdict(
+            False,
+            "",
+            why,
+            "the GPU was full, not the budget: free the GPU (other processes hold it, "
+            "the one that called verify among them) for the budget, and verify again",
+        )
     over = allocated is not None and allocated > budget
     if expandable is None and not capped.expandable and not over:
-        return CapVerdict(False, "", f"{why}; {EXPANDABLE} was not tried here",
-                          f"{EXPANDABLE_FIX}, then verify again; if it still runs out, plan a lower budget")
+        return CapVerdict(
+            False,
+            "",
+            f"{why}; {EXPANDABLE} was not tried here",
+            f"{EXPANDABLE_FIX}, then verify again; if it still runs out, plan a lower budget",
+        )
     if expandable is not None:
         why += f"; with {EXPANDABLE} it {why_not(expandable, budget)}"
     short, exact = shortfall(budget, capped, uncapped_reserved, allocated)
     by = gib(short) if exact else f"at least {gib(short)}"
-    return CapVerdict(False, "", why, f"the plan needs a budget {by} lower (reserved minus budget): plan again for "
-                      f"{gib(budget - short)} or less", short)
+    return CapVerdict(
+        False,
+        "",
+        why,
+        f"the plan needs a budget {by} lower (reserved minus budget): plan again for {gib(budget - short)} or less",
+        short,
+    )
 
 
 def _held(budget: int | None, capped: CappedStep) -> CapVerdict:
     """The verdict where there is no budget to cap at, or the step ran under its cap."""
     if budget is None:
-        return CapVerdict(capped.ran, "default allocator" if capped.ran else "",
-                          "no budget to cap at" + ("" if capped.ran else f": {capped.out_of_memory.split('. ')[0]}"))
+        return CapVerdict(
+            capped.ran,
+            "default allocator" if capped.ran else "",
+            "no budget to cap at" + ("" if capped.ran else f": {capped.out_of_memory.split('. ')[0]}"),
+        )
     which = EXPANDABLE if capped.expandable else "default allocator"
-    return CapVerdict(True, which, f"ran under a cap of its budget {gib(budget)} with the {which}: "
-                      f"reserved {gib(capped.reserved_bytes)}, allocated {gib(capped.allocated_bytes)}")
+    return CapVerdict(
+        True,
+        which,
+        f"ran under a cap of its budget {gib(budget)} with the {which}: "
+        f"reserved {gib(capped.reserved_bytes)}, allocated {gib(capped.allocated_bytes)}",
+    )
 
 
 @dataclass(frozen=True)

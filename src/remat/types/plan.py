@@ -11,8 +11,10 @@ from remat.types._text import render
 from remat.types.kinds import Action, ParallelKind
 from remat.types.reserve import GpuReserve
 
-BY_HAND = ("by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
-           "or nn.ModuleList needs a function that calls them in turn; remat.apply wraps such layers one by one")
+BY_HAND = (
+    "by hand only: a checkpoint around several layers that are not children of one nn.Sequential "
+    "or nn.ModuleList needs a function that calls them in turn; remat.apply wraps such layers one by one"
+)
 """The note on a hand-recipe plan (`baseline_plans`) that remat.apply cannot build."""
 
 PLAN_FORMAT = "remat.Plan"
@@ -129,8 +131,13 @@ class Plan:
 
     @classmethod
     def from_json(cls, text: str) -> "Plan":
-        data = _json.load(text, PLAN_FORMAT, PLAN_VERSION, "pass a file written by Plan.save, or plan again",
-                          upgrades={1: _from_version_1, 2: dict, 3: dict, 4: dict})
+        data = _json.load(
+            text,
+            PLAN_FORMAT,
+            PLAN_VERSION,
+            "pass a file written by Plan.save, or plan again",
+            upgrades={1: _from_version_1, 2: dict, 3: dict, 4: dict},
+        )
 
         def make() -> Plan:
             data["blocks"] = [PlannedBlock(**b) for b in data["blocks"]]

@@ -33,7 +33,16 @@ COMPILED_PEAK_MARGIN = 0.02
 a budget needs this margin over `compiled_peak_bytes` to count as met (NOTE [A compiled step's peak])."""
 PHASES = ("forward", "loss", "backward", "optimizer")
 CATEGORIES = (
-    "params", "buffers", "inputs", "grads", "optimizer", "gathered", "workspaces", "activations", "temporaries", "scratch"
+    "params",
+    "buffers",
+    "inputs",
+    "grads",
+    "optimizer",
+    "gathered",
+    "workspaces",
+    "activations",
+    "temporaries",
+    "scratch",
 )
 
 
@@ -359,9 +368,13 @@ class StepProfile:
     @classmethod
     def from_json(cls, text: str) -> "StepProfile":
         data = _json.load(
-            text, PROFILE_FORMAT, PROFILE_VERSION, "pass the text written by StepProfile.to_json() or `remat profile --json`",
+            text,
+            PROFILE_FORMAT,
+            PROFILE_VERSION,
+            "pass the text written by StepProfile.to_json() or `remat profile --json`",
             upgrades=UPGRADES,
         )
+
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
             data["end_of_forward"] = Breakdown(**data["end_of_forward"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+
 def _from_version_2(data: dict) -> dict:
     """Version 2 profiles measured the first step of the optimizer as given."""
     return _from_version_3({**data, "step": "first"})
@@ -25,5 +26,11 @@ def _from_version_5(data: dict) -> dict:
     return {**data, "keep_output": True}
 
 
-UPGRADES: dict[int, Callable[[dict], dict]] = {2: _from_version_2, 3: _from_version_3, 4: _from_version_4, 5: _from_version_5, 6: dict}
+UPGRADES: dict[int, Callable[[dict], dict]] = {
+    2: _from_version_2,
+    3: _from_version_3,
+    4: _from_version_4,
+    5: _from_version_5,
+    6: dict,
+}
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is)."""

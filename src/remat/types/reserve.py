@@ -25,7 +25,7 @@ class GpuReserve:
     (0: not replayed, in plans and profiles saved before 2026-11-27)."""
 
     def allocator_for(self, budget: int) -> str | None:
-        """"" if the default allocator's reserve fits `budget`, EXPANDABLE if only that setting's does, else None."""
+        """ "" if the default allocator's reserve fits `budget`, EXPANDABLE if only that setting's does, else None."""
         if self.reserved_bytes <= budget:
             return ""
         return EXPANDABLE if self.expandable_reserved_bytes <= budget else None

@@ -119,7 +119,9 @@ class VerifyReport:
             return True
         if self.compiled:
             return self.independent_peak_bytes <= (1 + COUNTERS_AGREE) * self.measured_peak_bytes
-        return abs(self.measured_peak_bytes - self.independent_peak_bytes) <= COUNTERS_AGREE * self.independent_peak_bytes
+        return (
+            abs(self.measured_peak_bytes - self.independent_peak_bytes) <= COUNTERS_AGREE * self.independent_peak_bytes
+        )
 
     @property
     def fits_budget(self) -> bool:

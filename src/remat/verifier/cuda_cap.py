@@ -43,34 +43,61 @@ CUDA_ONLY = ("--device-fraction", "--budget-bytes", "--alloc-conf", "--saved")
 def add_cuda_options(parser: argparse.ArgumentParser) -> None:
     """The runner's options for a CUDA step (Rule 1)."""
     parser.add_argument("--device", default=None, help="where the TARGET's factory builds: cpu (default) or cuda[:i]")
-    parser.add_argument("--device-fraction", type=float, default=None, metavar="F",
-                        help="cap the caching allocator at F of the GPU's memory (set_per_process_memory_fraction)")
-    parser.add_argument("--budget-bytes", type=int, default=None, metavar="N",
-                        help="cap the caching allocator at N bytes: a fraction N / total_memory (at most 1)")
-    parser.add_argument("--alloc-conf", default=None, metavar="S",
-                        help="run with PYTORCH_CUDA_ALLOC_CONF=S (set before torch is imported: the runner restarts)")
-    parser.add_argument("--saved", default=None, metavar="F",
-                        help="instead of a TARGET, a file torch.save wrote: {model, inputs, loss_fn, optimizer}")
+    parser.add_argument(
+        "--device-fraction",
+        type=float,
+        default=None,
+        metavar="F",
+        help="cap the caching allocator at F of the GPU's memory (set_per_process_memory_fraction)",
+    )
+    parser.add_argument(
+        "--budget-bytes",
+        type=int,
+        default=None,
+        metavar="N",
+        help="cap the caching allocator at N bytes: a fraction N / total_memory (at most 1)",
+    )
+    parser.add_argument(
+        "--alloc-conf",
+        default=None,
+        metavar="S",
+        help="run with PYTORCH_CUDA_ALLOC_CONF=S (set before torch is imported: the runner restarts)",
+    )
+    parser.add_argument(
+        "--saved",
+        default=None,
+        metavar="F",
+        help="instead of a TARGET, a file torch.save wrote: {model, inputs, loss_fn, optimizer}",
+    )
 
 
 def check_runner_args(args: argparse.Namespace, cuda_available: bool) -> None:
     """The runner's options that make no sense together, refused with a `remat:` error before anything runs."""
     if (args.target is None) == (args.saved is None):
         seen = "both" if args.target is not None else "neither"
-        raise RematError(f"remat: the runner measures a TARGET or a model saved with --saved F; saw {seen}. "
-                         "Fix: give exactly one.")
+        raise RematError(
+            f"remat: the runner measures a TARGET or a model saved with --saved F; saw {seen}. Fix: give exactly one."
+        )
     if args.device_fraction is not None and args.budget_bytes is not None:
-        raise RematError(f"remat: --device-fraction {args.device_fraction} and --budget-bytes {args.budget_bytes} "
-                         "both set the cap; expected one. Fix: give --budget-bytes (the plan's budget) alone.")
+        raise RematError(
+            f"remat: --device-fraction {args.device_fraction} and --budget-bytes {args.budget_bytes} "
+            "both set the cap; expected one. Fix: give --budget-bytes (the plan's budget) alone."
+        )
     if args.device_fraction is not None and not 0 < args.device_fraction <= 1:
-        raise RematError(f"remat: --device-fraction is a fraction of the GPU's memory, in (0, 1]; saw "
-                         f"{args.device_fraction}. Fix: give e.g. --device-fraction 0.5, or --budget-bytes N.")
+        raise RematError(
+            f"remat: --device-fraction is a fraction of the GPU's memory, in (0, 1]; saw "
+            f"{args.device_fraction}. Fix: give e.g. --device-fraction 0.5, or --budget-bytes N."
+        )
     if args.budget_bytes is not None and args.budget_bytes <= 0:
-        raise RematError(f"remat: --budget-bytes is the plan's budget in bytes, more than 0; saw {args.budget_bytes}. "
-                         "Fix: give the budget the plan was made for (`Plan.budget_bytes`).")
+        raise RematError(
+            f"remat: --budget-bytes is the plan's budget in bytes, more than 0; saw {args.budget_bytes}. "
+            "Fix: give the budget the plan was made for (`Plan.budget_bytes`)."
+        )
     if args.alloc_conf is not None and not all(":" in part for part in args.alloc_conf.split(",")):
-        raise RematError(f"remat: --alloc-conf is PYTORCH_CUDA_ALLOC_CONF, key:value[,key:value]; saw "
-                         f"{args.alloc_conf!r}. Fix: give e.g. --alloc-conf {EXPANDABLE}.")
+        raise RematError(
+            f"remat: --alloc-conf is PYTORCH_CUDA_ALLOC_CONF, key:value[,key:value]; saw "
+            f"{args.alloc_conf!r}. Fix: give e.g. --alloc-conf {EXPANDABLE}."
+        )
     _check_device(args, cuda_available)
 
 
@@ -80,16 +107,22 @@ def _check_device(args: argparse.Namespace, cuda_available: bool) -> None:
     except RuntimeError:
         kind = args.device
     if kind not in ("cpu", "cuda"):
-        raise RematError(f"remat: --device {args.device}: the runner measures a step on cpu or cuda. "
-                         "Fix: give --device cuda (or cuda:N), or leave --device out for the CPU.")
+        raise RematError(
+            f"remat: --device {args.device}: the runner measures a step on cpu or cuda. "
+            "Fix: give --device cuda (or cuda:N), or leave --device out for the CPU."
+        )
     given = [o for o in CUDA_ONLY if getattr(args, o[2:].replace("-", "_")) is not None]
     if kind == "cpu" and given:
-        raise RematError(f"remat: {given[0]} is for a CUDA step (its caching allocator), but the step runs on the "
-                         "CPU (no --device cuda). Expected --device cuda with it. Fix: add --device cuda, or drop "
-                         f"{given[0]}: a CPU step's peak is the process's high-water mark.")
+        raise RematError(
+            f"remat: {given[0]} is for a CUDA step (its caching allocator), but the step runs on the "
+            "CPU (no --device cuda). Expected --device cuda with it. Fix: add --device cuda, or drop "
+            f"{given[0]}: a CPU step's peak is the process's high-water mark."
+        )
     if kind == "cuda" and not cuda_available:
-        raise RematError(f"remat: --device {args.device} runs the step on a GPU, but this machine has no CUDA device "
-                         f"(torch {torch.__version__}). Fix: run it on a machine with a GPU, or leave --device out.")
+        raise RematError(
+            f"remat: --device {args.device} runs the step on a GPU, but this machine has no CUDA device "
+            f"(torch {torch.__version__}). Fix: run it on a machine with a GPU, or leave --device out."
+        )
 
 
 def wants_restart(alloc_conf: str | None) -> bool:
@@ -156,8 +189,9 @@ def with_expandable(conf: str) -> str:
     return ",".join(kept + [EXPANDABLE])
 
 
-def cuda_check(model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, target: str | None = None
-               ) -> tuple[CudaCheck, int | None]:
+def cuda_check(
+    model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, target: str | None = None
+) -> tuple[CudaCheck, int | None]:
     """Rules 1-4 for `model` (unplanned; `step_args` = (inputs, loss_fn, optimizer)): the runs, and the Rule-6 peak
     of the planned run that went through (None if none did), for `VerifyReport.independent_peak_bytes`."""
     device = next(p.device for p in model.parameters())
@@ -194,18 +228,30 @@ def _planned_runs(run: Run, budget: int | None, here: bool) -> tuple[dict, int |
     return runs, peak
 
 
-def _fresh_run(model: nn.Module, step_args: tuple, loop: Loop, paths: tuple[str, str, str], target: str | None
-               ) -> tuple[Run | None, str, str]:
+def _fresh_run(
+    model: nn.Module, step_args: tuple, loop: Loop, paths: tuple[str, str, str], target: str | None
+) -> tuple[Run | None, str, str]:
     """(the runs in fresh interpreters, FRESH_PROCESS, "") where the model can be rebuilt in one: from `target`
     when the optimizer is one the runner names, else from `torch.save`; (None, "", why not) otherwise."""
     device, plan_path, tmp = paths
     inputs, loss_fn, optimizer = step_args
     name = _runner_optimizer(optimizer)
     if target is not None and name is not None:
+
         def of_target(planned: bool, cap: int | None, conf: str | None):
-            peak = step_peak_bytes(target, plan_path if planned else None, name, str(loop.step), loop.accumulate,
-                                   keep_output=loop.keep_output, device=device, budget_bytes=cap, alloc_conf=conf)
+            peak = step_peak_bytes(
+                target,
+                plan_path if planned else None,
+                name,
+                str(loop.step),
+                loop.accumulate,
+                keep_output=loop.keep_output,
+                device=device,
+                budget_bytes=cap,
+                alloc_conf=conf,
+            )
             return _step(peak, conf, cap)
+
         return of_target, FRESH_PROCESS, ""
     why = _cannot_save(model)
     saved = str(Path(tmp) / "step.pt")
@@ -223,6 +269,7 @@ def _fresh_run(model: nn.Module, step_args: tuple, loop: Loop, paths: tuple[str,
     def of_saved(planned: bool, cap: int | None, conf: str | None):
         cmd = base + (["--plan", plan_path] if planned else []) + process.device_options(device, cap, conf)
         return _step(run_measuring(cmd, {**env, **process.alloc_env(conf)}), conf, cap)
+
     return of_saved, FRESH_PROCESS, ""
 
 
@@ -245,8 +292,13 @@ def _cannot_save(model: nn.Module) -> str:
 
 
 def _step(peak: ProcessPeak, conf: str | None, cap: int | None) -> tuple[CappedStep, int | None]:
-    step = CappedStep(peak.allocated_peak_bytes, peak.reserved_peak_bytes, peak.out_of_memory,
-                      conf if conf is not None else user_alloc_conf(), cap)
+    step = CappedStep(
+        peak.allocated_peak_bytes,
+        peak.reserved_peak_bytes,
+        peak.out_of_memory,
+        conf if conf is not None else user_alloc_conf(),
+        cap,
+    )
     return step, (None if peak.out_of_memory else peak.peak_bytes)
 
 
@@ -295,6 +347,12 @@ def _capped_here(model: nn.Module, step_args: tuple, loop: Loop, cap: int | None
     finally:
         if cap is not None:
             torch.cuda.set_per_process_memory_fraction(1.0, device)
-    step = CappedStep(max(0, peak.allocated_peak_bytes - held), max(0, peak.reserved_peak_bytes - held), "",
-                      user_alloc_conf(), cap, held)
+    step = CappedStep(
+        max(0, peak.allocated_peak_bytes - held),
+        max(0, peak.reserved_peak_bytes - held),
+        "",
+        user_alloc_conf(),
+        cap,
+        held,
+    )
     return step, peak.peak_bytes

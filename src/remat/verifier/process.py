@@ -70,6 +70,7 @@ from remat.measure.step import make_optimizer, normalize_inputs
 from remat.target import load_target
 from remat.types import Step, load_plan
 
+
 @dataclass(frozen=True)
 class ProcessPeak:
     """One step measured by the process that ran it (Rule 3)."""
@@ -92,8 +93,16 @@ class ProcessPeak:
 
 
 def step_peak_bytes(
-    target: str, plan_path: str | None = None, optimizer: str = "adam", step: str = "steady", accumulate: int = 1,
-    *, keep_output: bool = True, device: str | None = None, budget_bytes: int | None = None, alloc_conf: str | None = None,
+    target: str,
+    plan_path: str | None = None,
+    optimizer: str = "adam",
+    step: str = "steady",
+    accumulate: int = 1,
+    *,
+    keep_output: bool = True,
+    device: str | None = None,
+    budget_bytes: int | None = None,
+    alloc_conf: str | None = None,
 ) -> ProcessPeak:
     """Run the loop of `target` in a fresh interpreter (Rules 1 and 4) and return its measured step's peak.
 
@@ -148,8 +157,9 @@ def run_measuring(cmd: list[str], env: dict[str, str]) -> ProcessPeak:
     raise RuntimeError(f"the measuring process failed ({' '.join(cmd)}):\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
 
 
-def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop,
-                    timed_steps: int = 0) -> ProcessPeak:
+def loop_peak_bytes(
+    model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop, timed_steps: int = 0
+) -> ProcessPeak:
     """Run the user's training loop on `model` here and measure its last step by this process (Rule 3); then
     `timed_steps` more steps, timed only, for a steadier `step_s`."""
     step = normalize_inputs(inputs)
@@ -173,8 +183,9 @@ def loop_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Opt
     return ProcessPeak(peak, resident, min(seconds[1:] or seconds))
 
 
-def cuda_peak_bytes(model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop,
-                    timed_steps: int = 0) -> ProcessPeak:
+def cuda_peak_bytes(
+    model: nn.Module, inputs: Any, loss_fn, opt: torch.optim.Optimizer | None, loop: Loop, timed_steps: int = 0
+) -> ProcessPeak:
     """The same loop on CUDA, counted by the caching allocator (Rule 6).  Changes the model: run it on a snapshot."""
     step = normalize_inputs(inputs)
     held: list = []
@@ -207,7 +218,9 @@ def _workspaces(untracked: int, model: nn.Module) -> int:
     return min(max(0, untracked), 2 * cublas_workspace_bytes(device_arch(device)))
 
 
-def forked_peak_bytes(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop, timed_steps: int = 0) -> ProcessPeak:
+def forked_peak_bytes(
+    model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop, timed_steps: int = 0
+) -> ProcessPeak:
     """`loop_peak_bytes` in a forked copy of this process (Rules 1 and 5): nothing here is changed.
 
     Known limitations: Linux with glibc; the copy runs on one thread."""

@@ -83,8 +83,9 @@ def verify(
     check_optimizer(optimizer, model)
     rounds, progress = TIME_ROUNDS if time_rounds is None else time_rounds, resolve(progress, "verify")
     with _unplanned(compiled, plan):  # applied through the wrapper: a `compiler_budget` plan sets the compiled call
-        report, noise = _compared(compiled, (inputs, loss_fn, optimizer), plan, loop,
-                                  tolerance=tolerance, rounds=rounds, progress=progress)
+        report, noise = _compared(
+            compiled, (inputs, loss_fn, optimizer), plan, loop, tolerance=tolerance, rounds=rounds, progress=progress
+        )
         if any(p.is_cuda for p in model.parameters()):
             say(progress, "the planned step capped at the budget, in a fresh process")
         report = _with_cuda_check(report, compiled, (inputs, loss_fn, optimizer), plan, loop, target=target)
@@ -96,8 +97,9 @@ def _check_plan(plan) -> None:
         raise RematError(f"remat: verify expects a remat.Plan, saw {type(plan).__name__}. Fix: pass remat.plan(...).")
 
 
-def _compared(compiled: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, tolerance: float, rounds: int,
-              progress) -> tuple[VerifyReport, float]:
+def _compared(
+    compiled: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, tolerance: float, rounds: int, progress
+) -> tuple[VerifyReport, float]:
     """The report of the unplanned and planned steps (without the capped CUDA runs), and the gradients' noise.
     Their gradients are let go on return: on a GPU they would count against a cap set in this process."""
     model, (inputs, loss_fn, optimizer) = uncompiled(compiled), step_args
@@ -136,7 +138,9 @@ def _grad_noise(model: nn.Module, inputs: Any, loss_fn, grads: dict[str, torch.T
     return max(((again[n] - g).abs().max().item() for n, g in grads.items() if n in again and g.numel()), default=0.0)
 
 
-def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop, *, times) -> VerifyReport:
+def _report(
+    plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured", independent, loop, *, times
+) -> VerifyReport:
     """The comparison of the unplanned and planned steps; `independent` = (peak bytes or None, counter);
     `times` = `interleaved_times`."""
     grads = _pairs(base.step.grads, planned.step.grads)
@@ -162,7 +166,9 @@ def _report(plan: Plan, tolerance: float, base: "_Measured", planned: "_Measured
     )
 
 
-def interleaved_times(model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, rounds: int) -> tuple[float, float, float]:
+def interleaved_times(
+    model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, rounds: int
+) -> tuple[float, float, float]:
     """(seconds of a step without `plan`, with it, median of the rounds' ratios with/without - 1): `rounds`
     rounds of one step of each in turn, after a warm-up of each (../shared/MEASURING.md); the model is left
     without the plan, and its state (parameters, optimizer, RNG) as before."""
@@ -243,8 +249,9 @@ def independent_peak(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Lo
     return (measured.peak_bytes if measured else None), counter
 
 
-def independent_step(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop,
-                     timed_steps: int = 0) -> tuple[ProcessPeak | None, str]:
+def independent_step(
+    model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop, timed_steps: int = 0
+) -> tuple[ProcessPeak | None, str]:
     """`independent_peak` with the rest of what the counter saw: the resident bytes and the step's seconds, the
     fastest of the steps after the first, `timed_steps` more of them included."""
     device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -261,15 +268,18 @@ def independent_step(model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Lo
     return None, ""
 
 
-def _with_cuda_check(report: VerifyReport, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *,
-                     target: str | None) -> VerifyReport:
+def _with_cuda_check(
+    report: VerifyReport, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, target: str | None
+) -> VerifyReport:
     """On CUDA, `report` with the capped runs of NOTE [The budget is the GPU's memory] and their Rule-6 peak as the
     counter's; on CPU `report` as it is."""
     if not any(p.is_cuda for p in model.parameters()):
         return report
     check, peak = cuda_check(model, step_args, plan, loop, target)
     counter = f"{CUDA_COUNTER} ({check.where})" + (COMPILED_STEP if is_compiled(model) else "")
-    return replace(report, cuda=check, independent_peak_bytes=peak, independent_counter=counter if peak is not None else "")
+    return replace(
+        report, cuda=check, independent_peak_bytes=peak, independent_counter=counter if peak is not None else ""
+    )
 
 
 PLANNED_FIX = (
@@ -310,8 +320,16 @@ class _Measured:
     def of(cls, model: nn.Module, inputs: Any, loss_fn, optimizer, loop: Loop) -> "_Measured":
         step = _run(model, inputs, loss_fn)
         moved = offloaded_bytes(model)
-        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer, step=loop.step, accumulate=loop.accumulate,
-                       keep_output=loop.keep_output, timed=False)  # the peak alone: the times are interleaved_times
+        prof = profile(
+            model,
+            inputs,
+            loss_fn=loss_fn,
+            optimizer=optimizer,
+            step=loop.step,
+            accumulate=loop.accumulate,
+            keep_output=loop.keep_output,
+            timed=False,
+        )  # the peak alone: the times are interleaved_times
         return cls(step, prof.peak_bytes, moved)
 
 
