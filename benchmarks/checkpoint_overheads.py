@@ -1,5 +1,5 @@
 """What checkpointing itself costs per op on this machine's CPU, beyond the ops it re-runs: the figures behind
-`remat.measure.roofline.HOST_CHECKPOINT_OP_S` and `HOST_SELECTIVE_OP_S` (NOTE [The seconds of a step], Rule 5).
+`remat.measure.device.roofline.HOST_CHECKPOINT_OP_S` and `HOST_SELECTIVE_OP_S` (NOTE [The seconds of a step], Rule 5).
 
 A chain of small ops (linear, silu, mul, add on 4x64 tensors, whose kernels take next to nothing) runs forward
 and backward plain, under a non-reentrant checkpoint, and under a selective checkpoint that saves nothing;
@@ -25,7 +25,7 @@ import torch.nn as nn  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 
 from _common import machine_info, main_or_worker, md_table, run_fresh, write_results  # noqa: E402
-from remat.measure.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S  # noqa: E402
+from remat.measure.device.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S  # noqa: E402
 from remat.measure.timing import best_of  # noqa: E402
 
 CHAIN = 50

@@ -1,9 +1,9 @@
 """What pointwise and normalisation ops cost on this machine's CPU against one pass over their bytes: the figures
-behind `remat.measure.roofline.CPU_PASSES` (NOTE [An op's seconds, predicted], Rule 4).
+behind `remat.measure.device.roofline.CPU_PASSES` (NOTE [An op's seconds, predicted], Rule 4).
 
 Each op runs on float32 tensors of 8 x 512 x 1024 (16 MiB, past the caches), every op once per round in a
 fixed order, over ROUNDS rounds after a warm-up round, 2 threads; an op's figure is the least over the rounds
-of its seconds over the nominal CPU's roofline (`remat.measure.roofline.op_seconds` with no CPU_PASSES: its
+of its seconds over the nominal CPU's roofline (`remat.measure.device.roofline.op_seconds` with no CPU_PASSES: its
 bytes at the nominal bandwidth).  Ops at about 1 stream their bytes; a transcendental function computes more
 per element than the memory can feed (tanh, erf, exp, log): those above PASSES_AT go into CPU_PASSES.  The least,
 not the median: a shared machine only ever adds (the medians moved 15-30% between runs, the least 1-5%).
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import torch  # noqa: E402
 
 from _common import machine_info, md_table, write_results  # noqa: E402
-from remat.measure import roofline  # noqa: E402
+from remat.measure.device import roofline  # noqa: E402
 
 ROUNDS = 15
 SHAPE = (8, 512, 1024)

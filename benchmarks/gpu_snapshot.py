@@ -63,7 +63,7 @@ def _sdpa_call(args, kwargs) -> dict:
     import dataclasses
     import warnings
 
-    from remat.measure.cuda_kernels import Attention, cuda_backend
+    from remat.measure.device.cuda_kernels import Attention, cuda_backend
 
     call = Attention(*args, **kwargs)  # torch's names and defaults
     a = {f.name: getattr(call, f.name) for f in dataclasses.fields(call)}

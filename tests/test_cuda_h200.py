@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 
 import remat
-from remat.measure import cuda_kernels
-from remat.measure.cuda_workspaces import CudaWorkspaces, _reduction_staging
+from remat.measure.device import cuda_kernels
+from remat.measure.device.cuda_workspaces import CudaWorkspaces, _reduction_staging
 
 ROOT = Path(__file__).resolve().parent.parent
 FACTS = ROOT / "tests" / "gpu_facts" / "h200"

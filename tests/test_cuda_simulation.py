@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import remat
 from remat import zoo
 from remat._torch_compat import FakeTensorMode
-from remat.measure import cuda_kernels
-from remat.measure.cuda_workspaces import CudaWorkspaces
+from remat.measure.device import cuda_kernels
+from remat.measure.device.cuda_workspaces import CudaWorkspaces
 from remat.measure.tracker import Tracker
 
 FACTS = Path(__file__).parent / "gpu_facts" / "h100"
@@ -177,7 +177,7 @@ def test_each_zoo_models_steady_step_is_predicted_within_two_percent_of_the_h100
 
 def test_the_cublas_workspace_is_sized_as_torch_sizes_it(monkeypatch):
     """Rule 1: torch's default per thread (32 MiB on sm90, ":4096:2:16:8" elsewhere), or CUBLAS_WORKSPACE_CONFIG."""
-    from remat.measure.cuda_workspaces import cublas_workspace_bytes
+    from remat.measure.device.cuda_workspaces import cublas_workspace_bytes
 
     monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
     assert cublas_workspace_bytes("sm90") == 33554432 == OP_FACTS_CUBLAS

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import remat
 from remat import zoo
-from remat.measure.cuda_kernels import cuda_backend
+from remat.measure.device.cuda_kernels import cuda_backend
 
 B, H, L, D = 2, 4, 256, 64  # batch, heads, sequence, head size: a (B, H, L, L) float32 matrix is 2 MiB
 

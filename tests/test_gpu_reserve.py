@@ -16,7 +16,7 @@ import remat
 from remat import zoo
 from remat.cli import main
 from remat.gpu_fit import RESERVE_MARGIN, fit_reserve
-from remat.measure.cuda_allocator import (
+from remat.measure.device.cuda_allocator import (
     LARGE_BUFFER,
     MiB,
     CachingAllocator,

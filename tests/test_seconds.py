@@ -15,7 +15,7 @@ import torch.nn as nn
 
 import remat
 from remat import zoo
-from remat.measure import roofline
+from remat.measure.device import roofline
 from remat.measure.timing import RANK_NOTE, UNMATCHED_NOTE, same_seconds_for_copies
 from remat.measure.tracker import OpRecord
 from remat.planner.problem import Problem

@@ -19,7 +19,7 @@ from remat.types.reserve import EXPANDABLE, GpuReserve
 
 # NOTE [A plan fits the GPU's reserve]
 # On CUDA a budget is what the GPU has, and the caching allocator reserves more than the live tensors the planner
-# counts (NOTE [The caching allocator's reserve] in `remat.measure.cuda_allocator`): on an H200 (2026-11-26) none
+# counts (NOTE [The caching allocator's reserve] in `remat.measure.device.cuda_allocator`): on an H200 (2026-11-26) none
 # of nine plans made to a budget of tensor bytes ran under a cap of that budget.  With the model at hand
 # (`remat.auto`, `remat plan TARGET`), a plan for a CUDA step is checked before it is returned:
 # Rule 1: the planned step is profiled in fake mode on the profile's device, with its loop and optimizer, and

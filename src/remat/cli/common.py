@@ -16,7 +16,7 @@ from rich.status import Status
 
 import remat
 from remat.errors import RematError
-from remat.measure.roofline import NAMES
+from remat.measure.device.roofline import NAMES
 from remat.progress import PhaseLines
 from remat.report.plot import plot_timeline
 from remat.target import Target, load_target

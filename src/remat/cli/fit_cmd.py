@@ -8,7 +8,7 @@ from pathlib import Path
 
 from remat.cli.common import spinner, write
 from remat.fit import DTYPES, KINDS, will_it_fit
-from remat.measure.roofline import GPUS
+from remat.measure.device.roofline import GPUS
 
 
 def register(verbs) -> None:

@@ -9,7 +9,7 @@ NOTE [A GPU's memory, named]
           torch's caching allocator reserves, and is not counted: the 4% margin a GPU budget keeps
           (NOTE [A plan fits the GPU's reserve]) is all the room left for it.  On a card that also drives a
           display, pass the free memory as a size instead.
-  Rule 3. Seconds are predicted by a roofline remat knows (`remat.measure.roofline`): the GPU's own where it
+  Rule 3. Seconds are predicted by a roofline remat knows (`remat.measure.device.roofline`): the GPU's own where it
           has one, else the known GPU whose ratio of bf16 FLOP/s to bandwidth is nearest (an RTX 4090's
           165 TFLOP/s over 1.0 TB/s is nearest an A100's 312 over 2.0); `--hardware` picks another.  Only the
           plan's overhead in percent is printed, which depends on that ratio more than on the rates.
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from remat.errors import RematError
-from remat.measure.roofline import DEFAULT_GPU, GPUS
+from remat.measure.device.roofline import DEFAULT_GPU, GPUS
 from remat.planner.budget import UNITS
 
 

@@ -15,10 +15,10 @@ import torch.nn as nn
 
 from remat.errors import RematError, listing
 from remat.measure.blocks import BlockIO, block_profiles
-from remat.measure.cuda_allocator import gpu_reserve
+from remat.measure.device.cuda_allocator import gpu_reserve
 from remat._torch_compat.distributed import fsdp_gathered
 from remat.measure.loop import optimizer_state, tensors_in
-from remat.measure.roofline import Hardware
+from remat.measure.device.roofline import Hardware
 from remat.measure.tracker import Tracker
 from remat.types import Breakdown, Mode, StepProfile, Timeline
 

@@ -16,10 +16,11 @@ from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
-from remat.measure import cuda_kernels, cuda_workspaces, fake, roofline, scratch
+from remat.measure import scratch
+from remat.measure.device import cuda_kernels, cuda_workspaces, fake, roofline
 from remat.measure.blocks import BlockIO
 from remat.measure.build import Setup, build_profile, classify, register_state
-from remat.measure.cuda_allocator import ROUND
+from remat.measure.device.cuda_allocator import ROUND
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state
 from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
 from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note

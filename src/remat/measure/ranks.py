@@ -32,7 +32,7 @@ import torch.nn as nn
 from remat._torch_compat import tensor_leaves, tree_map
 from remat._torch_compat.distributed import fake_process_group
 from remat.errors import RematError
-from remat.measure import fake
+from remat.measure.device import fake
 from remat.measure.parallel import is_ddp, is_sharded
 from remat.module_tree import find_candidates, has_remat_wrappers, main_chain
 from remat.types.kinds import Mode

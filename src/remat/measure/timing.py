@@ -15,7 +15,7 @@ NOTE [The seconds of a step]
           ops (by name) in the same order; otherwise (a forward that depends on its data) the
           tracked step's own times stay, and the profile says so.
   Rule 3. In fake mode each op's seconds are predicted by the roofline of the target
-          (NOTE [An op's seconds, predicted] in `remat.measure.roofline`), and the step's are
+          (NOTE [An op's seconds, predicted] in `remat.measure.device.roofline`), and the step's are
           their sum.
   Rule 4. A rank of a DDP or FSDP2 job is not timed: every rank must make the same plan, and
           measured seconds differ between ranks.  Its ops count 0 seconds, and plans of it
@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from remat._torch_compat import TorchDispatchMode, op_name
 from remat.measure.build import Setup
-from remat.measure.roofline import overheads_on
+from remat.measure.device.roofline import overheads_on
 from remat.measure.loop import Loop, clear_grads, micro_batch
 from remat.measure.step import StepInputs, run_user_code
 from remat.module_tree import class_name, within

@@ -58,7 +58,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
 from remat._torch_compat.schema import runs_no_kernel, written_tensors
-from remat.measure.roofline import Hardware, op_seconds
+from remat.measure.device.roofline import Hardware, op_seconds
 from remat.ops import op_signature
 
 

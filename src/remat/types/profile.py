@@ -335,7 +335,7 @@ class StepProfile:
     copy on one thread); 0.0 otherwise."""
     gpu_reserve: GpuReserve | None = None
     """Of a CUDA step, what the caching allocator would allocate and reserve for it, replayed
-    (NOTE [The caching allocator's reserve] in `remat.measure.cuda_allocator`); None on CPU."""
+    (NOTE [The caching allocator's reserve] in `remat.measure.device.cuda_allocator`); None on CPU."""
 
     @property
     def timed(self) -> bool:

@@ -1,5 +1,5 @@
 """`GpuReserve`: what CUDA's caching allocator would hold for a step (NOTE [The caching allocator's reserve] in
-`remat.measure.cuda_allocator`)."""
+`remat.measure.device.cuda_allocator`)."""
 
 from __future__ import annotations
 

@@ -63,7 +63,7 @@ from remat.procmem import (
     reset_high_water_mark,
     resident_bytes,
 )
-from remat.measure.cuda_workspaces import cublas_workspace_bytes, device_arch
+from remat.measure.device.cuda_workspaces import cublas_workspace_bytes, device_arch
 from remat.measure.loop import Loop, clear_grads, optimizer_step_of_loop, resident_tensors, storage_bytes, tensors_in
 from remat.measure.parallel import ddp_bucket_total
 from remat.measure.step import make_optimizer, normalize_inputs

@@ -60,8 +60,8 @@ import re
 import torch
 
 from remat._torch_compat import op_name, tensor_leaves
-from remat.measure.fake import host_step_counters
-from remat.measure.cuda_allocator import ROUND
+from remat.measure.device.fake import host_step_counters
+from remat.measure.device.cuda_allocator import ROUND
 from remat.measure.tracker import StorageRecord, Tracker, rounded_bytes
 
 ARCH = {"H100": "sm90", "H200": "sm90", "A100": "sm80", "L4": "sm89"}
