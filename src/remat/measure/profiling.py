@@ -39,7 +39,7 @@ from remat.measure.timing import StepTimes, host_bandwidth, identity, settle, ti
 from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
 from remat.progress import Progress, resolve, say
-from remat.types import Mode, Step, StepProfile
+from remat.types import Mode, ParallelKind, Step, StepProfile
 
 SIMULATED_NOTE = (
     "CUDA target simulated on CPU: storages rounded to 512 bytes like the CUDA caching allocator; "
@@ -229,7 +229,8 @@ class _Run:
         prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s, self.notes)
         if restore is not None and self._measures_scratch(prof):
             say(self.progress, "kernel scratch, in a copy of the process")
-            tracker.scratch = self._measured_scratch(tracker.scratch_probe.signatures, step, opt, restore)
+            probe: Any = tracker.scratch_probe  # the `_scratch_probe()` set above: a measuring one
+            tracker.scratch = self._measured_scratch(probe.signatures, step, opt, restore)
             prof = build_profile(class_name(self.model), tracker, io, self.setup, step_s, self.notes)
         return self._with_loop(prof, opt, lead.first_peak, timing)
 
@@ -254,13 +255,13 @@ class _Run:
         notes += par.notes() if self.setup.mode == Mode.REAL else []  # a prediction says so itself
         prof = dataclasses.replace(
             prof,
-            step=str(self.loop.step),
+            step=Step(self.loop.step),
             accumulate=self.loop.accumulate,
             keep_output=self.loop.keep_output,
             optimizer=type(opt).__name__ if opt is not None else "",
             first_step_peak_bytes=first_peak,
             notes=prof.notes + notes,
-            parallel=par.kind,
+            parallel=ParallelKind(par.kind),
             world_size=par.world_size,
             rank=par.rank,
             **timing,
@@ -273,7 +274,7 @@ class _Run:
         """A CUDA step's memory that is no tensor: cuBLAS's workspaces, and (fake) Adam's host step counters
         left out (NOTE [CUDA memory that is no tensor], Rule 1); a real step notes the allocator's own peak."""
         steady = self.loop.step == Step.STEADY
-        if self.setup.fake_cuda:
+        if self.setup.fake_cuda and self.setup.hardware is not None:  # a fake step always has its roofline
             cuda_workspaces.as_cuda_holds_it(tracker, opt, self.setup.hardware.name, steady)
         if self.setup.cuda_real:
             torch.cuda.synchronize()

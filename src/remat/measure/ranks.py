@@ -157,7 +157,8 @@ def optimizer_for(optimizer: Any, model: nn.Module, sharded: nn.Module) -> Any:
         {**{k: v for k, v in g.items() if k != "params"}, "params": [params[names[id(p)]] for p in g["params"]]}
         for g in optimizer.param_groups
     ]
-    return lambda _: type(optimizer)(groups)
+    make: Any = type(optimizer)  # an optimizer class, called with the groups its defaults already filled
+    return lambda _: make(groups)
 
 
 def wrap_label(wrap: Any) -> str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -41,7 +42,8 @@ def swapped_tensors(
     table: dict[int, torch.Tensor] = {}
     try:
         for mod in model.modules():
-            for store, is_param in ((mod._parameters, True), (mod._buffers, False)):
+            stores: tuple[tuple[dict[str, Any], bool], ...] = ((mod._parameters, True), (mod._buffers, False))
+            for store, is_param in stores:
                 for name, t in list(store.items()):
                     if t is None or (keep_fake and isinstance(local_tensor(t), FakeTensor)):
                         continue
@@ -100,10 +102,11 @@ def fake_optimizer(opt: torch.optim.Optimizer, table: dict[int, torch.Tensor], m
     groups = []
     for g in opt.param_groups:
         groups.append({**{k: v for k, v in g.items() if k != "params"}, "params": [table[id(p)] for p in g["params"]]})
+    make: Any = type(opt)  # an optimizer class: its own defaults, if it takes none by keyword
     try:
-        new = type(opt)(groups, **opt.defaults)
+        new = make(groups, **opt.defaults)
     except TypeError:
-        new = type(opt)(groups)
+        new = make(groups)
     for p, st in opt.state.items():
         if id(p) in table:
             new.state[table[id(p)]] = {k: _fake_state(v, mode, device) for k, v in st.items()}
