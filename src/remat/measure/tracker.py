@@ -145,7 +145,8 @@ class OpRecord:
     """`remat.ops.op_signature`: its name and its tensor arguments' shapes."""
     predicted_s: float = 0.0
     """Its seconds by the roofline (NOTE [An op's seconds, predicted]): the same on every run, for orders that the
-    clock's noise must not decide (NOTE [Which outputs a selective checkpoint keeps], Rule 2)."""
+    clock's noise must not decide (NOTE [Which outputs a selective checkpoint keeps], Rule 2); in a real step 0 but
+    for forward ops, the ones ranked."""
 
 
 @dataclass
@@ -175,7 +176,8 @@ class Tracker(_SeesResizes):
     roofline: Hardware | None = None
     """Predicts each op's seconds instead of the clock (fake mode: NOTE [An op's seconds, predicted])."""
     nominal: Hardware | None = None
-    """A real step's: predicts each op's `predicted_s` beside the clock's seconds (the device's nominal roofline)."""
+    """A real step's: predicts its forward ops' `predicted_s` beside the clock's seconds (the device's nominal
+    roofline); only forward ops are ranked, and the prediction costs ~17 us an op on the tracker's hot path."""
 
     def __post_init__(self):
         super().__init__()
@@ -287,7 +289,7 @@ class Tracker(_SeesResizes):
                 self._made_by[t] = len(self.ops)
         if probe is not None:
             self.scratch.append(probe.stop(started, func, args, kwargs, out))
-        flops, hw = flops_of(func, args, kwargs, out), self.roofline or self.nominal
+        flops, hw = flops_of(func, args, kwargs, out), self.roofline or (self.nominal if reads_forward else None)
         predicted = op_seconds(hw, func, args, kwargs, out, flops) if hw is not None else 0.0
         dt = predicted if self.roofline is not None else dt
         self.ops.append(
