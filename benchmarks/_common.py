@@ -10,6 +10,8 @@ import os
 import platform
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -21,9 +23,9 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
 WORKER = HERE / "_worker.py"
+STEP = "_step.py:measure"
+"""The task that measures one step of one benchmark model (`run_fresh(STEP, spec)`)."""
 MiB = 2**20
-RESULT = "RESULT "
-"""The line a fresh-interpreter worker prints its JSON result on."""
 
 
 # -- the machine ---------------------------------------------------------------------------------
@@ -96,18 +98,14 @@ def machine_line(info: dict) -> str:
 # -- tables and results --------------------------------------------------------------------------
 
 
-def md_table(headers: list[str], rows: list[list]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:,.1f}"
-        return str(v)
-
-    cells = [[fmt(v) for v in r] for r in rows]
-    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells else len(h) for i, h in enumerate(headers)]
+def md_table(headers: list[str], rows: list[list], *, pad: bool = True) -> str:
+    """The benchmarks' one table renderer: a markdown table, floats with one decimal; columns padded to their
+    widest cell, or (`pad=False`, for tables with long cells) left as they are."""
+    cells = [[f"{v:,.1f}" if isinstance(v, float) else str(v) for v in r] for r in rows]
+    widths = [max(len(h), *(len(c[i]) for c in cells)) if cells and pad else 0 for i, h in enumerate(headers)]
     line = lambda vals: "| " + " | ".join(v.ljust(w) for v, w in zip(vals, widths)) + " |"  # noqa: E731
-    out = [line(headers), "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
-    out += [line(c) for c in cells]
-    return "\n".join(out)
+    rule = "|" + "|".join("-" * (w + 2) for w in widths) + "|" if pad else "|" + "|".join("---" for _ in headers) + "|"
+    return "\n".join([line(headers), rule] + [line(c) for c in cells])
 
 
 def results_markdown(title: str, info: dict, command: str, sections: list[tuple[str, str]]) -> str:
@@ -149,26 +147,32 @@ def fresh_env(extra: dict | None = None) -> dict:
     return env
 
 
-def run_fresh(script: str | Path, spec: dict, *, env_extra: dict | None = None, timeout: int = 1800) -> dict:
-    """Run `python SCRIPT --worker SPEC` in a fresh interpreter (`fresh_env`); return its RESULT json.
-
-    SCRIPT ends in `main_or_worker(main, worker)`; `WORKER` (benchmarks/_worker.py) measures one step
-    of one benchmark model."""
-    cmd = [sys.executable, str(script), "--worker", json.dumps(spec)]
-    done = subprocess.run(cmd, env=fresh_env(env_extra), capture_output=True, text=True, timeout=timeout)
-    for line in done.stdout.splitlines():
-        if line.startswith(RESULT):
-            return json.loads(line[len(RESULT) :])
-    raise RuntimeError(f"worker failed for {spec}:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-
-
-def main_or_worker(main, worker) -> None:
-    """A script's entry point: `--worker SPEC` (what run_fresh starts) prints `RESULT` and worker(spec)'s
-    JSON; anything else runs main()."""
-    if len(sys.argv) == 3 and sys.argv[1] == "--worker":
-        print(RESULT + json.dumps(worker(json.loads(sys.argv[2]))), flush=True)
-    else:
-        main()
+def run_fresh(task: str, spec: dict, *, env_extra: dict | None = None, timeout: float = 1800, progress=None) -> dict:
+    """Run TASK (`FILE:FUNCTION`, FILE under benchmarks/) on SPEC in a fresh interpreter: `WORKER`
+    (benchmarks/_worker.py) under `fresh_env(env_extra)`; return the JSON result.  Each line the task prints
+    goes to `progress` as it comes; the child is killed after `timeout` seconds.  A task that fails raises
+    RuntimeError with the end of its output."""
+    with tempfile.TemporaryDirectory(prefix="remat-bench-") as tmp:
+        spec_path, out_path = Path(tmp) / "spec.json", Path(tmp) / "out.json"
+        spec_path.write_text(json.dumps(spec))
+        cmd = [sys.executable, str(WORKER), task, str(spec_path), str(out_path)]
+        child = subprocess.Popen(
+            cmd, env=fresh_env(env_extra), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        timer = threading.Timer(timeout, child.kill)
+        timer.start()
+        lines = []
+        try:
+            for line in child.stdout or ():
+                lines.append(line)
+                if progress is not None:
+                    progress(line.rstrip())
+        finally:
+            rc = child.wait()
+            timer.cancel()
+        if rc != 0 or not out_path.exists():
+            raise RuntimeError(f"worker {task} exited {rc} for {spec}:\n{''.join(lines)[-3000:]}")
+        return json.loads(out_path.read_text())
 
 
 def cumulative_by_phase(timeline) -> dict[str, int]:

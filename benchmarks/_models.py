@@ -1,18 +1,20 @@
-"""The benchmark models, by name, built from `remat.zoo` (random weights, nothing downloaded),
-and checkpoints applied to them by hand with torch's own tools.
+"""The benchmark models, by name (`_catalog.py` has their titles and sizes), built from `remat.zoo` (random
+weights, nothing downloaded), and checkpoints applied to them by hand with torch's own tools.
 
-`build(name, kwargs, segments=0)` returns `(model, inputs, loss_fn)`; `plain_step` runs the
-training step exactly as `remat.profile` runs it (forward, loss, backward, optimizer step,
-output and loss held through backward), without any tracking.  `apply_by_hand(model, how)`
-checkpoints a model as a user would without remat (a JSON-able `how`, so that a fresh
-interpreter can rebuild it).
+`build(name, kwargs, segments=0)` returns `(model, inputs, loss_fn)` at the model's "worker" size (`kwargs` over
+it); `build_sized(name, size, device)` at a named size on a device; `make_bench(name, size)` a `Bench` (what the peers
+benchmark checkpoints "per block" and which list its forward loops over).  `plain_step` runs the training step
+exactly as `remat.profile` runs it (forward, loss, backward, optimizer step, output and loss held through
+backward), without any tracking.  `apply_by_hand(model, how)` checkpoints a model as a user would without remat
+(a JSON-able `how`, so that a fresh interpreter can rebuild it).
 """
 
 from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -24,11 +26,13 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
+from _catalog import SIZES
 from remat import zoo
 from remat._torch_compat import FakeTensorMode
 from remat.ops import SAVE_OPS
 
 HETERO_WIDTHS = (64, 256, 1024, 2048, 1024, 256, 512, 64, 1024, 2048, 128, 512, 256, 1024, 64)
+NOT_A_LOOP = "the forward is not a plain loop over one list of modules"
 
 
 def hetero_chain(batch: int = 8192, widths=HETERO_WIDTHS):
@@ -47,18 +51,84 @@ def chain100(batch: int = 4096, seed: int = 0):
     return hetero_chain(batch, widths)
 
 
-# name -> (factory, default kwargs)
-MODELS = {
-    "chain": (zoo.chain_report001, {"width": 1024, "blocks": 32, "batch": 8192}),
-    "ff000": (zoo.mlp_report000, {"hidden": 512, "intermediate": 2048, "layers": 8, "seq": 512, "batch": 8}),
-    "gpt2": (zoo.gpt2, {"n_layer": 4, "n_embd": 512, "n_head": 8, "seq": 512, "batch": 2, "vocab": 8192}),
-    "bert": (zoo.bert, {"n_layer": 4, "hidden": 512, "heads": 8, "seq": 256, "batch": 4, "vocab": 8192}),
-    "cnn_bn": (zoo.cnn_bn, {"batch": 64, "size": 64}),
-    "skipnet": (zoo.skipnet, {"width": 1024, "depth": 4, "batch": 4096}),
-    "cnn002": (zoo.cnn_report002, {"batch": 100}),
-    "hetero": (hetero_chain, {}),
-    "chain100": (chain100, {}),
-    "gpt2_medium": (zoo.gpt2_medium, {}),
+def paired_chain(width: int, blocks: int, batch: int):
+    """Report 001's chain: `blocks` x [Linear(w, w), ReLU] then a Sigmoid, in a plain nn.Sequential whose
+    children are the Linear+ReLU pairs (same ops as the report's flat Sequential).  A plain
+    nn.Sequential, not a subclass: remat plans segments only when the container's class name is
+    "Sequential" (see docs/peers.md, "Bugs found")."""
+    torch.manual_seed(0)
+    pairs = [nn.Sequential(nn.Linear(width, width), nn.ReLU()) for _ in range(blocks)]
+    return nn.Sequential(*pairs, nn.Sigmoid()), torch.randn(batch, width)
+
+
+def resmlp(width: int, depth: int, batch: int):
+    """remat.zoo.skipnet (the encoder's outputs added back to the mirrored decoder blocks) with
+    nn.Dropout(0.1) at the end of every block; sum loss."""
+    model, x = zoo.skipnet(width=width, depth=depth, batch=batch)
+    for block in (*model.down, *model.up):
+        block.append(nn.Dropout(0.1))
+    return model, x
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a named model is built, and what a user would checkpoint in it."""
+
+    make: Callable[..., tuple]
+    """The factory: keyword arguments -> (model, inputs) or (model, inputs, loss_fn)."""
+    blocks: Callable[[dict], list[str]] | None = None
+    """Modules a user checkpoints one by one; None: the Hugging Face layers (GradientCheckpointingLayer)."""
+    sequence: Callable[[nn.Module], list[nn.Module]] | None = None
+    """The list the forward loops over (checkpoint_sequential / Chen), or None."""
+    why: str = NOT_A_LOOP
+    """Why there is no such list."""
+    autocast: bool = False
+    """Its forward runs under bf16 autocast (`Autocast`)."""
+
+
+def _down_up(kw: dict) -> list[str]:
+    return [f"{part}.{i}" for part in ("down", "up") for i in range(kw["depth"])]
+
+
+def _sdpa(factory: Callable[..., tuple]) -> Callable[..., tuple]:
+    """The Hugging Face factory with PyTorch's fused attention (`scaled_dot_product_attention`) asked for."""
+    return lambda **kw: factory(**kw, attn="sdpa")
+
+
+_SKIPS = "long skip connections: the encoder's outputs are used again by the decoder"
+MODELS: dict[str, Recipe] = {
+    "chain": Recipe(zoo.chain_report001),
+    "ff000": Recipe(zoo.mlp_report000),
+    "mlp000": Recipe(
+        zoo.mlp_report000, lambda kw: [f"layers.{i}" for i in range(kw["layers"])], lambda m: list(m.layers)
+    ),
+    "chain001": Recipe(paired_chain, lambda kw: [str(i) for i in range(kw["blocks"])], lambda m: list(m)),
+    "cnn002": Recipe(
+        zoo.cnn_report002,
+        lambda kw: ["conv1", "conv2", "conv3", "fc1"],
+        why=NOT_A_LOOP + " (F.relu and flatten between the layers)",
+    ),
+    "cnn_bn": Recipe(zoo.cnn_bn),
+    "gpt2": Recipe(zoo.gpt2, why="HF layers take masks and caches besides the hidden states"),
+    "gpt2_medium": Recipe(zoo.gpt2_medium),
+    "bert": Recipe(zoo.bert, why="HF layers take masks besides the hidden states"),
+    "bert_base": Recipe(zoo.bert),
+    "bert_base_mlm": Recipe(_sdpa(zoo.bert)),
+    "llama": Recipe(zoo.llama, why="HF layers take position embeddings and masks"),
+    "llama_gqa": Recipe(_sdpa(zoo.llama), autocast=True),
+    "llama_style_decoder": Recipe(_sdpa(zoo.llama), autocast=True),
+    "t5": Recipe(zoo.t5),
+    "vit": Recipe(zoo.vit, why="HF layers are called with extra arguments"),
+    "skipnet": Recipe(zoo.skipnet, _down_up, why=_SKIPS),
+    "resmlp": Recipe(resmlp),
+    "unet": Recipe(
+        zoo.unet,
+        lambda kw: ["stem", *_down_up(kw)],
+        why="long skip connections: each down stage's output is concatenated into an up stage",
+    ),
+    "unet_bn": Recipe(lambda **kw: zoo.unet(**kw, batchnorm=True)),
+    "hetero": Recipe(hetero_chain),
+    "chain100": Recipe(chain100),
 }
 
 
@@ -87,21 +157,88 @@ class Autocast(nn.Module):
             return self.inner(**batch)
 
 
+def _made(name: str, kw: dict, autocast_device: str) -> tuple:
+    """(model, inputs, loss_fn) of the factory, the model in `Autocast` where its recipe says so."""
+    recipe = MODELS[name]
+    torch.manual_seed(0)
+    out = recipe.make(**kw)
+    model, inputs, loss_fn = out if len(out) == 3 else (*out, None)
+    return (Autocast(model, autocast_device) if recipe.autocast else model), inputs, loss_fn
+
+
 def build(name: str, kwargs: dict | None = None, segments: int = 0, use_reentrant: bool = False, *, fake: bool = False):
-    """`(model, inputs, loss_fn)`; `segments` wraps an nn.Sequential in checkpoint_sequential; `fake`
-    builds it under FakeTensorMode (nothing allocated)."""
-    factory, defaults = MODELS[name]
+    """`(model, inputs, loss_fn)` at the model's "worker" size, `kwargs` over it; `segments` wraps an
+    nn.Sequential in checkpoint_sequential; `fake` builds it under FakeTensorMode (nothing allocated)."""
+    kw = {**SIZES["worker"].get(name, {}), **(kwargs or {})}
     if fake:
         with FakeTensorMode(allow_non_fake_inputs=True):
-            out = factory(**{**defaults, **(kwargs or {})})
+            model, inputs, loss_fn = _made(name, kw, "cpu")
     else:
-        out = factory(**{**defaults, **(kwargs or {})})
-    model, inputs, loss_fn = (out + (None,))[:3] if len(out) == 2 else out
+        model, inputs, loss_fn = _made(name, kw, "cpu")
     if segments:
         if not isinstance(model, nn.Sequential):
             raise ValueError(f"segments= needs an nn.Sequential model, {name} is {type(model).__name__}")
         model = CheckpointedSequential(model, segments, use_reentrant)
     return model, inputs, loss_fn
+
+
+def build_sized(name: str, size: str, device: str = "cpu", autocast_device: str | None = None) -> tuple:
+    """`(model, inputs, loss_fn)` at `SIZES[size]`, built on `device` from the seed (inputs and loss targets too):
+    the same module names on every machine.  `autocast_device`: the device type a bf16 model's autocast names
+    ("cuda" for a plan made on the CPU for a GPU)."""
+    with torch.device(device):
+        model, inputs, loss_fn = _made(name, dict(SIZES[size][name]), autocast_device or device)
+    return model.train(), inputs, loss_fn
+
+
+@dataclass
+class Bench:
+    """A model of the peers benchmark, with what its users checkpoint."""
+
+    name: str
+    model: nn.Module
+    inputs: Any  # a tensor or a dict of keyword arguments
+    loss_fn: Callable | None
+    hf: bool
+    blocks: list[str]
+    """Modules a user checkpoints one by one ("every block", selective per block)."""
+    sequence: Callable[[nn.Module], list[nn.Module]] | None = None
+    """The list the forward loops over (checkpoint_sequential / Chen), or None."""
+    no_sequence_why: str = ""
+    size: dict = field(default_factory=dict)
+    param_names: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.param_names = {id(p): n for n, p in self.model.named_parameters()}
+
+    def call(self, model: nn.Module | Callable | None = None):
+        return call(self.model if model is None else model, self.inputs)
+
+    def loss(self, out) -> torch.Tensor:
+        return loss_of(out, self.loss_fn)
+
+    def describe(self) -> str:
+        return ", ".join(f"{k} {v}" for k, v in self.size.items())
+
+
+def hf_layers(model: nn.Module) -> list[str]:
+    """The layers Hugging Face's own activation checkpointing wraps (GradientCheckpointingLayer)."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    names = [n for n, m in model.named_modules() if isinstance(m, GradientCheckpointingLayer)]
+    if not names:
+        raise RuntimeError(f"{type(model).__name__}: no GradientCheckpointingLayer found")
+    return names
+
+
+def make_bench(name: str, size: str = "default") -> Bench:
+    """The peers benchmark's `name` at `SIZES[size]`."""
+    recipe, kw = MODELS[name], dict(SIZES[size][name])
+    model, inputs, loss_fn = _made(name, kw, "cpu")
+    hf = recipe.blocks is None
+    blocks = hf_layers(model) if hf else recipe.blocks(kw)
+    why = "" if recipe.sequence else recipe.why
+    return Bench(name, model, inputs, loss_fn, hf, blocks, sequence=recipe.sequence, no_sequence_why=why, size=kw)
 
 
 def make_optimizer(kind: str, model: nn.Module):

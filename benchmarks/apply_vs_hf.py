@@ -7,15 +7,12 @@ Also the overhead of applying a plan whose every decision is `keep`.
 
     python benchmarks/apply_vs_hf.py [--quick] [--rounds N]
 
-Writes benchmarks/results/apply_vs_hf.md (dated, machine, torch version, threads).
+Writes benchmarks/results/apply_vs_hf.md and .json (`_quick` with --quick): date, machine, torch version, threads.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
-import os
-import platform
 import statistics
 import sys
 import time
@@ -29,10 +26,11 @@ from remat import zoo
 from remat._torch_compat import flop_formulas
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, md_table, write_results  # noqa: E402
 from _models import Switch  # noqa: E402
 
 MIB = 2**20
-RESULTS = Path(__file__).parent / "results" / "apply_vs_hf.md"
+TITLE = "remat.apply vs Hugging Face gradient checkpointing"
 
 
 def step(model, inputs, opt):
@@ -120,57 +118,53 @@ def measure(name, factory, rounds):
     return name, prof, plan50, rows
 
 
+SIZES = {  # GPT-2's; BERT's the same in its own words
+    "full": dict(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=8192),
+    "quick": dict(n_layer=2, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048),
+}
+
+
+def _section(name: str, prof, plan50, rows: list[dict]) -> tuple[str, str]:
+    head = (
+        f"{name} ({prof.model}, unplanned peak {prof.peak_bytes / MIB:,.1f} MiB with AdamW; remat's budget: "
+        f"{plan50.budget_bytes / MIB:,.1f} MiB ({plan50.budget_bytes / prof.peak_bytes:.0%}), "
+        f"predicted {plan50.peak_bytes / MIB:,.1f} MiB)"
+    )
+    base = rows[0]["peak"]
+    cells = [
+        [
+            r["variant"],
+            f"{r['peak'] / MIB:,.1f} MiB",
+            f"{r['peak'] / base - 1:+.1%}",
+            f"{r['extra_flops'] / 1e9:,.2f}",
+            f"{r['time_ratio']:.3f}",
+            "yes" if r["grads_equal"] else "NO",
+        ]
+        for r in rows
+    ]
+    headers = ["strategy", "measured peak", "vs none", "extra GFLOP", "step time vs none (median)", "grads equal"]
+    return head, md_table(headers, cells)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="small models, 3 rounds")
     ap.add_argument("--rounds", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(2)
-    size = (
-        dict(n_layer=2, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
-        if args.quick
-        else dict(n_layer=4, n_embd=256, n_head=4, seq=256, batch=8, vocab=8192)
-    )
-    bsize = dict(
-        n_layer=size["n_layer"],
-        hidden=size["n_embd"],
-        heads=size["n_head"],
-        seq=size["seq"],
-        batch=size["batch"],
-        vocab=size["vocab"],
+    g = SIZES["quick" if args.quick else "full"]
+    b = dict(
+        n_layer=g["n_layer"], hidden=g["n_embd"], heads=g["n_head"], seq=g["seq"], batch=g["batch"], vocab=g["vocab"]
     )
     rounds = args.rounds or (3 if args.quick else 7)
-    models = [("GPT-2", lambda: zoo.gpt2(**size)), ("BERT", lambda: zoo.bert(**bsize))]
-    lines = [
-        f"# remat.apply vs Hugging Face gradient checkpointing — {datetime.date.today()}",
-        "",
-        f"Machine: {platform.machine()} {platform.processor() or ''}, {os.cpu_count()} cores; torch {torch.__version__}; "
-        f"threads {torch.get_num_threads()}; {rounds} interleaved rounds after 2 warm-up rounds"
-        f"{' (--quick)' if args.quick else ''}.",
-        "Command: `python benchmarks/apply_vs_hf.py" + (" --quick`" if args.quick else "`"),
-        "",
-    ]
-    for name, factory in models:
+    sections, data = [("", f"{rounds} interleaved rounds after 2 warm-up rounds.")], {}
+    for name, factory in (("GPT-2", lambda: zoo.gpt2(**g)), ("BERT", lambda: zoo.bert(**b))):
         name, prof, plan50, rows = measure(name, factory, rounds)
-        lines += [
-            f"## {name} ({prof.model}, unplanned peak {prof.peak_bytes / MIB:,.1f} MiB with AdamW; "
-            f"remat's budget: {plan50.budget_bytes / MIB:,.1f} MiB "
-            f"({plan50.budget_bytes / prof.peak_bytes:.0%}), predicted {plan50.peak_bytes / MIB:,.1f} MiB)",
-            "",
-            "| strategy | measured peak | vs none | extra GFLOP | step time vs none (median) | grads equal |",
-            "|---|---:|---:|---:|---:|---|",
-        ]
-        base = rows[0]["peak"]
-        for r in rows:
-            lines.append(
-                f"| {r['variant']} | {r['peak'] / MIB:,.1f} MiB | {r['peak'] / base - 1:+.1%} | "
-                f"{r['extra_flops'] / 1e9:,.2f} | {r['time_ratio']:.3f} | {'yes' if r['grads_equal'] else 'NO'} |"
-            )
-        lines.append("")
-    text = "\n".join(lines)
-    print(text)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(text + "\n")
+        sections.append(_section(name, prof, plan50, rows))
+        data[name] = rows
+    command = "python benchmarks/apply_vs_hf.py" + (" --quick" if args.quick else "")
+    out = "apply_vs_hf" + ("_quick" if args.quick else "")
+    print(write_results(out, TITLE, machine_info(), command, sections, data).read_text())
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts  # noqa: E402
 
-from _common import machine_info, main_or_worker, md_table, run_fresh, write_results  # noqa: E402
+from _common import machine_info, md_table, run_fresh, write_results  # noqa: E402
 from remat.measure.device.roofline import HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S  # noqa: E402
 from remat.measure.timing import best_of  # noqa: E402
 
@@ -66,7 +66,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=8)
     args = parser.parse_args()
     info = machine_info(threads=2)
-    runs = [run_fresh(__file__, {"threads": 2}) for _ in range(args.processes)]
+    runs = [run_fresh("checkpoint_overheads.py:worker", {"threads": 2}) for _ in range(args.processes)]
     rows = []
     for key, constant in (("checkpoint_op_us", HOST_CHECKPOINT_OP_S), ("selective_op_us", HOST_SELECTIVE_OP_S)):
         values = sorted(r[key] for r in runs)
@@ -88,4 +88,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main_or_worker(main, worker)
+    main()

@@ -26,38 +26,17 @@ from pathlib import Path
 import torch
 
 import remat
-from remat import zoo
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _models import build_sized  # noqa: E402
 
 MiB = 2**20
 
 
-def _llama():
-    tf = zoo._hf()
-    torch.manual_seed(0)
-    cfg = tf.LlamaConfig(
-        hidden_size=1024,
-        intermediate_size=2816,
-        num_hidden_layers=8,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        vocab_size=32000,
-        max_position_embeddings=1024,
-        use_cache=False,
-    )
-    ids = torch.randint(0, 32000, (4, 1024))
-    return tf.LlamaForCausalLM(cfg), {"input_ids": ids, "labels": ids}
-
-
-MODELS = {
-    "gpt2_medium": (
-        "GPT-2 medium's shape (24 x 1024, 355M parameters), seq 1024, batch 4",
-        lambda: zoo.gpt2_medium(seq=1024, batch=4),
-    ),
-    "bert_base": (
-        "BERT-base's shape (12 x 768), seq 512, batch 16",
-        lambda: zoo.bert(n_layer=12, hidden=768, heads=12, seq=512, batch=16, vocab=30522),
-    ),
-    "llama": ("Llama-like decoder (8 x 1024, 16 heads, MLP 2816), seq 1024, batch 4", _llama),
+MODELS = {  # name: what (its size is _catalog.SIZES["truth"][name])
+    "gpt2_medium": "GPT-2 medium's shape (24 x 1024, 355M parameters), seq 1024, batch 4",
+    "bert_base": "BERT-base's shape (12 x 768), seq 512, batch 16",
+    "llama": "Llama-like decoder (8 x 1024, 16 heads, MLP 2816), seq 1024, batch 4",
 }
 
 
@@ -91,8 +70,8 @@ def _plan_row(name: str, plan, report) -> dict:
 
 
 def one(name: str, compiled: bool) -> dict:
-    what, build = MODELS[name]
-    built = build()
+    what = MODELS[name]
+    built = build_sized(name, "truth")
     model, inputs = built[0].cuda(), _cuda(built[1])
     params = sum(p.numel() for p in model.parameters())
     out = {"model": name, "what": what, "params": params}

@@ -94,7 +94,7 @@ CASES = {
 }
 
 
-def _conv(cin, cout, k, size, batch=16, dtype=torch.float32, transposed=False, stride=1):
+def _conv(cin, cout, k, size, batch=16, *, dtype=torch.float32, transposed=False, stride=1):
     """A convolution case of the U-Net of the GPU check (batch 16) or beside it: (inputs, forward, "dense")."""
     pad = 0 if transposed or k == 1 else k // 2
 

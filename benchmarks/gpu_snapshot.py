@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -26,8 +25,8 @@ import gpu_check  # noqa: E402  (its model builders, loop and import paths)
 import torch  # noqa: E402
 
 import remat  # noqa: E402
+from _common import MiB, run_fresh  # noqa: E402
 
-MiB = 2**20
 STEPS = 3
 
 
@@ -208,8 +207,10 @@ def live_at_peak(trace: list[dict], start: int = 0) -> dict:
     }
 
 
-def one_case(case: str) -> dict:
-    """One model (and plan kind) in this process: the loop of gpu_check, the trace read after the third step."""
+def one_case(spec: dict) -> dict:
+    """One model (and plan kind: `spec["case"]` is "model" or "model:kind") in this process, a fresh one
+    (`run_fresh`): the loop of gpu_check, the trace read after the third step."""
+    case = spec["case"]
     name, _, kind = case.partition(":")
     torch.cuda.memory._record_memory_history(max_entries=400_000, stacks="python")
     model, inputs, loss_fn = gpu_check.build(name, "full", "cuda")
@@ -246,11 +247,41 @@ def one_case(case: str) -> dict:
     return res
 
 
+def _kernels(args: argparse.Namespace) -> None:
+    """--kernels: each case's attention calls with torch's verdict on its fused kernels (and its profiles)."""
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    found = [kernel_counts(case, args.size) for case in args.cases.split(",")]
+    if args.profiles:
+        for r in found:
+            r["profiles"] = profiles(r["case"], args.size, Path(args.out).parent)
+    Path(args.out).write_text(json.dumps(found, indent=1))
+    for r in found:
+        print(r["case"], r["ops"], r.get("profiles"), flush=True)
+        for c in r["sdpa_calls"]:
+            mask = (c["attn_mask"] or {}).get("shape")
+            fused = {k: c[k] for k in ("flash", "efficient") if k in c}
+            print("   sdpa", c["calls"], "x", c["query"]["shape"], "mask", mask, "remat:", c["remat_predicts"], fused)
+
+
+def _snapshots(args: argparse.Namespace) -> None:
+    """Each case in a fresh process (`one_case`): what is live at the step's peak, by the allocator's trace."""
+    results = []
+    for case in args.cases.split(","):
+        try:
+            results.append(run_fresh("gpu_snapshot.py:one_case", {"case": case}, timeout=100))
+        except Exception as e:  # one case's failure is reported, the others still run
+            results.append({"case": case, "error": f"{type(e).__name__}: {e}"})
+        r = results[-1]
+        print(case, {k: r.get(k) for k in ("peak_bytes", "max_memory_allocated", "error")}, flush=True)
+        for row in r.get("live", [])[:12]:
+            print(f"   {row['bytes'] / MiB:9.1f} MiB {row['blocks']:4d}  {row['frames'][:160]}")
+    Path(args.out).write_text(json.dumps(results, indent=1))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--cases", default="resmlp,resmlp:least,unet_bn,bert")
-    ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--kernels", action="store_true", help="count the attention kernels each case's step ran")
     ap.add_argument(
         "--profiles",
@@ -259,45 +290,7 @@ def main() -> int:
     )
     ap.add_argument("--size", default="full", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.kernels:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        found = [kernel_counts(case, args.size) for case in args.cases.split(",")]
-        if args.profiles:
-            for r in found:
-                r["profiles"] = profiles(r["case"], args.size, Path(args.out).parent)
-        Path(args.out).write_text(json.dumps(found, indent=1))
-        for r in found:
-            print(r["case"], r["ops"], r.get("profiles"), flush=True)
-            for c in r["sdpa_calls"]:
-                print(
-                    "   sdpa",
-                    c["calls"],
-                    "x",
-                    c["query"]["shape"],
-                    "mask",
-                    (c["attn_mask"] or {}).get("shape"),
-                    "remat:",
-                    c["remat_predicts"],
-                    {k: c[k] for k in ("flash", "efficient") if k in c},
-                )
-        return 0
-    if args.one:
-        Path(args.out).write_text(json.dumps(one_case(args.one)))
-        return 0
-    results = []
-    for case in args.cases.split(","):
-        part = Path(args.out).with_suffix(f".{case.replace(':', '_')}.part")
-        try:
-            subprocess.run([sys.executable, __file__, "--one", case, "--out", str(part)], timeout=100, check=True)
-            results.append(json.loads(part.read_text()))
-            part.unlink()
-        except Exception as e:  # one case's failure is reported, the others still run
-            results.append({"case": case, "error": f"{type(e).__name__}: {e}"})
-        r = results[-1]
-        print(case, {k: r.get(k) for k in ("peak_bytes", "max_memory_allocated", "error")}, flush=True)
-        for row in r.get("live", [])[:12]:
-            print(f"   {row['bytes'] / MiB:9.1f} MiB {row['blocks']:4d}  {row['frames'][:160]}")
-    Path(args.out).write_text(json.dumps(results, indent=1))
+    (_kernels if args.kernels else _snapshots)(args)
     return 0
 
 

@@ -90,10 +90,33 @@ def _figures(prof) -> dict:
     }
 
 
+def _torchtitan_fsdp(model, mesh):
+    """FSDP2 as torchtitan wraps a Llama: bf16 compute, fp32 reduce-scatter, each layer a unit, then the root."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    for layer in model.model.layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    return fully_shard(model, mesh=mesh, mp_policy=mp)
+
+
+def _predict(model, world_size: int, seq: int, wrap=_torchtitan_fsdp):
+    """The step on `world_size` simulated GPUs, one sequence a rank, AdamW, fake mode."""
+    tokens = torch.zeros(world_size, seq, dtype=torch.long)  # the global batch: 1 sequence per rank
+    return remat.profile(
+        model,
+        {"input_ids": tokens, "labels": tokens},
+        optimizer=lambda ps: torch.optim.AdamW(ps),
+        mode="fake",
+        device="cuda",
+        world_size=world_size,
+        wrap=wrap,
+    )
+
+
 def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
     """Part 2: Llama 3 70B on `world_size` GPUs, predicted here."""
     import transformers as tf
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     cfg = tf.LlamaConfig(
         hidden_size=8192,
@@ -109,28 +132,8 @@ def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
     )
     with torch.device("meta"):
         model = tf.LlamaForCausalLM(cfg)
-
-    def torchtitan_fsdp(model, mesh):  # bf16 compute, fp32 reduce-scatter, each layer a unit, then the root
-        mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-        for layer in model.model.layers:
-            fully_shard(layer, mesh=mesh, mp_policy=mp)
-        return fully_shard(model, mesh=mesh, mp_policy=mp)
-
-    tokens = torch.zeros(world_size, seq, dtype=torch.long)  # the global batch: 1 sequence per rank
-
-    def predict(wrap=torchtitan_fsdp):
-        return remat.profile(
-            model,
-            {"input_ids": tokens, "labels": tokens},
-            optimizer=lambda ps: torch.optim.AdamW(ps),
-            mode="fake",
-            device="cuda",
-            world_size=world_size,
-            wrap=wrap,
-        )
-
     t0 = time.perf_counter()
-    prof = predict()
+    prof = _predict(model, world_size, seq)
     predict_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     least = remat.frontier(prof)[-1]
@@ -138,7 +141,7 @@ def llama3_70b(world_size: int = 64, seq: int = 8192) -> dict:
     plan_s = time.perf_counter() - t0
     # the planned step predicted again (its breakdown, its peak against the plan's): the plan applied to the copy
     # before sharding, as torchtitan applies its checkpointing
-    planned = predict(lambda copy, mesh: torchtitan_fsdp(remat.apply(copy, least), mesh))
+    planned = _predict(model, world_size, seq, lambda copy, mesh: _torchtitan_fsdp(remat.apply(copy, least), mesh))
     recomputed = lambda p: sum(len(s) for s in p.segments) + len(p.selective)  # noqa: E731
     return {
         "params": sum(p.numel() for p in model.parameters()),

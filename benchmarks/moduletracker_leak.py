@@ -28,7 +28,7 @@ from remat._torch_compat import ModuleTracker as RematTracker
 from remat.verifier.process import high_water_mark_bytes, resident_bytes
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import MiB, machine_info, main_or_worker, md_table, run_fresh, write_results  # noqa: E402
+from _common import MiB, machine_info, md_table, run_fresh, write_results  # noqa: E402
 from _models import build  # noqa: E402
 
 CASES = {
@@ -72,7 +72,7 @@ def measure_case(case: str, label: str) -> tuple[list, dict]:
     """Every tracker on one case, each in a fresh process: table rows and the results."""
     rows, res = [], {}
     for tr in TRACKERS:
-        r = res[tr] = run_fresh(__file__, {"case": case, "tracker": tr})
+        r = res[tr] = run_fresh("moduletracker_leak.py:worker", {"case": case, "tracker": tr})
         held = r["end_of_backward"] - res["none"]["end_of_backward"]
         rows.append(
             [
@@ -131,4 +131,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main_or_worker(main, worker)
+    main()

@@ -22,7 +22,7 @@ benchmarks/results/plan_vs_baselines.md (+ .json); the frontier plots go to docs
     python benchmarks/plan_vs_baselines.py --from-json benchmarks/results/plan_vs_baselines.json  # re-render
 
 The tables are rendered from the run's data (_plan_report.py); the hand-applied checkpoints are
-`_models.apply_by_hand`, measured in a fresh interpreter by `_worker.py`.
+`_models.apply_by_hand`, measured in a fresh interpreter (`_common.run_fresh(STEP, ...)`).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from remat.planner import Problem, baseline_plans, dp
 from remat.report.plot import plot_frontier
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WORKER, machine_info, run_fresh, write_results  # noqa: E402
+from _common import STEP, machine_info, run_fresh, write_results  # noqa: E402
 from _models import apply_by_hand, build  # noqa: E402
 from _plan_report import SEQ, prediction_row, render, speed_row, verdict  # noqa: E402
 
@@ -53,21 +53,17 @@ QUICK_BUDGETS = (0.5, 0.7, 0.9)
 TITLE = "remat plans vs the hand recipes"
 
 
-def adam(params):
-    return torch.optim.Adam(params)
-
-
 def profile(name: str, kwargs: dict, fake: bool) -> remat.StepProfile:
     model, inputs, _ = build(name, kwargs, fake=fake)
-    return remat.profile(model, inputs, optimizer=adam, mode="fake" if fake else "real")
+    return remat.profile(model, inputs, optimizer=torch.optim.Adam, mode="fake" if fake else "real")
 
 
 def as_hand_recipe(plan: remat.Plan) -> dict:
-    return {"kind": "plan", "segments": plan.segments, "selective": list(getattr(plan, "selective", []))}
+    return {"kind": "plan", "segments": plan.segments, "selective": list(plan.selective)}
 
 
 def describe(plan: remat.Plan) -> str:
-    sel = len(getattr(plan, "selective", []))
+    sel = len(plan.selective)
     return f"{len(plan.segments)} checkpoints" + (f" + {sel} selective" if sel else "")
 
 
@@ -268,12 +264,12 @@ def prediction(quick: bool, threads: int) -> list[dict]:
         offset = None
         for name, predicted, how in checkpoints_to_try(case, prof):
             model, inputs, _ = build(case["model"], case["kwargs"])
-            measured = remat.profile(apply_by_hand(model, how), inputs, optimizer=adam)
+            measured = remat.profile(apply_by_hand(model, how), inputs, optimizer=torch.optim.Adam)
             proc = (
                 None
                 if quick
                 else run_fresh(
-                    WORKER,
+                    STEP,
                     {
                         "model": case["model"],
                         "kwargs": case["kwargs"],

@@ -19,9 +19,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent / "peers"))
 from _common import MiB, machine_info, md_table, write_results  # noqa: E402
-from models import _llama  # noqa: E402
 
 import remat  # noqa: E402
 from remat import zoo  # noqa: E402
@@ -29,7 +27,7 @@ from remat.types.verification import TIME_AGREES  # noqa: E402
 
 CASES = {  # name: (builder, default size, quick size)
     "Llama 4x256, seq 256, batch 4": (
-        _llama,
+        lambda kw: zoo.llama(**kw),
         dict(n_layer=4, hidden=256, heads=4, seq=256, batch=4, vocab=4096),
         dict(n_layer=2, hidden=128, heads=4, seq=64, batch=2, vocab=512),
     ),
@@ -94,7 +92,26 @@ def main() -> None:
         if args.quick and quick is None:
             continue
         rows += run_case(name, build, quick if args.quick else default)
-    table = md_table(
+    agree = sum(r["agrees"] for r in rows)
+    body = (
+        f"{agree} of {len(rows)} plans predicted within {TIME_AGREES * 100:.0f} percentage points of the measured overhead.\n\n{_table(rows)}\n\n"
+        f"predicted = plan.extra_fraction (the plan's extra seconds / the profile's step_time_s); measured = "
+        f"remat.verify's median over {ROUNDS} interleaved rounds of (step with the plan / without) - 1. "
+        f"Elapsed {time.time() - t0:.0f} s."
+    )
+    command = "python benchmarks/seconds.py" + (" --quick" if args.quick else "")
+    write_results(
+        "seconds" + ("_quick" if args.quick else ""),
+        "Predicted vs measured step-time overhead",
+        machine_info(),
+        command,
+        [("Results", body)],
+        rows,
+    )
+
+
+def _table(rows: list[dict]) -> str:
+    return md_table(
         [
             "model",
             "frontier point",
@@ -120,22 +137,6 @@ def main() -> None:
             ]
             for r in rows
         ],
-    )
-    agree = sum(r["agrees"] for r in rows)
-    body = (
-        f"{agree} of {len(rows)} plans predicted within {TIME_AGREES * 100:.0f} percentage points of the measured overhead.\n\n{table}\n\n"
-        f"predicted = plan.extra_fraction (the plan's extra seconds / the profile's step_time_s); measured = "
-        f"remat.verify's median over {ROUNDS} interleaved rounds of (step with the plan / without) - 1. "
-        f"Elapsed {time.time() - t0:.0f} s."
-    )
-    command = "python benchmarks/seconds.py" + (" --quick" if args.quick else "")
-    write_results(
-        "seconds" + ("_quick" if args.quick else ""),
-        "Predicted vs measured step-time overhead",
-        machine_info(),
-        command,
-        [("Results", body)],
-        rows,
     )
 
 

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import WORKER, MiB, machine_info, md_table, run_fresh, write_results  # noqa: E402
+from _common import STEP, MiB, machine_info, md_table, run_fresh, write_results  # noqa: E402
 
 MEASURING = {0: 1272, 2: 925, 4: 701, 8: 685, 16: 869, 32: 1345}  # MiB, MEASURING.md, batch 8192
 METHODS = ("process", "remat", "memtracker")
@@ -54,7 +54,7 @@ def measure_case(c: dict, args) -> tuple[list, dict]:
     for m in METHODS:
         spec = {**c, "method": m, "optimizer": args.optimizer, "threads": args.threads}
         spec.pop("label")
-        res[m] = run_fresh(WORKER, spec)
+        res[m] = run_fresh(STEP, spec)
         print(f"  {c['label']:<70} {m:<14} {res[m].get('peak', res[m]['proc_peak']) / MiB:9.1f} MiB", flush=True)
     proc = res["process"]["proc_peak"]
     r, mt = res["remat"], res["memtracker"]
@@ -79,7 +79,7 @@ def tiny_overhead(args) -> tuple[str, list]:
     for model, kw in TINY.items():
         res = {
             m: run_fresh(
-                WORKER,
+                STEP,
                 {"model": model, "kwargs": kw, "method": m, "optimizer": args.optimizer, "threads": args.threads},
             )
             for m in ("process", "remat")

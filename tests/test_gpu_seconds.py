@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 import remat
+import h100_ops
+from h100_ops import CASES, FACTS, OFF, op_table
 from remat.planner.recipes import baseline_plans
 
 pytest.importorskip("transformers")
@@ -29,19 +31,19 @@ finally:
     sys.path[:] = _saved
 
 
-@pytest.mark.parametrize("case", bench.CASES, ids=[c[0] for c in bench.CASES])
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_each_ops_kernel_seconds_on_an_h100_within_a_quarter(case):
-    big, floor = bench.op_table()
+    big, floor = op_table()
     measured = big[case[0]]
-    predicted = bench.predicted(case)
+    predicted = h100_ops.predicted(case)
     compared = 0
     for direction, key, harness, seconds in zip(("forward", "backward"), ("forward_s", "backward_s"), floor, predicted):
         if measured[key] < 3 * harness:
             continue  # the harness's own cost outweighs the kernel
         kernel = measured[key] - harness
         compared += 1
-        if case[0] in bench.OFF:
-            assert not 0.75 <= seconds / kernel <= 1.25, f"{case[0]} now holds: take it off OFF ({bench.OFF[case[0]]})"
+        if case[0] in OFF:
+            assert not 0.75 <= seconds / kernel <= 1.25, f"{case[0]} now holds: take it off OFF ({OFF[case[0]]})"
             continue
         assert 0.75 <= seconds / kernel <= 1.25, (
             f"{case[0]} {direction}: predicted {seconds * 1e6:.1f} us, the H100's kernel {kernel * 1e6:.1f} us"
@@ -55,7 +57,7 @@ def test_a_steps_seconds_and_every_layer_checkpointings_overhead_on_an_h100(name
     """Rule 7's floor and Rule 5's checkpoint cost against steps the H100 ran (issue 36): the eager step within 10%,
     checkpointing every layer within 5 points of its measured overhead (it was predicted +68% for a measured +31%,
     when each op's metadata questions counted as ops and a checkpoint's host cost was the CPU's)."""
-    truth = json.loads((bench.FACTS / "step_times.json").read_text())["models"][name]
+    truth = json.loads((FACTS / "step_times.json").read_text())["models"][name]
     prof = bench.fake_profile(name)
     assert prof.step_time_s == pytest.approx(truth["eager_step_s"], rel=0.10)
     every_layer = baseline_plans(prof)["every-block"]
@@ -66,10 +68,10 @@ def test_a_steps_seconds_and_every_layer_checkpointings_overhead_on_an_h100(name
 
 def test_the_committed_plans_apply_to_the_models_the_gpu_run_builds():
     made = json.loads((bench.PLANS / "made.json").read_text())
-    for name, build in bench.MODELS.items():
+    for name in bench.MODELS:
         for kind in ("plan65", "least"):
             plan = remat.load_plan(bench.PLANS / f"{name}.{kind}.json")
-            model, _ = build("issue", "meta")
+            model, _ = bench.build(name, "issue", "meta")
             remat.apply(model, plan)
             assert plan.extra_fraction == pytest.approx(made["models"][name][kind]["extra_fraction"])
             assert made["models"][name][kind]["recompute"]

@@ -3,7 +3,8 @@
 - The parts (each folder, and each top-level module) import each other without a
   cycle, counting imports made inside functions.
 - No function is longer than MAX_FUNCTION_LINES or takes more than
-  MAX_POSITIONAL positional parameters; no file is longer than MAX_FILE_LINES.
+  MAX_POSITIONAL positional parameters; no file is longer than MAX_FILE_LINES (in
+  benchmarks/ too); benchmarks/ has fewer lines of Python than tests/.
 - Data (remat.types) imports no other part but errors; reports read data and never
   measure, plan or apply.
 - A NOTE's name is on one line (grep finds it); the public entry points have their own docstrings.
@@ -16,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "remat"
+ROOT = Path(__file__).resolve().parents[1]
+SRC = ROOT / "src" / "remat"
 MAX_FUNCTION_LINES = 50
 MAX_POSITIONAL = 6
 MAX_FILE_LINES = 400
@@ -24,6 +26,15 @@ MAX_FILE_LINES = 400
 
 def _files() -> list[Path]:
     return sorted(SRC.rglob("*.py"))
+
+
+def _sized_files() -> list[Path]:
+    """What the size rules read: the package and the benchmarks."""
+    return _files() + sorted((ROOT / "benchmarks").rglob("*.py"))
+
+
+def _lines(folder: str) -> int:
+    return sum(len(p.read_text().splitlines()) for p in (ROOT / folder).rglob("*.py"))
 
 
 def _module(path: Path) -> str:
@@ -118,9 +129,9 @@ def _positional(fn: ast.FunctionDef) -> int:
 
 def test_no_long_function_and_no_long_parameter_list():
     long, wide = [], []
-    for path in _files():
+    for path in _sized_files():
         for fn in _functions(ast.parse(path.read_text())):
-            where = f"{path.relative_to(SRC)}:{fn.lineno} {fn.name}"
+            where = f"{path.relative_to(ROOT)}:{fn.lineno} {fn.name}"
             if fn.end_lineno - fn.lineno + 1 > MAX_FUNCTION_LINES:
                 long.append(f"{where} ({fn.end_lineno - fn.lineno + 1} lines)")
             if _positional(fn) > MAX_POSITIONAL:
@@ -130,9 +141,17 @@ def test_no_long_function_and_no_long_parameter_list():
 
 def test_no_long_file():
     long = [
-        f"{p.relative_to(SRC)} ({n} lines)" for p in _files() if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
+        f"{p.relative_to(ROOT)} ({n} lines)"
+        for p in _sized_files()
+        if (n := len(p.read_text().splitlines())) > MAX_FILE_LINES
     ]
     assert not long, "\n".join(long)
+
+
+def test_the_benchmarks_are_smaller_than_the_tests():
+    """What measures remat (benchmarks/) does not outgrow what checks it (tests/): one worker, one model registry
+    on remat.zoo, one table renderer (`_common.md_table`) keep it so."""
+    assert _lines("benchmarks") < _lines("tests"), (_lines("benchmarks"), _lines("tests"))
 
 
 def test_a_note_is_named_on_one_line():

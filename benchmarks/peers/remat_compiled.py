@@ -75,7 +75,7 @@ def describe(plan) -> str:
     return ours
 
 
-def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, backend_for, fresh_function) -> dict:
+def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, *, backend_for, fresh_function) -> dict:
     """Plan for the compiled step (remat.auto's search: NOTE [Plans for a compiled step]), apply, compile and
     measure every point; returns key -> (bench copy, compiled call) to time."""
     records, calls, by_plan = [], {}, {}

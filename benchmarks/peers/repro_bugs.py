@@ -3,7 +3,7 @@
     python benchmarks/peers/repro_bugs.py                 # prints each check; exit 0 either way
     python benchmarks/peers/repro_bugs.py --worker '{}'   # also prints `RESULT {json}` (run.py runs this)
 
-Each check says `present` (the bug reproduces) or `fixed` / `not reproduced`.  Small models from benchmarks/peers/models.py,
+Each check says `present` (the bug reproduces) or `fixed` / `not reproduced`.  Small models from benchmarks/_models.py,
 one thread, a few seconds each.
 
 1. chen_apply    `remat.plan(prof, b, solver="chen")` on layers kept in an nn.ModuleList returns segments of
@@ -37,9 +37,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 warnings.filterwarnings("ignore")
 
-from _common import main_or_worker  # noqa: E402
 from measure import adam_params  # noqa: E402
-from models import build  # noqa: E402
+from _models import make_bench as build  # noqa: E402
 
 
 def _profile(b):
@@ -139,4 +138,4 @@ def check_all(spec: dict | None = None) -> dict:
 
 
 if __name__ == "__main__":
-    main_or_worker(check_all, check_all)
+    check_all()

@@ -46,16 +46,9 @@ sys.path.insert(0, str(BENCH))
 import torch  # noqa: E402
 
 import report  # noqa: E402
-from _common import fresh_env, git_state, load_average, machine_info, run_fresh  # noqa: E402
-from catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
-from report.time_verdicts import doubtful, reaches, time_verdicts  # noqa: E402
-from report.verdicts import PEERS_FAMILIES  # noqa: E402
-
-# On top of `_common.fresh_env` (remat.verifier.process.PROCESS_ENV).  OMP_WAIT_POLICY=PASSIVE: on a
-# shared 2-core machine, OpenMP threads that spin-wait for a descheduled sibling made 2-thread steps
-# 5-50x slower (measured: 0.73 s vs 0.016 s for the quick chain under load 10); passive waiting
-# removes that without changing idle-machine speed.
-WORKER_ENV = {"OMP_WAIT_POLICY": "PASSIVE", "TOKENIZERS_PARALLELISM": "false"}
+from _catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
+from _common import git_state, load_average, machine_info, run_fresh  # noqa: E402
+from passes import WORKER_ENV, at_peers_of, compile_spec, compiled_at_peers, recheck, run_worker  # noqa: E402
 
 PROFILES = {
     "default": dict(
@@ -107,43 +100,6 @@ def sweep_for(model: str, size: str, sweep_max: int | None) -> list[int]:
     return ks
 
 
-def run_worker(script: str, spec: dict, timeout: int, verbose: bool = True) -> dict:
-    """Run a peers worker (SPEC.json OUT.json) in a fresh interpreter, its progress printed as it goes."""
-    with tempfile.TemporaryDirectory(prefix="peers-") as tmp:
-        sp, op = Path(tmp) / "spec.json", Path(tmp) / "out.json"
-        sp.write_text(json.dumps(spec))
-        t0 = time.perf_counter()
-        p = subprocess.Popen(
-            [sys.executable, str(HERE / script), str(sp), str(op)],
-            env=fresh_env(WORKER_ENV),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        lines = []
-        try:
-            for line in p.stdout:  # progress, as the worker goes
-                lines.append(line)
-                if verbose:
-                    print(
-                        f"    [{spec['model']} {script[7:-3]} {time.perf_counter() - t0:5.0f}s] {line.rstrip()}",
-                        flush=True,
-                    )
-                if time.perf_counter() - t0 > timeout:
-                    p.kill()
-                    break
-        finally:
-            rc = p.wait()
-        wall = time.perf_counter() - t0
-        log = "".join(lines)
-        if rc != 0 or not op.exists():
-            return {"worker_error": f"{script} exited {rc}", "log_tail": log[-3000:], "wall_s": wall}
-        res = json.loads(op.read_text())
-        res["wall_s"] = wall
-        res["log"] = log[-6000:]
-        return res
-
-
 def inductor_cache_state() -> dict:
     """Inductor's on-disk cache at the start (compile seconds depend on it: a cold cache compiles every kernel)."""
     d = Path(
@@ -157,7 +113,7 @@ def run_bugs() -> dict | None:
     """repro_bugs.py in a fresh interpreter: is each remat bug found by this benchmark still there?"""
     t0 = time.perf_counter()
     try:
-        res = run_fresh(HERE / "repro_bugs.py", {}, env_extra=WORKER_ENV, timeout=600)
+        res = run_fresh("peers/repro_bugs.py:check_all", {}, env_extra=WORKER_ENV, timeout=600)
     except (RuntimeError, subprocess.SubprocessError) as e:
         print(f"bugs      {time.perf_counter() - t0:6.0f} s  ERROR {str(e)[:2000]}", flush=True)
         return None
@@ -288,7 +244,7 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     t0 = time.perf_counter()
     comp = None
     if prof["compile_budgets"] and with_compile:
-        comp = run_worker("worker_compile.py", compile_spec(m, prof, args), args.timeout)
+        comp = run_worker("worker_compile", compile_spec(m, prof, args), args.timeout)
     points = []
     if comp and "budgets" in comp:
         points = [
@@ -301,7 +257,7 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
             if "rss_peak" in r
         ]
     eager = run_worker(
-        "worker_eager.py",
+        "worker_eager",
         {
             "model": m,
             "size": prof["size"],
@@ -322,136 +278,6 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     if err:
         print((eager.get("log_tail") or (comp or {}).get("log_tail") or "")[-2000:], flush=True)
     return {"eager": eager, "compile": comp}
-
-
-def compile_spec(m: str, prof: dict, args: argparse.Namespace) -> dict:
-    return {
-        "model": m,
-        "size": prof["size"],
-        "threads": args.threads,
-        "rounds": prof["rounds"],
-        "budgets": prof["compile_budgets"],
-        "remat_points": "remat_compiled" in prof,
-        "remat_fractions": prof.get("remat_compiled", []),
-    }
-
-
-def unreached_peers(eager: dict, comp: dict) -> list[dict]:
-    """The eager peer points (process peaks) that no remat + compile point of `comp` reached: at each, remat +
-    compile has no measured point to be judged by (report.time_verdicts)."""
-    reached = [r["rss_peak"] for r in comp.get("remat_compiled", []) if r.get("rss_peak")]
-    return [
-        {"label": c["label"], "rss_peak": c["rss_peak"]}
-        for c in eager.get("configs", [])
-        if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and not any(reaches(r, c["rss_peak"]) for r in reached)
-    ]
-
-
-def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict, comp: dict) -> None:
-    """remat + torch.compile at the eager peers' process peaks that the compile worker's points did not reach, in
-    a second compile worker (its own unplanned compiled step for the offset, its own interleaved rounds against
-    eager); its points join `comp["remat_compiled"]`, marked `pass: "at eager peers"`."""
-    peers = unreached_peers(eager, comp)
-    if not peers:
-        return
-    more = run_worker(
-        "worker_compile.py",
-        {
-            **compile_spec(m, prof, args),
-            "budgets": [1.0],
-            "remat_points": True,
-            "remat_fractions": [],
-            "remat_at_peers": peers,
-        },
-        args.timeout,
-    )
-    if "worker_error" in more:
-        comp["at_peers_error"] = more["worker_error"]
-        return
-    comp["remat_compiled"] += [dict(r, **{"pass": "at eager peers"}) for r in more.get("remat_compiled", [])]
-    comp["at_peers_pass"] = {k: more.get(k) for k in ("elapsed_s", "eager_step_s", "eager_rss_peak")}
-
-
-def at_peers_of(args: argparse.Namespace) -> int:
-    """Only the second compile pass (`compiled_at_peers`) on an earlier run's results, spliced into them and
-    written back (results/<name>.md and .json; docs only with --docs): for a run made before the pass existed.
-    With --recompile, the compile worker is run again first and its results replace the earlier run's (the eager
-    worker's figures stay, and with them its remat plans matched to the earlier compile points' peaks)."""
-    data = json.loads(Path(args.at_peers_of).read_text())
-    models = args.models.split(",") if args.models else list(data["models"])
-    for m in models:
-        R = data["models"][m]
-        if args.recompile:
-            R["compile"] = run_worker("worker_compile.py", compile_spec(m, data["profile"], args), args.timeout)
-        if R.get("compile") and "remat_compiled" in R["compile"]:
-            compiled_at_peers(m, data["profile"], args, R["eager"], R["compile"])
-    again = " --recompile" if args.recompile else ""
-    when = f"{time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')}"
-    data["command"] += (
-        f"; python benchmarks/peers/run.py --at-peers-of {args.at_peers_of} --models {','.join(models)}{again} ({when})"
-    )
-    name = args.out or Path(args.at_peers_of).stem
-    print(f"spliced into {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
-    return 0
-
-
-RECHECK_ROUNDS = 9
-"""Rounds of a recheck: in a probe of 9 rounds (2026-11-26), U-Net's per-round ratios of one compiled step spread
-over 0.54-0.77."""
-
-
-def recheck(args: argparse.Namespace) -> int:
-    """The doubtful verdicts of an earlier run (`report.time_verdicts.doubtful`: losses within noise and ties remat
-    was slower in, a torch.compile budget against remat + compile) measured again in one fresh process
-    (worker_recheck.py: the same budgets, the same plans rebuilt from their keys, more rounds), added to the run
-    as `compile.recheck` and judged by the same rule (docs: --from-json)."""
-    data = json.loads(Path(args.recheck).read_text())
-    models = args.models.split(",") if args.models else list(data["models"])
-    done = []
-    for m in models:
-        R = data["models"][m]
-        lost = [v for v in time_verdicts(R["eager"], R.get("compile")) if doubtful(v)]
-        points = [v for v in lost if v.get("peer_budget") is not None and v.get("remat_key")]
-        for v in lost:
-            if v not in points:
-                print(
-                    f"{m}: {v['peer']} against {v.get('remat') or 'nothing'}: not rechecked (eager points are "
-                    "measured by worker_eager.py; run that model again)"
-                )
-        if not points:
-            continue
-        spec = {
-            "model": m,
-            "size": data["profile"]["size"],
-            "threads": args.threads,
-            "rounds": args.rounds or RECHECK_ROUNDS,
-            "budgets": sorted({v["peer_budget"] for v in points}),
-            "plans": sorted({v["remat_key"] for v in points}),
-        }
-        res = run_worker("worker_recheck.py", spec, args.timeout)
-        if "worker_error" in res:
-            print(f"{m}: {res['worker_error']}\n{res.get('log_tail', '')}")
-            return 1
-        R["compile"]["recheck"] = dict(
-            res,
-            date=time.strftime("%Y-%m-%d"),
-            commit=git_state().get("commit", "?"),
-            peers=[v["peer"] for v in points],
-        )
-        done.append(m)
-    if not done:
-        print(
-            "nothing to recheck: no loss within noise nor tie remat was slower in, between a torch.compile budget "
-            "and remat + compile"
-        )
-        return 0
-    data["command"] += (
-        f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(done)}"
-        f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
-    )
-    name = args.out or Path(args.recheck).stem
-    print(f"added to {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
-    return 0
 
 
 def main(argv=None) -> int:

@@ -1,7 +1,7 @@
 """Worker: torch.compile (Inductor) with `torch._functorch.config.activation_memory_budget` on
 one model, in one fresh interpreter (run by run.py).
 
-    MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1 python benchmarks/peers/worker_compile.py SPEC.json OUT.json
+    run_fresh("peers/worker_compile.py:run", spec)   (benchmarks/_worker.py, under remat.verifier.process.PROCESS_ENV)
 
 For each budget the whole step function (model + loss) is compiled afresh: a distinct code
 object per budget (so Dynamo's cache never hands one budget's graph to another), the FX graph
@@ -20,13 +20,11 @@ With "remat_points" in the spec, remat + torch.compile is measured the same way 
 from __future__ import annotations
 
 import gc
-import json
 import statistics
 import sys
 import time
 import types
 import warnings
-from pathlib import Path
 
 import torch
 import torch._functorch.config as functorch_config
@@ -36,11 +34,9 @@ from torch._inductor.compile_fx import compile_fx, compile_fx_inner
 
 from remat._torch_compat import flops_of  # the same formulas FlopCounterMode uses
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from _common import timed  # noqa: E402
 from measure import adam, compare_grads, flops_and_grads, grads_of, rss_step_peak, step, zero_grads  # noqa: E402
-from models import build  # noqa: E402
+from _models import make_bench as build  # noqa: E402
 import remat_compiled  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -111,7 +107,7 @@ def warmed(spec: dict):
     return bench, eager
 
 
-def main(spec: dict) -> dict:
+def run(spec: dict) -> dict:
     t_start = time.perf_counter()
     bench, eager = warmed(spec)
     prof = None
@@ -139,7 +135,9 @@ def main(spec: dict) -> dict:
     if prof is not None:
         out.update(remat_profile_s=profile_s, remat_tracker_peak=prof.peak_bytes)
         variants.update(
-            remat_compiled.measure_points(bench, prof, out, spec, ref_grads, counting_backend, fresh_function)
+            remat_compiled.measure_points(
+                bench, prof, out, spec, ref_grads, backend_for=counting_backend, fresh_function=fresh_function
+            )
         )
     for r in out.get("budgets", []) + out.get("remat_compiled", []):
         if "flops" in r:
@@ -225,9 +223,3 @@ def time_interleaved(bench, eager, variants: dict, out: dict, rounds: int) -> No
             rec["time_ratio"] = statistics.median(rec["time_ratios"])
             if 1.0 in variants:
                 rec["time_ratio_vs_compiled"] = statistics.median(t / e for t, e in zip(ts, times[1.0]))
-
-
-if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    res = main(spec)
-    Path(sys.argv[2]).write_text(json.dumps(res))

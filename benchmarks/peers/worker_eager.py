@@ -1,6 +1,6 @@
 """Worker: every eager strategy on one model, in one fresh interpreter (run by run.py).
 
-    MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1 python benchmarks/peers/worker_eager.py SPEC.json OUT.json
+    run_fresh("peers/worker_eager.py:run", spec)   (benchmarks/_worker.py, under remat.verifier.process.PROCESS_ENV)
 
 Order: (1) the MEASURING.md figure of the unplanned step (this process is fresh: RSS before
 the model is built, VmHWM after one step); (2) remat.profile of the unplanned model and
@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
@@ -27,8 +26,6 @@ import remat
 from remat.planner import Problem, make_plan
 from remat.verifier.process import high_water_mark_bytes, resident_bytes
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from measure import (  # noqa: E402
     adam,
     adam_params,
@@ -39,7 +36,7 @@ from measure import (  # noqa: E402
     step,
     zero_grads,
 )
-from models import build  # noqa: E402
+from _models import make_bench as build  # noqa: E402
 from strategies import Applied, applicable, family, how, label  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -363,7 +360,7 @@ class EagerRun:
             )
 
 
-def main(spec: dict) -> dict:
+def run(spec: dict) -> dict:
     torch.set_num_threads(int(spec["threads"]))
     t_start = time.perf_counter()
     run = EagerRun(spec)
@@ -381,9 +378,3 @@ def main(spec: dict) -> dict:
         elapsed_s=time.perf_counter() - t_start,
     )
     return run.out
-
-
-if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    res = main(spec)
-    Path(sys.argv[2]).write_text(json.dumps(res))

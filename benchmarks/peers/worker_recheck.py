@@ -1,7 +1,7 @@
 """Worker: the same torch.compile budgets and remat + compile plans as an earlier compile worker's, measured
 again in one fresh interpreter with more interleaved rounds (run by `run.py --recheck`).
 
-    MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1 python benchmarks/peers/worker_recheck.py SPEC.json OUT.json
+    run_fresh("peers/worker_recheck.py:run", spec)   (benchmarks/_worker.py, under remat.verifier.process.PROCESS_ENV)
 
 SPEC: {"model", "size", "threads", "rounds", "budgets": [torch.compile budgets], "plans": [remat + compile
 record keys of the earlier run]}.  A key (remat_compiled.py) is [segments, selective, selective_keeps,
@@ -14,17 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 import time
 import warnings
-from pathlib import Path
 
 import torch
 
 import remat
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import remat_compiled  # noqa: E402
 import worker_compile  # noqa: E402  (its Inductor settings: no FX graph or AOTAutograd cache)
 from measure import flops_and_grads  # noqa: E402
@@ -41,7 +37,7 @@ def plan_of(prof, key: str):
     )
 
 
-def main(spec: dict) -> dict:
+def run(spec: dict) -> dict:
     t_start = time.perf_counter()
     bench, eager = worker_compile.warmed(spec)
     prof, _ = remat_compiled.profile_first(bench)
@@ -68,8 +64,3 @@ def main(spec: dict) -> dict:
     worker_compile.time_interleaved(bench, eager, variants, out, spec["rounds"])
     out.update(rounds=spec["rounds"], threads=torch.get_num_threads(), elapsed_s=time.perf_counter() - t_start)
     return out
-
-
-if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
-    Path(sys.argv[2]).write_text(json.dumps(main(spec)))

@@ -49,8 +49,18 @@ def gpt2_medium(seq: int = 1024, batch: int = 8):
     return gpt2(n_layer=24, n_embd=1024, n_head=16, seq=seq, batch=batch, vocab=50257)
 
 
-def bert(n_layer: int = 4, hidden: int = 256, heads: int = 4, seq: int = 128, batch: int = 8, vocab: int = 8192):
-    """A BERT encoder with a masked-LM head (Hugging Face BertForMaskedLM) and labels."""
+def bert(
+    n_layer: int = 4,
+    hidden: int = 256,
+    heads: int = 4,
+    seq: int = 128,
+    batch: int = 8,
+    vocab: int = 8192,
+    *,
+    attn: str | None = None,
+):
+    """A BERT encoder with a masked-LM head (Hugging Face BertForMaskedLM) and labels; `attn` the attention
+    implementation ("sdpa", "eager"; default: transformers' own choice)."""
     tf = _hf()
     torch.manual_seed(0)
     cfg = tf.BertConfig(
@@ -60,10 +70,100 @@ def bert(n_layer: int = 4, hidden: int = 256, heads: int = 4, seq: int = 128, ba
         intermediate_size=4 * hidden,
         vocab_size=vocab,
         max_position_embeddings=seq,
+        **({"attn_implementation": attn} if attn else {}),
     )
     model = tf.BertForMaskedLM(cfg)
     ids = torch.randint(0, vocab, (batch, seq))
     return model, {"input_ids": ids, "labels": ids}
+
+
+def llama(
+    n_layer: int = 4,
+    hidden: int = 256,
+    heads: int = 4,
+    seq: int = 256,
+    batch: int = 8,
+    vocab: int = 8192,
+    *,
+    kv_heads: int | None = None,
+    mlp: int | None = None,
+    attn: str | None = None,
+):
+    """A Llama-style decoder (Hugging Face LlamaForCausalLM: RMSNorm, rotary positions, SwiGLU MLP) with labels.
+    `kv_heads` below `heads` is grouped-query attention (default: one K/V head per head); `mlp` the MLP's width
+    (default 8/3 of `hidden`, a multiple of 16); `attn` the attention implementation ("sdpa", "eager"; default:
+    transformers' own choice)."""
+    tf = _hf()
+    torch.manual_seed(0)
+    cfg = tf.LlamaConfig(
+        hidden_size=hidden,
+        intermediate_size=mlp or int(hidden * 8 / 3 // 16 * 16),
+        num_hidden_layers=n_layer,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads,
+        vocab_size=vocab,
+        max_position_embeddings=seq,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+        pad_token_id=0,
+        **({"attn_implementation": attn} if attn else {}),
+    )
+    model = tf.LlamaForCausalLM(cfg)
+    ids = torch.randint(0, vocab, (batch, seq))
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def t5(
+    n_layer: int = 4,
+    d_model: int = 256,
+    heads: int = 8,
+    seq: int = 128,
+    batch: int = 8,
+    vocab: int = 8192,
+    *,
+    d_kv: int = 32,
+    d_ff: int = 1024,
+    target: int = 32,
+):
+    """An encoder-decoder (Hugging Face T5ForConditionalGeneration, dropout 0.1): `seq` input tokens, `target`
+    label tokens (the decoder's input is the labels shifted)."""
+    tf = _hf()
+    torch.manual_seed(0)
+    cfg = tf.T5Config(
+        vocab_size=vocab,
+        d_model=d_model,
+        d_kv=d_kv,
+        d_ff=d_ff,
+        num_layers=n_layer,
+        num_heads=heads,
+        dropout_rate=0.1,
+        use_cache=False,
+        decoder_start_token_id=0,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    model = tf.T5ForConditionalGeneration(cfg)
+    ids = torch.randint(2, vocab, (batch, seq))
+    return model, {"input_ids": ids, "labels": torch.randint(2, vocab, (batch, target))}
+
+
+def vit(n_layer: int = 4, hidden: int = 128, heads: int = 4, image: int = 64, patch: int = 8, batch: int = 16):
+    """A vision transformer (Hugging Face ViTForImageClassification, 10 classes) on random images and labels."""
+    tf = _hf()
+    cfg = tf.ViTConfig(
+        image_size=image,
+        patch_size=patch,
+        hidden_size=hidden,
+        num_hidden_layers=n_layer,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        num_labels=10,
+    )
+    torch.manual_seed(0)
+    model = tf.ViTForImageClassification(cfg)
+    pixels = torch.randn(batch, 3, image, image)
+    return model, {"pixel_values": pixels, "labels": torch.randint(0, 10, (batch,))}
 
 
 class FeedForward(nn.Module):
@@ -181,6 +281,53 @@ def skipnet(width: int = 512, depth: int = 4, batch: int = 256):
     """SkipNet with sum loss: activations of the encoder live until the decoder uses them."""
     torch.manual_seed(0)
     return SkipNet(width, depth), torch.randn(batch, width)
+
+
+class _DoubleConv(nn.Sequential):
+    """Two 3x3 convolutions, each followed by a normalisation (`norm(channels)`) and SiLU: one U-Net stage."""
+
+    def __init__(self, cin: int, cout: int, norm):
+        super().__init__(
+            nn.Conv2d(cin, cout, 3, padding=1),
+            norm(cout),
+            nn.SiLU(),
+            nn.Conv2d(cout, cout, 3, padding=1),
+            norm(cout),
+            nn.SiLU(),
+        )
+
+
+class UNet(nn.Module):
+    """A convolutional U-Net (a denoiser's shape): `depth` down stages (max-pool, double conv), as many up stages
+    (transposed conv, concatenation with the mirrored down stage's output, double conv)."""
+
+    def __init__(self, ch: int, depth: int, norm=lambda c: nn.GroupNorm(8, c)):
+        super().__init__()
+        widths = [ch * 2**i for i in range(depth + 1)]
+        self.stem = _DoubleConv(3, ch, norm)
+        self.down = nn.ModuleList(_DoubleConv(widths[i], widths[i + 1], norm) for i in range(depth))
+        self.upsample = nn.ModuleList(nn.ConvTranspose2d(widths[i + 1], widths[i], 2, stride=2) for i in range(depth))
+        self.up = nn.ModuleList(_DoubleConv(2 * widths[i], widths[i], norm) for i in range(depth))
+        self.head = nn.Conv2d(ch, 3, 1)
+
+    def forward(self, x):  # (B, 3, H, W)
+        x = self.stem(x)
+        skips = []
+        for blk in self.down:
+            skips.append(x)
+            x = blk(F.max_pool2d(x, 2))
+        for i in reversed(range(len(self.up))):
+            x = self.up[i](torch.cat([self.upsample[i](x), skips.pop()], dim=1))
+        return self.head(x)
+
+
+def unet(ch: int = 16, depth: int = 3, image: int = 64, batch: int = 8, *, batchnorm: bool = False):
+    """UNet (GroupNorm, or BatchNorm2d with `batchnorm`) with MSE loss against a random target image."""
+    torch.manual_seed(0)
+    model = UNet(ch, depth, nn.BatchNorm2d if batchnorm else (lambda c: nn.GroupNorm(8, c)))
+    x = torch.randn(batch, 3, image, image)
+    target = torch.randn_like(x)
+    return model, x, lambda out: F.mse_loss(out, target)
 
 
 def demo():

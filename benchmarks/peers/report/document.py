@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import statistics
-
-from catalog import ORDER
+from _catalog import ORDER
 
 from . import texts
 from .bugs import bugs_section
-from .fmt import grads_differ, grads_text, gflop, mib, secs, table
+from .fmt import grads_differ, grads_text, gflop, mib, table
 from .model_section import model_section
-from .time_verdicts import TIME_TOL, at_oneflow_memory, doubtful, rechecked, time_verdicts
+from .planning_section import planning_section
+from .time_section import in_time_section
+from .time_verdicts import at_oneflow_memory
 from .verdicts import configs_by_key, oneflow_headline, verdicts
 
 BENCH_BEGIN, BENCH_END = "<!-- peers:begin -->", "<!-- peers:end -->"
@@ -73,15 +73,15 @@ def render(data: dict, img_prefix: str | None) -> str:
     if any("remat_compiled" in (R.get("compile") or {}) for R in data["models"].values()):
         L += texts.REMAT_COMPILED + _remat_compiled_planner(data["models"])
     if large:  # issue 15's criterion first; the FLOPs verdict (eager remat only) after it
-        L += _in_time(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
+        L += in_time_section(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
     else:
         L += ["## Headline", ""]
     L += _headline(all_v, per_model)
     if not large:
-        L += _in_time(data, models)
+        L += in_time_section(data, models)
     if _oneflow(data):
         L += texts.ONEFLOW + _oneflow(data)
-    L += ["## Planning time", ""] + _planning(data, models)
+    L += ["## Planning time", ""] + planning_section(data, models)
     L += ["## Where remat loses in FLOPs, and why" if large else "## Where remat loses, and why", ""]
     L += _losses(all_v, large)
     L += _checks(data, models)
@@ -116,7 +116,7 @@ def benchmarks_span(data: dict) -> str:
         L += ["Report 004 (OneFlow on BERT: −35% memory, +33% time) restated on our BERT:", ""]
         L += _oneflow(data)
     L += ["Planning time:", ""]
-    L += _planning(data, models)[:2]
+    L += planning_section(data, models)[:2]
     L += [
         "Rockmate: not runnable on CPU (CUDA-only as shipped, rkgb 2.0.0 on PyPI incomplete). Where remat loses "
         "and why, and the remat bugs this benchmark found: [docs/peers.md](peers.md).",
@@ -162,89 +162,6 @@ def _run_line(data: dict) -> list[str]:
         f"{', '.join(prof['solvers'])}; torch.compile budgets {', '.join(f'{b:g}' for b in prof['compile_budgets']) or 'none'}.",
         "",
     ]
-
-
-def _in_time(data: dict, models: list[str]) -> list[str]:
-    """Issue 15's criterion: the same or a lower process peak for no more measured time, remat + compile included."""
-    rows, counts, oneflow, noisy = [], {"wins": 0, "ties": 0, "loses": 0}, [], 0
-    again, after = [], {"wins": 0, "ties": 0, "loses": 0}  # the doubtful points a recheck measured again, all after
-    for m in models:
-        R = data["models"][m]
-        if R["eager"].get("worker_error"):
-            continue
-        for v in time_verdicts(R["eager"], R.get("compile")):
-            counts[v["verdict"]] += 1
-            noisy += v["verdict"] == "loses" and bool(v.get("noise"))
-            r = rechecked(v, (R.get("compile") or {}).get("recheck")) if doubtful(v) else None
-            after[r["verdict"] if r else v["verdict"]] += 1
-            again += [r] if r else []
-            rows.append(
-                [
-                    m,
-                    v["peer"],
-                    mib(v["rss"]),
-                    f"{v['time']:.2f}×",
-                    v.get("remat") or "—",
-                    mib(v.get("remat_rss")),
-                    f"{v['remat_time']:.2f}×" if v.get("remat") else "—",
-                    f"**{v['verdict']}**" + (f": {v['why']}" if v["why"] else "") + _recheck_cell(r),
-                ]
-            )
-        best = at_oneflow_memory(R["eager"], R.get("compile"))
-        oneflow.append(
-            [m, f"{best['label']}: −{best['reduction']:.0%} at {best['time']:.2f}×" if best else "none measured"]
-        )
-    if not rows:
-        return []
-    return [
-        "## In measured time (issue 15's criterion)",
-        "",
-        f"At each peer point, remat's fastest measured point (an eager plan, or remat + torch.compile) whose "
-        f"process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
-        f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(rows)}"
-        + (f" ({noisy} of the losses within the rounds' noise: the per-round ratios overlap)" if noisy else "")
-        + (
-            f"; with {len(again)} of them (losses within noise, ties remat was slower in) measured again over "
-            f"more rounds in one process (`run.py "
-            f"--recheck`: the same compiled budget and the same plan), **wins {after['wins']}**, **ties "
-            f"{after['ties']}**, **loses {after['loses']}**"
-            if again
-            else ""
-        )
-        + ". Times are the median per-round "
-        f"ratio to the eager step without checkpointing, interleaved; within ±{TIME_TOL:.0%} of the peer's is "
-        "a tie on time. Every peak here is the process counter, eager or compiled.",
-        "",
-        table(
-            [
-                "model",
-                "peer point",
-                "peer process MiB",
-                "peer time",
-                "remat's fastest at that peak",
-                "remat process MiB",
-                "remat time",
-                "verdict",
-            ],
-            rows,
-        ),
-        "",
-        "Report 004's −35%: remat's fastest measured point at ≤ 65% of the unplanned process peak:",
-        "",
-        table(["model", "point: process peak saved, time against eager without checkpointing"], oneflow),
-        "",
-    ]
-
-
-def _recheck_cell(r: dict | None) -> str:
-    """A doubtful point measured again (`run.py --recheck`), as the end of its verdict cell."""
-    if not r:
-        return ""
-    return (
-        f"; measured again {r['date']} over {r['rounds']} rounds in one process: remat {r['remat_time']:.2f}× at "
-        f"{mib(r['remat_rss'])} MiB, the peer {r['time']:.2f}× at {mib(r['rss'])} MiB: **{r['verdict']}**"
-        + (f" ({r['why']})" if r["why"] else "")
-    )
 
 
 def _counts(vs: list[dict]) -> dict:
@@ -375,82 +292,6 @@ def _checks(data: dict, models: list[str]) -> list[str]:
     if bad:
         L += ["Strategies that failed or changed the gradients:", "", table(["model", "strategy", "what"], bad), ""]
     return L
-
-
-def _planning(data: dict, models: list[str]) -> list[str]:
-    rows = [
-        _planning_row(m, data["models"][m]["eager"], data["models"][m].get("compile"))
-        for m in models
-        if not data["models"][m]["eager"].get("worker_error")
-    ]
-    L = [
-        table(
-            [
-                "model",
-                "remat profile s (once)",
-                "remat plan s: dp",
-                "ilp (median, max)",
-                "chen",
-                "remat total (profile + slowest plan)",
-                "torch.compile s per budget: median (min–max)",
-                "of which partitioner s",
-                "Rockmate",
-            ],
-            rows,
-        ),
-        "",
-    ]
-    rk = data.get("rockmate", {})
-    probe = rk.get("probe") or {}
-    L += [
-        f"Rockmate: **not runnable on CPU: CUDA-only as shipped, rkgb 2.0.0 on PyPI incomplete** (recorded status: "
-        f"{rk.get('status', 'not probed')}). "
-        + (
-            f"Probe of {probe.get('date')}: `pip download --no-deps rockmate rkgb` gave {', '.join(probe.get('downloaded', []))}; "
-            f"the rkgb sdist holds only {', '.join(probe.get('rkgb_sdist_contents', []))} (missing "
-            f"{', '.join(p + '/' for p in probe.get('rkgb_missing_packages', []))}); installed into a throwaway "
-            f"directory, `import rockmate` fails: `{(probe.get('probe') or {}).get('error', '?')}`. "
-            if probe
-            else ""
-        )
-        + texts.ROCKMATE_SCALE,
-        "",
-        "Compile seconds are the first compiled call (forward + backward) minus a steady compiled step, with the "
-        "FX-graph and AOTAutograd caches off (so each budget is really partitioned) and Inductor's on-disk kernel "
-        "cache as found (warm for kernels an earlier budget or run already built"
-        + (
-            f"; {data['machine']['inductor_cache']['compiled_kernels_at_start']:,} compiled kernels in it at the start of this run"
-            if data.get("machine", {}).get("inductor_cache")
-            else ""
-        )
-        + "); the partitioner column is the time inside `min_cut_rematerialization_partition`, torch.compile's own "
-        "planning.",
-        "",
-    ]
-    return L
-
-
-def _planning_row(m: str, E: dict, C: dict | None) -> list:
-    ok = [r["plan_s"] for r in E["plans"] if r["status"] == "ok"]
-    by = {s: [r["plan_s"] for r in E["plans"] if r["solver"] == s] for s in ("dp", "ilp", "chen")}
-    comp = [r for r in (C or {}).get("budgets", []) if "compile_s" in r]
-    return [
-        m,
-        secs(E["profile_s"]),
-        *(
-            (secs(statistics.median(by[s])) + (f" (max {secs(max(by[s]))})" if s == "ilp" else "")) if by[s] else "—"
-            for s in ("dp", "ilp", "chen")
-        ),
-        secs(E["profile_s"] + (max(ok) if ok else 0)),
-        (
-            f"{secs(statistics.median(r['compile_s'] for r in comp))} ({secs(min(r['compile_s'] for r in comp))}–"
-            f"{secs(max(r['compile_s'] for r in comp))})"
-        )
-        if comp
-        else "—",
-        secs(statistics.median(r["partition_s"] for r in comp)) if comp else "—",
-        "not runnable on CPU",
-    ]
 
 
 def _oneflow(data: dict) -> list[str]:

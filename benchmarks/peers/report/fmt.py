@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from _common import md_table
+
 MiB = 2**20
 
 
@@ -45,6 +47,5 @@ def grads_differ(g: dict | None) -> bool:
 
 
 def table(headers: list[str], rows: list[list]) -> str:
-    out = ["| " + " | ".join(headers) + " |", "|" + "|".join("---" for _ in headers) + "|"]
-    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
-    return "\n".join(out)
+    """A markdown table of preformatted cells (`_common.md_table`, unpadded: the report's cells are long)."""
+    return md_table(headers, [[str(c) for c in r] for r in rows], pad=False)

@@ -3,7 +3,7 @@ remat at every peer point."""
 
 from __future__ import annotations
 
-from catalog import TITLES
+from _catalog import TITLES
 
 from .fmt import gflop, grads_text, mib, pct, ratio, secs, table
 from .verdicts import configs_by_key, remat_sources
@@ -20,13 +20,31 @@ def model_section(m: str, E: dict, C: dict | None, img: str | None, vs: list[dic
     if img:
         lines += [f"![{m}]({img})", ""]
     rows, rng = _strategy_rows(E)
-    rows += _compile_rows(E, C) + _remat_rows(E)
-    lines += [
+    lines += _strategies_table(rows + _compile_rows(E, C) + _remat_rows(E))
+    if E.get("skipped"):
+        lines += [
+            "Not applicable as users apply them: "
+            + "; ".join(f"{s['label']} — {s['why']}" for s in E["skipped"])
+            + ".",
+            "",
+        ]
+    lines += _plans_table(E)
+    lines += _verdict_table(E, vs)
+    if rng:
+        lines += [
+            "¹ torchtitan's wrapper uses `preserve_rng_state=False`; this model has dropout, so the recomputed "
+            "dropout masks differ from the forward's and the gradients change (remat preserves the RNG state).",
+            "",
+        ]
+    return lines
+
+
+def _strategies_table(rows: list[list]) -> list[str]:
+    """Every strategy's row (the peers', torch.compile's, remat's) under one table."""
+    return [
         "All strategies (tracker = `remat.profile(...).peak_bytes` on the modified model; process = RSS method; "
         "Δ against no checkpointing):",
         "",
-    ]
-    lines += [
         table(
             [
                 "strategy",
@@ -42,19 +60,14 @@ def model_section(m: str, E: dict, C: dict | None, img: str | None, vs: list[dic
         ),
         "",
     ]
-    if E.get("skipped"):
-        lines += [
-            "Not applicable as users apply them: "
-            + "; ".join(f"{s['label']} — {s['why']}" for s in E["skipped"])
-            + ".",
-            "",
-        ]
-    lines += [
+
+
+def _plans_table(E: dict) -> list[str]:
+    """remat at every budget and solver: the plan, its predictions and its measurements."""
+    return [
         f"remat at each budget (fraction of the tracker's unplanned peak {mib(configs_by_key(E)['none']['tracker_peak'])} "
         f"MiB) and solver (profile {E['profile_s']:.2f} s once, then plan s below):",
         "",
-    ]
-    lines += [
         table(
             [
                 "budget",
@@ -71,20 +84,12 @@ def model_section(m: str, E: dict, C: dict | None, img: str | None, vs: list[dic
         ),
         "",
     ]
-    lines += _verdict_table(E, vs)
-    if rng:
-        lines += [
-            "¹ torchtitan's wrapper uses `preserve_rng_state=False`; this model has dropout, so the recomputed "
-            "dropout masks differ from the forward's and the gradients change (remat preserves the RNG state).",
-            "",
-        ]
-    return lines
 
 
 def _summary(m: str, E: dict, C: dict | None) -> str:
     none = configs_by_key(E)["none"]
     return (
-        f"{E['describe']}; {E['params']:,} parameters; Adam; loss {'out.loss' if m in HF_MODELS else 'see models.py'}. "
+        f"{E['describe']}; {E['params']:,} parameters; Adam; loss {'out.loss' if m in HF_MODELS else 'see benchmarks/_models.py'}. "
         f"Unplanned step: tracker {mib(none['tracker_peak'])} MiB (peak in {E['peak_phase']}), process {mib(none['rss_peak'])} MiB "
         f"(fresh-process MEASURING.md figure {mib(E['fresh_none_rss'])} MiB), {gflop(none['flops'])} GFLOP forward+backward, "
         f"{E['n_blocks']} candidate modules for remat. Worker wall time {E.get('wall_s', 0):.0f} s"

@@ -9,7 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from catalog import TITLES  # noqa: E402
+from _catalog import TITLES  # noqa: E402
 
 from .fmt import MiB  # noqa: E402
 from .verdicts import configs_by_key  # noqa: E402
