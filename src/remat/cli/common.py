@@ -189,14 +189,14 @@ def _build_device(mode: str, device: str | None) -> str | None:
     return None
 
 
-def _progress(status: "Status | _Lines") -> Callable[[str, int], None]:
+def _progress(status: "_Status | _Lines | _Silent") -> Callable[[str, int], None]:
     def report(phase: str, ops: int) -> None:
         status.update(f"running the step: {phase} ({ops} ops)", phase=phase)
 
     return report
 
 
-def progress_of(status: "Status | _Lines", what: str) -> Callable[[str, int], None]:
+def progress_of(status: "_Status | _Lines | _Silent", what: str) -> Callable[[str, int], None]:
     """A `progress=` callable for remat.verify (or any call) that shows its phases under `spinner`'s status."""
     return lambda phase, done: status.update(f"{what}: {phase}", phase=phase)
 
@@ -259,7 +259,7 @@ def write_outputs(prof: StepProfile, json_path: Path | None, plot_path: Path | N
         write(plot_path, "the memory timeline plot", lambda p: plot_timeline(prof, p))
 
 
-def write(path: Path, what: str, write_to: Callable[[Path], None]) -> None:
+def write(path: Path, what: str, write_to: Callable[[Path], object]) -> None:
     """`write_to(path)`, then say so on stdout; an OSError becomes a RematError saying what could not be written."""
     try:
         write_to(path)

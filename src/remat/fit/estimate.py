@@ -83,6 +83,7 @@ def figures(config, head: str, setup: Setup, gpu: Gpu, layers: int) -> tuple[Fig
     built, prof = profile_step(with_layers(config, layers), head, setup, gpu)
     least = least_plan(prof)
     reserve = prof.gpu_reserve
+    assert reserve is not None, "a step profiled for a GPU has its caching allocator's reserve"
     f = Figures(
         prof.peak_bytes,
         reserve.reserved_bytes - prof.peak_bytes,

@@ -141,8 +141,8 @@ def verify_step(
     )
 
 
-def fmt_mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
+def fmt_mib(n: int | None) -> str:
+    return "none" if n is None else f"{n / 2**20:,.1f} MiB"
 
 
 @contextlib.contextmanager
@@ -236,7 +236,7 @@ def first_batch(loader: Any, what: str) -> Any:
 @contextlib.contextmanager
 def generators_kept(loader: Any) -> Iterator[None]:
     """Every random generator `loader` may draw from, put back as it was afterwards."""
-    states = [torch.get_rng_state(), random.getstate()]
+    torch_state, python_state = torch.get_rng_state(), random.getstate()
     cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
     numpy = sys.modules.get("numpy")
     numpy_state = numpy.random.get_state() if numpy is not None else None
@@ -244,11 +244,11 @@ def generators_kept(loader: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.set_rng_state(states[0])
-        random.setstate(states[1])
+        torch.set_rng_state(torch_state)
+        random.setstate(python_state)
         if cuda is not None:
             torch.cuda.set_rng_state_all(cuda)
-        if numpy_state is not None:
+        if numpy is not None and numpy_state is not None:
             numpy.random.set_state(numpy_state)
         for g, state in own:
             g.set_state(state)

@@ -24,6 +24,7 @@ NOTE [A rank's step]
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import torch.nn as nn
 
@@ -75,7 +76,7 @@ def parallel_of(model: nn.Module) -> tuple[nn.Module, Parallel]:
     """The bare model (its blocks are named as without DDP, Rule 4) and how its step is spread over ranks; a
     `remat:` error for a wrapped model with no process group, or a mesh remat does not follow."""
     ddp = is_ddp(model)
-    bare = model.module if ddp else model
+    bare = cast(nn.Module, model.module) if ddp else model
     if not ddp and not is_sharded(bare):
         return model, Parallel()
     what = "DistributedDataParallel" if ddp else "FSDP2 (fully_shard)"
@@ -116,6 +117,7 @@ def ddp_buckets(tracker: Tracker, parallel: Parallel) -> list[str]:
         if rec.alloc_step >= 0 and not rec.op and rec.free_step is None and rec.phase == "backward":
             rec.alloc_step, rec.category = -1, "grads"
             found.append(rec.nbytes)
+    assert parallel.runner is not None, "a measured DDP step keeps its DDP module"
     reported = ddp_bucket_total(parallel.runner, tracker.rounding)
     seen = f"{len(found)} storage(s), {sum(found)} bytes"
     agrees = "as DDP reports" if sum(found) == reported else f"DDP reports {reported} bytes of buckets"

@@ -152,7 +152,8 @@ def _variant(r: CheckpointRegion) -> str:
 def _effect_cells(r: CheckpointRegion) -> list[str]:
     if not r.source:
         return ["-", "-", "-", "not measured"]
-    return [_b(r.freed_bytes), fmt_flops(r.recompute_flops), _b(r.peak_bytes), r.source]
+    flops = "-" if r.recompute_flops is None else fmt_flops(r.recompute_flops)
+    return [_b(r.freed_bytes), flops, _b(r.peak_bytes), r.source]
 
 
 # -- the plan ----------------------------------------------------------------------------------------
@@ -182,5 +183,5 @@ def _plan_text(expl: Explanation) -> str:
     return "\n".join(lines)
 
 
-def _b(n: int) -> str:
-    return fmt_bytes(n, "auto")
+def _b(n: int | None) -> str:
+    return "-" if n is None else fmt_bytes(n, "auto")

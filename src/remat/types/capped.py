@@ -152,9 +152,9 @@ def why_not(step: CappedStep, budget: int, allocated: int | None = None) -> str:
     if f.tried is None:
         return f"ran out of memory under a cap of {gib(budget)}: {step.out_of_memory.split('. ')[0]}{under}"
     held = ""
-    if f.in_use is not None:
+    if f.allocated is not None and f.unallocated is not None:  # what `f.in_use` adds up
         held = (
-            f" with {gib(f.in_use)} of {gib(f.allowed or budget)} in use ({gib(f.allocated)} allocated, "
+            f" with {gib(f.allocated + f.unallocated)} of {gib(f.allowed or budget)} in use ({gib(f.allocated)} allocated, "
             f"{gib(f.unallocated)} reserved but unallocated)"
         )
     full = ""
