@@ -394,7 +394,7 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
     slow = Measured(
         dataclasses.replace(keep, solver="compiler", compiler_budget=0.3), ProcessPeak(alone, 0, 1.25), counter
     )
-    hybrids = _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {})
+    hybrids = _hybrid_candidates(model, (x, None, None), prof, budget, [ours, fast, slow], trials=4, plan_options={})
     assert [c for c, _, _ in hybrids] == seen and 2 <= len(seen) <= 4, [compiled_mod._kind(c) for c in seen]
     assert all(c.compiler_budget == 0.6 and c.segments for c in seen)
     assert hybrids[0][1].peak_bytes > budget and hybrids[-1][1].peak_bytes <= budget  # first too few, then enough
@@ -404,4 +404,5 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
     assert "compiler budget 0.6 + remat " in chosen.notes[1], chosen.notes[1]
     seen.clear()  # no fraction faster than what fits by TIME_NOISE: no hybrid, nothing compiled
     fast = Measured(fast.plan, ProcessPeak(alone, 0, 1.26), counter)
-    assert _hybrid_candidates(model, (x, None, None), prof, budget, (4, [ours, fast, slow]), {}) == [] and not seen
+    assert not _hybrid_candidates(model, (x, None, None), prof, budget, [ours, fast, slow], trials=4, plan_options={})
+    assert not seen

@@ -87,7 +87,9 @@ def plan_for(
     tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
     tried += _compiler_candidates(model, step, prof, budget, trials)
     return _fastest_fit(
-        tried + _hybrid_candidates(model, step, prof, budget, (trials, tried), plan_options), budget, prof
+        tried + _hybrid_candidates(model, step, prof, budget, tried, trials=trials, plan_options=plan_options),
+        budget,
+        prof,
     )
 
 
@@ -146,11 +148,10 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
 
 
 def _hybrid_candidates(
-    model, step: tuple, prof: StepProfile, budget: int, search: tuple[int, list[Measured]], plan_options: dict
+    model, step: tuple, prof: StepProfile, budget: int, tried: list[Measured], *, trials: int, plan_options: dict
 ) -> list[Measured]:
-    """Rule 6: remat's checkpoints under torch.compile's budget, for a fraction measured fast but over `budget`.
-    `search` is (trials, the candidates measured so far)."""
-    trials, tried = search
+    """Rule 6: remat's checkpoints under torch.compile's budget, for a fraction measured fast but over `budget`
+    (`tried`: the candidates measured so far), in at most `trials` more measurements."""
     fits = [m.step_s for _, m, _ in tried if m.peak_bytes <= budget]
     bar = min(fits) * (1 - TIME_NOISE) if fits else float("inf")
     over = [t for t in tried if t.plan.compiler_budget < 1.0 and t.peak.peak_bytes > budget and t.peak.step_s < bar]

@@ -75,8 +75,9 @@ def profile(
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
     loop, say_phase = Loop.of(step, accumulate, keep_output), resolve(progress, "profile")
-    args = (model, inputs, loss_fn, optimizer, _Options(mode, device, blocks, say_phase, loop, hardware, timed))
-    prof = _profile(*args) if world_size == 1 else _predict_ranks(*args, (world_size, wrap))
+    options = _Options(mode, device, blocks, say_phase, loop, hardware, timed, world_size, wrap)
+    args = (model, inputs, loss_fn, optimizer, options)
+    prof = _profile(*args) if world_size == 1 else _predict_ranks(*args)
     return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if is_compiled(compiled) else prof
 
 
@@ -89,11 +90,15 @@ class _Options:
     loop: Loop
     hardware: str | None = None
     timed: bool = True
+    world_size: int = 1
+    wrap: Any = None
+    """With `world_size` > 1: how the model is spread over the ranks predicted (NOTE [N ranks from one process])."""
 
 
-def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options, ranks: tuple[int, Any]) -> StepProfile:
-    """NOTE [N ranks from one process]: the step of rank 0 of `world_size`, the model wrapped by `wrap`."""
-    world_size, wrap = ranks
+def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options) -> StepProfile:
+    """NOTE [N ranks from one process]: the step of rank 0 of `options.world_size`, the model wrapped by
+    `options.wrap`."""
+    world_size, wrap = options.world_size, options.wrap
     share, note = rank_share(inputs, world_size), prediction_note(world_size, wrap, inputs)
     if wrap == "ddp":
         ddp = Parallel("ddp", world_size, 0, None, tuple(predicted_ddp_buckets(model)))
