@@ -71,6 +71,7 @@ def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> li
     row, pos, chosen = int(ok[0]), n, []  # rows are sorted by cost: the first that fits is the cheapest
     while pos > 0:
         f = fronts[pos]
+        assert f is not None, "every position on the chosen path was reached"
         if f.unit[row] >= 0:
             chosen.append(problem.units[int(f.unit[row])])
         pos, row = int(f.back_pos[row]), int(f.back_row[row])
@@ -184,13 +185,16 @@ class _Chain:
         best: list[int | None] = [None] * (self.n + 1)  # None: position unreachable
         best[0] = 0
         for i in range(self.n):
-            if best[i] is None:
+            reached = best[i]
+            if reached is None:
                 continue
             for j, unit, need in self.options[i]:
-                if best[i] >= need - budget:
-                    red = best[i] + (unit.reduction_bytes if unit else 0)
-                    best[j + 1] = red if best[j + 1] is None else max(best[j + 1], red)
-        return best[self.n] is not None and best[self.n] >= self.head_max - budget
+                if reached >= need - budget:
+                    red = reached + (unit.reduction_bytes if unit else 0)
+                    before = best[j + 1]
+                    best[j + 1] = red if before is None else max(before, red)
+        last = best[self.n]
+        return last is not None and last >= self.head_max - budget
 
 
 # -- the chain's structure --------------------------------------------------------------------

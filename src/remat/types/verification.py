@@ -115,13 +115,12 @@ class VerifyReport:
         """The tracker and the independent counter within COUNTERS_AGREE of each other (True where it is not
         judged: `independent_judged`); for a compiled model, the compiled step at most COUNTERS_AGREE above the
         eager one the tracker measured (the compiler usually keeps less; more is flagged)."""
-        if not self.independent_judged:
+        figure = self.independent_peak_bytes
+        if figure is None or not self.independent_judged:
             return True
         if self.compiled:
-            return self.independent_peak_bytes <= (1 + COUNTERS_AGREE) * self.measured_peak_bytes
-        return (
-            abs(self.measured_peak_bytes - self.independent_peak_bytes) <= COUNTERS_AGREE * self.independent_peak_bytes
-        )
+            return figure <= (1 + COUNTERS_AGREE) * self.measured_peak_bytes
+        return abs(self.measured_peak_bytes - figure) <= COUNTERS_AGREE * figure
 
     @property
     def fits_budget(self) -> bool:
@@ -130,16 +129,17 @@ class VerifyReport:
         if self.budget_bytes is None:
             return True
         allowed = (1 + BUDGET_SLACK) * self.budget_bytes
-        if self.compiled and self.independent_judged:
-            return self.independent_peak_bytes <= allowed
-        peaks = [self.measured_peak_bytes] + ([self.independent_peak_bytes] if self.independent_judged else [])
-        return max(peaks) <= allowed
+        figure = self.independent_peak_bytes if self.independent_judged else None
+        if self.compiled and figure is not None:
+            return figure <= allowed
+        return max([self.measured_peak_bytes] + ([figure] if figure is not None else [])) <= allowed
 
     @property
     def ok(self) -> bool:
         """Gradients and buffers equal, FLOPs as predicted, the tracked peak within 5% of the prediction and
         within 3% of the independent counter, and the step within the plan's budget; on CUDA also the step run to
         its end in a process capped at the budget, with the default allocator or with expandable segments."""
+        cuda = self.cuda_verdict  # None on CPU
         return (
             self.grads_equal
             and self.buffers_equal
@@ -147,7 +147,7 @@ class VerifyReport:
             and abs(self.peak_error) <= PREDICTION_AGREES
             and self.counters_agree
             and self.fits_budget
-            and (self.cuda is None or self.cuda_verdict.ok)
+            and (cuda is None or cuda.ok)
         )
 
     def __str__(self) -> str:
