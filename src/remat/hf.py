@@ -108,12 +108,12 @@ def hf_checkpointing_off(model: nn.Module) -> Iterator[bool]:
     """Hugging Face gradient checkpointing turned off meanwhile (on the same modules after); yields whether it was on."""
     on = [m for m in model.modules() if checkpointed_by_hf(m)]
     for m in on:
-        m.gradient_checkpointing = False
+        setattr(m, "gradient_checkpointing", False)  # HF's flag, a plain attribute (not a submodule or tensor)
     try:
         yield bool(on)
     finally:
         for m in on:
-            m.gradient_checkpointing = True
+            setattr(m, "gradient_checkpointing", True)
 
 
 def _use_cache_position(model: nn.Module) -> int | None:
@@ -154,7 +154,7 @@ def unpacked_sequences_unless_given(inputs) -> Iterator[bool]:
     (the real ones).  Yields whether the real position_ids pack sequences (the mask is kept then)."""
     masking = sys.modules.get("transformers.masking_utils")
     look = getattr(masking, "find_packed_sequence_indices", None)
-    if look is None:
+    if masking is None or look is None:
         yield False
         return
     ids = inputs.get("position_ids") if isinstance(inputs, dict) else None
@@ -165,11 +165,11 @@ def unpacked_sequences_unless_given(inputs) -> Iterator[bool]:
     if packed:
         yield True
         return
-    masking.find_packed_sequence_indices = _one_sequence_per_row
+    setattr(masking, "find_packed_sequence_indices", _one_sequence_per_row)
     try:
         yield False
     finally:
-        masking.find_packed_sequence_indices = look
+        setattr(masking, "find_packed_sequence_indices", look)
 
 
 def _one_sequence_per_row(position_ids):

@@ -39,6 +39,11 @@ class DemoRun:
     profile: StepProfile | None = None
     plan: Plan | None = None
 
+    def profiled(self) -> tuple[Target, StepProfile]:
+        """The model and its profile, left by the profile step (which runs first)."""
+        assert self.target is not None and self.profile is not None, "the demo profiles before anything else"
+        return self.target, self.profile
+
 
 def _demo_profile(run: DemoRun) -> None:
     run.target = load(DEMO_TARGET, "real", None)
@@ -47,28 +52,31 @@ def _demo_profile(run: DemoRun) -> None:
 
 
 def _demo_explain(run: DemoRun) -> None:
-    print(summarize_profile(run.profile), end="")
+    print(summarize_profile(run.profiled()[1]), end="")
 
 
 def _demo_plan(run: DemoRun) -> None:
     """Plan the profiled step at DEMO_BUDGET of its peak (or at the least memory, if that is more)."""
+    prof = run.profiled()[1]
     try:
-        plan = remat.plan(run.profile, DEMO_BUDGET)
+        plan = remat.plan(prof, DEMO_BUDGET)
     except InfeasibleBudget as e:
         print(f"No plan reaches {DEMO_BUDGET:.0%} of the peak; planning for the least memory possible instead.")
-        plan = remat.plan(run.profile, e.min_bytes)
-    print(render_plan(plan, baselines=report_baselines(chain_baselines(run.profile), plan.budget_bytes)), end="")
+        plan = remat.plan(prof, e.min_bytes)
+    print(render_plan(plan, baselines=report_baselines(chain_baselines(prof), plan.budget_bytes)), end="")
     run.plan = plan
 
 
 def _demo_verify(run: DemoRun) -> None:
     """Apply the plan and check it: same gradients and buffers, FLOPs and peak as predicted."""
+    target = run.profiled()[0]
+    assert run.plan is not None, "the demo plans before it verifies"
     with spinner("verify") as status:
         report = remat.verify(
-            run.target.model,
-            run.target.inputs,
+            target.model,
+            target.inputs,
             run.plan,
-            run.target.loss_fn,
+            target.loss_fn,
             optimizer=adam,
             progress=progress_of(status, "verify"),
         )
@@ -77,7 +85,7 @@ def _demo_verify(run: DemoRun) -> None:
 
 
 def _demo_outputs(run: DemoRun) -> None:
-    write_outputs(run.profile, run.args.json, run.args.plot)
+    write_outputs(run.profiled()[1], run.args.json, run.args.plot)
 
 
 DemoStep = tuple[str, Callable[[DemoRun], None]]

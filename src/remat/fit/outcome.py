@@ -74,6 +74,12 @@ class Outcome:
     def fits(self) -> bool:
         return self.verdict in (AS_IS, WITH_PLAN)
 
+    @property
+    def step_profile(self) -> StepProfile:
+        """`profile`, which every setup evaluated has (a `skipped` one has none)."""
+        assert self.profile is not None, f"no profile: {self.skipped or 'not evaluated'}"
+        return self.profile
+
 
 def fits_reserve(reserved: int, gpu_bytes: int) -> bool:
     """Rule 1."""

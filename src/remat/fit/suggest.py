@@ -63,7 +63,7 @@ def try_changes(
 ) -> list[Suggestion]:
     """Rule 1: the changes of `kinds` tried for `main` (an outcome that does not fit), in order."""
     out: list[Suggestion] = []
-    least = main.least_tensors_bytes or least_tensors(main.profile)
+    least = main.least_tensors_bytes or least_tensors(main.step_profile)
     for kind, candidates in _kinds(main.setup):
         if kind not in kinds:
             continue
@@ -131,7 +131,9 @@ def _kinds(setup: Setup) -> Iterator[tuple[str, list[tuple[str, Setup, Bound]]]]
     yield "batch", [(f"--batch {b}", dataclasses.replace(setup, batch=b), _shrink(b / setup.batch, 1)) for b in batches]
     seqs = _halvings(setup.seq, MIN_SEQ)
     yield "seq", [(f"--seq {s}", dataclasses.replace(setup, seq=s), _shrink(s / setup.seq, 2)) for s in seqs]
-    lora = [] if setup.lora else [(f"--lora {LORA_RANK}", dataclasses.replace(setup, lora=LORA_RANK), _params)]
+    lora: list[tuple[str, Setup, Bound]] = []
+    if not setup.lora:
+        lora.append((f"--lora {LORA_RANK}", dataclasses.replace(setup, lora=LORA_RANK), _params))
     yield "lora", lora
     worlds, n = [], setup.world_size * 2
     while n <= MAX_WORLD:
@@ -150,7 +152,7 @@ def _halvings(value: int, least: int) -> list[int]:
 
 def _shrink(factor: float, power: int) -> Bound:
     def bound(main: Outcome, least: int) -> float:
-        kept = main.profile.param_bytes + main.profile.optimizer_bytes
+        kept = main.step_profile.param_bytes + main.step_profile.optimizer_bytes
         return max(main.states_bytes, kept + factor**power * max(least - main.states_bytes, 0))
 
     return bound
@@ -158,14 +160,14 @@ def _shrink(factor: float, power: int) -> Bound:
 
 def _shard(factor: float) -> Bound:
     def bound(main: Outcome, least: int) -> float:
-        kept = main.profile.param_bytes + main.profile.optimizer_bytes
+        kept = main.step_profile.param_bytes + main.step_profile.optimizer_bytes
         return max(main.states_bytes * factor, kept * factor + max(least - main.states_bytes, 0))
 
     return bound
 
 
 def _params(main: Outcome, least: int) -> float:
-    return main.profile.param_bytes
+    return main.step_profile.param_bytes
 
 
 def _nothing_to_change(kind: str, setup: Setup) -> str:

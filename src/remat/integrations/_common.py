@@ -51,11 +51,11 @@ class PlanSettings:
         self.batch = batch
         self.show = show
         self.plan_options = plan_options
-        self.profile = None
+        self.profile: remat.StepProfile | None = None
         """The `remat.StepProfile` of the trainer's step, unplanned (None until training starts)."""
-        self.plan = None
+        self.plan: remat.Plan | None = None
         """The `remat.Plan` applied to the model (None until training starts)."""
-        self.step = None
+        self.step: TrainerStep | None = None
         """The step profiled (`TrainerStep`: inputs, loss, optimizer factory, accumulation), for `verify`."""
 
 

@@ -70,7 +70,7 @@ class RematLightningCallback(PlanSettings, pl.Callback):
             if self.batch is not None
             else first_batch(trainer.train_dataloader, "the Trainer's train dataloader")
         )
-        self.step = TrainerStep(
+        self.step = step = TrainerStep(
             inputs=(trainer.strategy.batch_to_device(batch),),
             loss_fn=step_loss,
             optimizer=optimizer_factory(trainer.optimizers[0] if trainer.optimizers else None, pl_module),
@@ -79,10 +79,10 @@ class RematLightningCallback(PlanSettings, pl.Callback):
         smaller = "With Lightning: RematLightningCallback(budget=...) at least that, or a smaller batch_size in the "
         smaller += "DataLoader, with a larger Trainer(accumulate_grad_batches=...) to keep the batch."
         with training_step_as_forward(pl_module, trainer):
-            self.profile, self.plan = plan_trainer_step(
-                pl_module, self.step, self.budget, self.target, self.plan_options, smaller
+            self.profile, self.plan = prof, plan = plan_trainer_step(
+                pl_module, step, self.budget, self.target, self.plan_options, smaller
             )
-        report("RematLightningCallback", self.profile, self.plan, self.show and trainer.is_global_zero)
+        report("RematLightningCallback", prof, plan, self.show and trainer.is_global_zero)
 
     def verify(self, trainer: pl.Trainer, pl_module: pl.LightningModule, **options) -> remat.VerifyReport:
         """`remat.verify` of the plan on the step profiled: gradients with and without it, and the planned step's
