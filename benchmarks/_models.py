@@ -77,13 +77,15 @@ class Recipe:
     make: Callable[..., tuple]
     """The factory: keyword arguments -> (model, inputs) or (model, inputs, loss_fn)."""
     blocks: Callable[[dict], list[str]] | None = None
-    """Modules a user checkpoints one by one; None: the Hugging Face layers (GradientCheckpointingLayer)."""
+    """Modules a user checkpoints one by one (for the peers benchmark; `hf`: Hugging Face's own layers)."""
     sequence: Callable[[nn.Module], list[nn.Module]] | None = None
     """The list the forward loops over (checkpoint_sequential / Chen), or None."""
     why: str = NOT_A_LOOP
     """Why there is no such list."""
     autocast: bool = False
     """Its forward runs under bf16 autocast (`Autocast`)."""
+    hf: bool = False
+    """A Hugging Face model: its blocks are the layers its own checkpointing wraps (GradientCheckpointingLayer)."""
 
 
 def _down_up(kw: dict) -> list[str]:
@@ -109,16 +111,16 @@ MODELS: dict[str, Recipe] = {
         why=NOT_A_LOOP + " (F.relu and flatten between the layers)",
     ),
     "cnn_bn": Recipe(zoo.cnn_bn),
-    "gpt2": Recipe(zoo.gpt2, why="HF layers take masks and caches besides the hidden states"),
+    "gpt2": Recipe(zoo.gpt2, why="HF layers take masks and caches besides the hidden states", hf=True),
     "gpt2_medium": Recipe(zoo.gpt2_medium),
-    "bert": Recipe(zoo.bert, why="HF layers take masks besides the hidden states"),
+    "bert": Recipe(zoo.bert, why="HF layers take masks besides the hidden states", hf=True),
     "bert_base": Recipe(zoo.bert),
     "bert_base_mlm": Recipe(_sdpa(zoo.bert)),
-    "llama": Recipe(zoo.llama, why="HF layers take position embeddings and masks"),
+    "llama": Recipe(zoo.llama, why="HF layers take position embeddings and masks", hf=True),
     "llama_gqa": Recipe(_sdpa(zoo.llama), autocast=True),
     "llama_style_decoder": Recipe(_sdpa(zoo.llama), autocast=True),
     "t5": Recipe(zoo.t5),
-    "vit": Recipe(zoo.vit, why="HF layers are called with extra arguments"),
+    "vit": Recipe(zoo.vit, why="HF layers are called with extra arguments", hf=True),
     "skipnet": Recipe(zoo.skipnet, _down_up, why=_SKIPS),
     "resmlp": Recipe(resmlp),
     "unet": Recipe(
@@ -234,11 +236,14 @@ def hf_layers(model: nn.Module) -> list[str]:
 def make_bench(name: str, size: str = "default") -> Bench:
     """The peers benchmark's `name` at `SIZES[size]`."""
     recipe, kw = MODELS[name], dict(SIZES[size][name])
+    if recipe.blocks is None and not recipe.hf:
+        raise ValueError(f"{name} names no blocks to checkpoint: not a model of the peers benchmark")
     model, inputs, loss_fn = _made(name, kw, "cpu")
-    hf = recipe.blocks is None
-    blocks = hf_layers(model) if hf else recipe.blocks(kw)
+    blocks = hf_layers(model) if recipe.blocks is None else recipe.blocks(kw)
     why = "" if recipe.sequence else recipe.why
-    return Bench(name, model, inputs, loss_fn, hf, blocks, sequence=recipe.sequence, no_sequence_why=why, size=kw)
+    return Bench(
+        name, model, inputs, loss_fn, recipe.hf, blocks, sequence=recipe.sequence, no_sequence_why=why, size=kw
+    )
 
 
 def make_optimizer(kind: str, model: nn.Module):

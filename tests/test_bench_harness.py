@@ -47,6 +47,8 @@ def test_each_peers_model_names_blocks_it_has(harness):
         assert bench.sequence is not None or bench.no_sequence_why, name
         if bench.sequence is not None:
             assert all(isinstance(m, models.nn.Module) for m in bench.sequence(bench.model))
+    with pytest.raises(ValueError, match="names no blocks"):  # a worker model, no Hugging Face layers either
+        models.make_bench("chain", "worker")
 
 
 def test_the_worker_returns_the_tasks_result_or_raises_with_its_output(harness):
