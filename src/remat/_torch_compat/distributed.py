@@ -20,6 +20,7 @@ import functools
 import importlib
 import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -114,19 +115,19 @@ def storage_resizes(on_resize: Callable[[torch.UntypedStorage], None]) -> Iterat
             on_resize(storage)
         return result
 
-    torch.UntypedStorage.resize_ = resize_
+    torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]  # replaced meanwhile
     try:
         yield
     finally:
-        torch.UntypedStorage.resize_ = original
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
 
-def fsdp_state(module: nn.Module):
-    """FSDP2's state of a module `fully_shard` wrapped, else None."""
+def fsdp_state(module: Any) -> Any:
+    """FSDP2's state of a module `fully_shard` wrapped (a private FSDPState), else None."""
     return module._get_fsdp_state() if is_a(module, FSDP_MODULE) else None
 
 
-def _param_groups(model: nn.Module) -> Iterator[tuple[str, object]]:
+def _param_groups(model: nn.Module) -> Iterator[tuple[str, Any]]:
     """(module name, FSDP2 parameter group) of every unit `fully_shard` made in `model`."""
     for name, mod in model.named_modules():
         state = fsdp_state(mod)
@@ -168,7 +169,7 @@ def fake_process_group(world_size: int, device_type: str) -> Iterator[object]:
         dist.destroy_process_group()
 
 
-def ddp_bucket_bytes(ddp: nn.Module) -> list[int]:
+def ddp_bucket_bytes(ddp: Any) -> list[int]:
     """Bytes of each gradient bucket DistributedDataParallel allocated (its logging data, a private method)."""
     sizes = str(ddp._get_ddp_logging_data().get("bucket_sizes", "")).replace(" ", "")
     return [int(s) for s in sizes.split(",") if s]

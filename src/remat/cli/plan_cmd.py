@@ -156,8 +156,10 @@ def _cmd_plan(args: argparse.Namespace) -> int:
         if args.plot is not None:  # peak against FLOPs: the plans no other beats on both
             write(args.plot, "the frontier plot", lambda p: plot_frontier(pareto(plans), p, budget_bytes, baselines))
     if args.out is not None:
+        assert plan is not None, "_check_plan_args: --out needs --budget"
         write(args.out, "the plan as JSON", plan.save)
     if args.verify:
+        assert plan is not None and built is not None, "_check_plan_args: --verify needs --budget and a real TARGET"
         print()
         with spinner("verify") as status:
             report = remat.verify(
@@ -227,7 +229,7 @@ def chain_baselines(prof: StepProfile) -> dict[str, Plan]:
 def report_baselines(baselines: dict[str, Plan], budget_bytes: int | None) -> dict[str, Plan]:
     """Every block, Chen's sqrt(n), and the one checkpoint_sequential(k) a user would pick for the budget:
     the least recomputation among those that fit, else the one with the least memory."""
-    chosen = {n: baselines[n] for n in ("every-block", "chen") if n in baselines}
+    chosen: dict[str, Plan] = {n: baselines[n] for n in ("every-block", "chen") if n in baselines}
     sequential = {n: p for n, p in baselines.items() if n.startswith(SEQUENTIAL)}
     fitting = [n for n, p in sequential.items() if budget_bytes is None or p.peak_bytes <= budget_bytes]
     if fitting:
@@ -246,7 +248,7 @@ def pareto(frontier: list[Plan]) -> list[Plan]:
         return []
     if any(p.offload for p in frontier):  # FLOPs alone do not rank offload plans: remat.frontier's own order
         return list(frontier)
-    first, out = frontier[0], []
+    first, out = frontier[0], list[Plan]()
     for p in sorted(frontier[1:], key=lambda p: (p.recompute_flops, p.peak_bytes)):
         if p.peak_bytes < (out[-1] if out else first).peak_bytes:
             out.append(p)

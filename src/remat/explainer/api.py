@@ -99,7 +99,7 @@ def _evidence(step: "_Step", model: nn.Module, observed_bytes: int | None, compi
     (NOTE [How explain gets its numbers]); and the checkpoint calls seen."""
     written, recorder, error = step.run_as_written()
     calls = recorder.calls
-    plain = step.run(lambda i: False)[0] if calls else written
+    plain = step.run(lambda i: False)[0] if calls or written is None else written
     problem = Problem.from_profile(plain, max(MAX_SEGMENT, _longest_run(calls)))
     regions = [_region(c, step, problem, plain, written, len(calls)) for c in calls]
     least = _least_peak(plain)
@@ -244,7 +244,12 @@ def _region(call: RecordedCall, step: _Step, problem: Problem, plain: StepProfil
     unit = _unit(problem, call)
     if unit is not None:
         flops = sum(plain.block(b).forward_flops for b in unit.blocks) if call.site.reentrant else unit.cost_flops
-        effect = (unit.reduction_bytes, flops, problem.peak([unit]), "predicted")
+        effect: tuple[int | None, int | None, int | None, str] = (
+            unit.reduction_bytes,
+            flops,
+            problem.peak([unit]),
+            "predicted",
+        )
     elif n_calls == 1 and written is not None:
         effect = _measured(plain, written)
     elif call.site.index < MAX_MEASURED and written is not None:  # a step that cannot run cannot be measured

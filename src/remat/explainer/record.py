@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -151,7 +152,7 @@ class Recorder:
     def _describe(self, call: CheckpointCall) -> RecordedCall:
         caller = self._stack[-1] if self._stack else None
         caller_name = self.names.get(id(caller), "") if caller is not None else ""
-        common = dict(
+        common: dict[str, Any] = dict(  # what every CheckpointCallSite of this call shares
             index=len(self.calls),
             reentrant=call.reentrant,
             preserve_rng_state=call.preserve_rng_state,

@@ -40,6 +40,7 @@ from remat.fit.outcome import (
     WITH_PLAN,
     Outcome,
     fits_reserve,
+    gpu_reserve,
     states_of,
     with_margin,
 )
@@ -82,8 +83,7 @@ def figures(config, head: str, setup: Setup, gpu: Gpu, layers: int) -> tuple[Fig
     """The figures of the step of `config` cut to `layers` layers, and how to replay its least-memory plan."""
     built, prof = profile_step(with_layers(config, layers), head, setup, gpu)
     least = least_plan(prof)
-    reserve = prof.gpu_reserve
-    assert reserve is not None, "a step profiled for a GPU has its caching allocator's reserve"
+    reserve = gpu_reserve(prof)
     f = Figures(
         prof.peak_bytes,
         reserve.reserved_bytes - prof.peak_bytes,

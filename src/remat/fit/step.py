@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 from torch import nn
 
 from remat.applier.apply import apply, remove
 from remat.errors import InfeasibleBudget, RematError
 from remat.fit.build import Built, adamw, build, quiet
-from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
+from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, gpu_reserve, states_of
 from remat.fit.setup import FitError, Gpu, Setup
 from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve
 from remat.measure.profiling import profile
@@ -61,7 +61,7 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
 
 def judge(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, progress: Progress | None = None) -> Outcome:
     """NOTE [Does a step fit] for a profiled step: as is, with a plan fitted to the GPU's reserve, or not."""
-    reserve, budget = prof.gpu_reserve, gpu.memory_bytes
+    reserve, budget = gpu_reserve(prof), gpu.memory_bytes
     base = Outcome(setup, NO, profile=prof, states_bytes=states_of(prof))
     for allocator, reserved in (("", reserve.reserved_bytes), (EXPANDABLE, reserve.expandable_reserved_bytes)):
         if fits_reserve(reserved, budget):
@@ -85,15 +85,13 @@ def judge(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, progress: Pro
         return dataclasses.replace(
             base, least_bytes=e.min_bytes, least_is_reserve=True, least_tensors_bytes=least_tensors(prof)
         )
-    timed = bool(plan.step_time_s)
+    timed, planned = bool(plan.step_time_s), gpu_reserve(plan)
     return dataclasses.replace(
         base,
         verdict=WITH_PLAN,
         allocator=plan.allocator,
         plan=plan,
-        reserve_bytes=plan.gpu_reserve.reserved_bytes
-        if not plan.allocator
-        else plan.gpu_reserve.expandable_reserved_bytes,
+        reserve_bytes=planned.expandable_reserved_bytes if plan.allocator else planned.reserved_bytes,
         peak_bytes=plan.peak_bytes,
         extra_fraction=plan.extra_fraction if timed else plan.recompute_fraction,
         extra_unit="time" if timed else "FLOPs",
@@ -164,9 +162,9 @@ def reserve_checker(
     def reserve_of(plan: Plan) -> GpuReserve:
         key = (repr(plan.segments), repr(plan.selective), repr(plan.offload), repr(plan.selective_keeps))
         if not (plan.segments or plan.selective or plan.offload):
-            seen[key] = prof.gpu_reserve
+            seen[key] = gpu_reserve(prof)
         elif key not in seen:
-            seen[key] = planned_profile(built.model, built.inputs, plan, options).gpu_reserve
+            seen[key] = gpu_reserve(planned_profile(built.model, built.inputs, plan, options))
         if checked is not None:
             checked.append((plan, seen[key]))
         return seen[key]
@@ -190,7 +188,7 @@ def planned_profile(model: nn.Module, inputs, plan: Plan, options: dict[str, Any
         apply(copy, plan)
         for name in blocks:
             fully_shard(copy.get_submodule(name), mesh=mesh)
-        return fully_shard(copy, mesh=mesh)
+        return cast(nn.Module, fully_shard(copy, mesh=mesh))
 
     return _profile(model, inputs, {**options, "wrap": shard})
 
