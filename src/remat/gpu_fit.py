@@ -67,9 +67,9 @@ def fit_reserve(
     for _ in range(TRIALS):
         candidate = dataclasses.replace(candidate, gpu_reserve=reserve_of(candidate))
         checked.append(candidate)
-        if _fits(candidate.gpu_reserve.reserved_bytes, budget):
+        if _fits(gpu_reserve(candidate).reserved_bytes, budget):
             return _noted(candidate, "")
-        over = int(candidate.gpu_reserve.reserved_bytes * (1 + RESERVE_MARGIN)) - budget
+        over = int(gpu_reserve(candidate).reserved_bytes * (1 + RESERVE_MARGIN)) - budget
         if target <= least:
             break  # the least-memory plan was checked
         target = max(target - max(over, MIN_STEP), least)
@@ -81,10 +81,16 @@ def fit_reserve(
                 candidate = replan(target)
             except InfeasibleBudget:
                 break
-    expandable = [p for p in checked if _fits(p.gpu_reserve.expandable_reserved_bytes, budget)]
+    expandable = [p for p in checked if _fits(gpu_reserve(p).expandable_reserved_bytes, budget)]
     if expandable:
         return _noted(min(expandable, key=lambda p: (p.extra_s, p.recompute_flops)), EXPANDABLE)
     raise _nothing_fits(checked, budget)
+
+
+def gpu_reserve(step: Plan | StepProfile) -> GpuReserve:
+    """The caching allocator's reserve a CUDA step's profile, or a plan checked against it, carries."""
+    assert step.gpu_reserve is not None, "a CUDA step's profile and the plans checked on it carry their reserve"
+    return step.gpu_reserve
 
 
 def _fits(reserved: int, budget: int) -> bool:
@@ -96,7 +102,7 @@ def _nothing_fits(checked: list[Plan], budget: int) -> InfeasibleBudget:
     """Rule 4: the least reserve seen, with the allocator setting that had it."""
     need, setting, plan = min(
         (
-            min((p.gpu_reserve.reserved_bytes, ""), (p.gpu_reserve.expandable_reserved_bytes, EXPANDABLE)) + (p,)
+            min((gpu_reserve(p).reserved_bytes, ""), (gpu_reserve(p).expandable_reserved_bytes, EXPANDABLE)) + (p,)
             for p in checked
         ),
         key=lambda t: t[0],
@@ -116,11 +122,12 @@ def _nothing_fits(checked: list[Plan], budget: int) -> InfeasibleBudget:
 
 
 def _noted(plan: Plan, allocator: str) -> Plan:
-    r = plan.gpu_reserve
+    r = gpu_reserve(plan)
     note = (
         f"On the GPU the caching allocator would reserve {fmt_bytes(r.reserved_bytes, 'auto')} for this step "
         f"({fmt_bytes(r.expandable_reserved_bytes, 'auto')} with {EXPANDABLE}); the budget is "
-        f"{fmt_bytes(plan.budget_bytes, 'auto')} (docs/validation.md §6.2)."
+        f"{fmt_bytes(plan.budget_bytes, 'auto') if plan.budget_bytes is not None else 'not set'} "
+        "(docs/validation.md §6.2)."
     )
     if allocator:
         note += (
@@ -169,11 +176,11 @@ def planned_reserve(
 ) -> GpuReserve:
     """Rule 1: the reserve of `model`'s step under `plan`; the unplanned profile's for a plan that changes nothing."""
     if not (plan.segments or plan.selective or plan.offload):
-        return prof.gpu_reserve
+        return gpu_reserve(prof)
     inputs, loss_fn, optimizer = step
     apply(model, plan)
     try:
         planned = profile(model, inputs, loss_fn, optimizer, **options)
     finally:
         remove(model)
-    return planned.gpu_reserve
+    return gpu_reserve(planned)

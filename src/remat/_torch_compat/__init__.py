@@ -87,11 +87,11 @@ def cuda_autocast_runs_on_cpu() -> Iterator[None]:
             device_type, dtype = "cpu", dtype if dtype is not None else torch.get_autocast_dtype("cuda")
         original(self, device_type, dtype, enabled, cache_enabled)
 
-    cls.__init__ = init
+    cls.__init__ = init  # type: ignore[method-assign]  # replaced meanwhile
     try:
         yield
     finally:
-        cls.__init__ = original
+        cls.__init__ = original  # type: ignore[method-assign]
 
 
 def backward_in_mode(mode, func, args: tuple, kwargs: dict):
@@ -105,6 +105,7 @@ def backward_in_mode(mode, func, args: tuple, kwargs: dict):
     from torch.autograd import _make_grads, _tensor_or_tensors_to_tuple
     from torch.autograd.graph import _engine_run_backward
 
+    names: tuple[str, ...]
     if func is torch.Tensor.backward:
         names = ("tensors", "grad_tensors", "retain_graph", "create_graph", "inputs")
     else:
@@ -286,12 +287,12 @@ def intercept_checkpoints(on_call: CheckpointHandler, in_backward_keep: Callable
             else:
                 yield
 
-    _tuc.CheckpointFunction = _Reentrant
+    _tuc.CheckpointFunction = _Reentrant  # type: ignore[misc,assignment]  # torch's own class, swapped meanwhile
     _tuc._checkpoint_without_reentrant_generator = _non_reentrant
     try:
         yield
     finally:
-        _tuc.CheckpointFunction = reentrant_orig
+        _tuc.CheckpointFunction = reentrant_orig  # type: ignore[misc]
         _tuc._checkpoint_without_reentrant_generator = generator_orig
 
 
@@ -303,7 +304,7 @@ def open_checkpoint(fn: Callable, *args, **kwargs):
     `torch.utils.checkpoint.checkpoint(replay, *inputs, use_reentrant=False)` would; that function
     is this generator, run by hand.  Like it, it stashes the GPU RNG state of the devices of the
     positional `inputs`' tensors only (`remat.applier.rng.seen_by_torch` adds the others)."""
-    fixed = [fn, True, _tuc.noop_context_fn, "default", False, True][:_CHECKPOINT_GENERATOR_FIXED]
+    fixed: list[Any] = [fn, True, _tuc.noop_context_fn, "default", False, True][:_CHECKPOINT_GENERATOR_FIXED]
     gen = _CHECKPOINT_GENERATOR(*fixed, *args, **kwargs)
     next(gen)
 
@@ -386,4 +387,4 @@ def compile_on_this_thread() -> None:
 
     config = sys.modules.get("torch._inductor.config")
     if config is not None:
-        config.compile_threads = 1  # private: read by AsyncCompile.submit and .cpp on every kernel
+        setattr(config, "compile_threads", 1)  # private: read by AsyncCompile.submit and .cpp on every kernel

@@ -9,7 +9,7 @@ from remat.explainer.evidence import Evidence, _b, _few, _gflop
 from remat.module_tree import parent_name
 from remat.planner import recipes
 from remat.planner.api import FIXED_DOMINATES
-from remat.planner.problem import Problem, Unit
+from remat.planner.problem import Group, Problem, Unit
 from remat.report.text import fmt_share
 from remat.types import CheckpointRegion, Finding, Severity, StepProfile
 
@@ -28,34 +28,37 @@ def whole_model_checkpoint(ev: Evidence) -> list[Finding]:
     for r in ev.regions:
         if r.depth or r.freed_bytes is None or r.freed_bytes < BIG_REGION * ev.plain.activation_bytes:
             continue
+        if r.peak_bytes is None:  # its effect was not predicted or measured
+            continue
         group = _inner_group(ev, r)
         if group is None:
             continue
         every_block = recipes.segments_every_block(len(ev.problem.groups[group]))
         per_layer = ev.problem.peak(recipes.units_for(ev.problem, group, every_block))
         if r.peak_bytes - per_layer >= MARGIN * r.peak_bytes:
-            out.append(_whole_model(ev, r, group, per_layer))
+            out.append(_whole_model(ev, r, group, per_layer, (r.freed_bytes, r.peak_bytes)))
     return out
 
 
-def _inner_group(ev: Evidence, r: CheckpointRegion) -> str | None:
+def _inner_group(ev: Evidence, r: CheckpointRegion) -> Group | None:
     """The largest run of sibling blocks inside the region (its layers), if it has two or more."""
     inside = [g for g, names in ev.problem.groups.items() if len(names) >= 2 and all(n in r.modules for n in names)]
     return max(inside, key=lambda g: len(ev.problem.groups[g]), default=None)
 
 
-def _whole_model(ev: Evidence, r: CheckpointRegion, group: str, per_layer: int) -> Finding:
-    plain, layers = ev.plain, ev.problem.groups[group]
+def _whole_model(ev: Evidence, r: CheckpointRegion, group: Group, per_layer: int, effect: tuple[int, int]) -> Finding:
+    """`effect`: the region's freed and peak bytes (known)."""
+    (freed, peak), plain, layers = effect, ev.plain, ev.problem.groups[group]
     fwd_without = plain.end_of_forward.total_bytes
-    fwd_with = fwd_without - r.freed_bytes
-    worse = r.peak_bytes - plain.peak_bytes
+    fwd_with = fwd_without - freed
+    worse = peak - plain.peak_bytes
     change = f": {_b(worse)} more" if worse > 0 else (f": {_b(-worse)} less" if worse < 0 else "")
     if worse > 0 and r.reentrant:
         change += ", as a reentrant checkpoint rebuilds its output beside the one the forward returned"
     message = (
         f"{r.label} wraps all {len(layers)} blocks of {_container(layers)} in one checkpoint. It does lower the end of "
         f"forward ({_b(fwd_with)} live instead of {_b(fwd_without)}), but backward recomputes all of them at once, so "
-        f"the step's peak is {_b(r.peak_bytes)} with it and {_b(plain.peak_bytes)} without it ({r.source}){change}. "
+        f"the step's peak is {_b(peak)} with it and {_b(plain.peak_bytes)} without it ({r.source}){change}. "
         f"With one checkpoint per block, the peak would be {_b(per_layer)} (predicted)."
     )
     seq = _in_code(parent_name(layers[0]))
@@ -65,14 +68,14 @@ def _whole_model(ev: Evidence, r: CheckpointRegion, group: str, per_layer: int) 
         f"`x = checkpoint(layer, x, use_reentrant=False)` inside the loop; or apply remat's plan below."
     )
     figures = dict(
-        peak_with_bytes=r.peak_bytes,
+        peak_with_bytes=peak,
         peak_without_bytes=plain.peak_bytes,
         peak_per_layer_bytes=per_layer,
         forward_live_with_bytes=fwd_with,
         forward_live_without_bytes=fwd_without,
         blocks=len(layers),
     )
-    at_stake = max(0, r.peak_bytes - per_layer)
+    at_stake = max(0, peak - per_layer)
     return Finding("whole-model-checkpoint", r.module, message, at_stake, fix, Severity.MEMORY, figures)
 
 
@@ -103,12 +106,13 @@ def checkpoint_too_small(ev: Evidence) -> list[Finding]:
 
 
 def _too_small(ev: Evidence, r: CheckpointRegion) -> Finding:
-    if r.freed_bytes == 0:
+    freed = r.freed_bytes or 0  # known: `checkpoint_too_small` takes the regions it was predicted or measured for
+    if freed == 0:
         keeps = "what its ops save for backward is its input, kept anyway, so it frees nothing"
     else:
         keeps = (
             "it frees nothing, and keeps its input until backward, a tensor autograd would have freed: "
-            f"{_b(-r.freed_bytes)} more saved for backward"
+            f"{_b(-freed)} more saved for backward"
         )
     message = (
         f"{_who(ev, r)} wraps {_region_words(ev, r)}; {keeps} ({r.source}, this checkpoint alone). {_cost_words(r)}"
@@ -117,8 +121,8 @@ def _too_small(ev: Evidence, r: CheckpointRegion) -> Finding:
         "Remove this checkpoint. A checkpoint pays off around a block of several ops whose intermediate tensors it "
         "drops (conv + ReLU + conv together, a whole layer); see remat's plan below for which blocks."
     )
-    figures = dict(freed_bytes=r.freed_bytes, recompute_flops=r.recompute_flops or 0)
-    return Finding("checkpoint-too-small", r.module, message, max(0, -r.freed_bytes), fix, Severity.MEMORY, figures)
+    figures = dict(freed_bytes=freed, recompute_flops=r.recompute_flops or 0)
+    return Finding("checkpoint-too-small", r.module, message, max(0, -freed), fix, Severity.MEMORY, figures)
 
 
 def _who(ev: Evidence, r: CheckpointRegion) -> str:
@@ -165,9 +169,9 @@ def too_many_segments(ev: Evidence) -> list[Finding]:
     return out
 
 
-def _user_units(ev: Evidence) -> dict[str, list[Unit]]:
+def _user_units(ev: Evidence) -> dict[Group, list[Unit]]:
     """The model's checkpoints that are planner units, by group (depth 0, predicted)."""
-    by_group: dict[str, list[Unit]] = {}
+    by_group: dict[Group, list[Unit]] = {}
     for r in ev.regions:
         unit = _unit_of(ev, r)
         if unit is not None and r.depth == 0:
@@ -182,17 +186,18 @@ def _unit_of(ev: Evidence, r: CheckpointRegion) -> Unit | None:
         return None
 
 
-def _sequential_peaks(problem: Problem, group: str, n: int) -> dict[int, int]:
+def _sequential_peaks(problem: Problem, group: Group, n: int) -> dict[int, int]:
     """Predicted peak of checkpoint_sequential(k) over the group, for k = 2..n."""
     cuts = {k: recipes.segments_checkpoint_sequential(n, k) for k in range(2, n + 1)}
     return {k: problem.peak(recipes.units_for(problem, group, segments)) for k, segments in cuts.items()}
 
 
-def _too_many(ev: Evidence, group: str, units: list[Unit], peaks: dict[int, int], best: int, mine: int) -> Finding:
+def _too_many(ev: Evidence, group: Group, units: list[Unit], peaks: dict[int, int], best: int, mine: int) -> Finding:
     names = ev.problem.groups[group]
     boundaries = sum(ev.plain.block(u.blocks[0]).input_bytes for u in units)
     only_these = len(ev.regions) == len(units)  # the step as written has no other checkpoint
-    measured = f"{_b(ev.written.peak_bytes)} measured, " if only_these and ev.written is not None else ""
+    written = ev.written if only_these else None
+    measured = f"{_b(written.peak_bytes)} measured, " if written is not None else ""
     shown = sorted({k for k in (2, 4, 8, 16, 32, 64, best, len(units) + 1) if k in peaks})
     table = ", ".join(f"{k}: {_b(peaks[k])}" for k in shown)
     message = (
@@ -212,8 +217,8 @@ def _too_many(ev: Evidence, group: str, units: list[Unit], peaks: dict[int, int]
         best_peak_bytes=peaks[best],
         boundaries_bytes=boundaries,
     )
-    if measured:
-        figures["peak_measured_bytes"] = ev.written.peak_bytes
+    if written is not None:
+        figures["peak_measured_bytes"] = written.peak_bytes
     return Finding(
         "too-many-segments", parent_name(names[0]), message, mine - peaks[best], fix, Severity.MEMORY, figures
     )

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from remat.fit.estimate import ESTIMATE_MARGIN
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, allocator_words
 from remat.fit.setup import Gpu
+from remat.gpu_fit import gpu_reserve
 from remat.fit.suggest import Suggestion
 from remat.report.text import fmt_bytes
 from remat.types import Plan, StepProfile
@@ -37,7 +38,7 @@ class FitAnswer:
 
     @property
     def profile(self) -> StepProfile:
-        return self.outcome.profile
+        return self.outcome.step_profile
 
     @property
     def plan(self) -> Plan | None:
@@ -60,7 +61,7 @@ def count(n: int) -> str:
 
 
 def render(a: FitAnswer) -> list[str]:
-    setup, prof = a.outcome.setup, a.outcome.profile
+    setup, prof = a.outcome.setup, a.outcome.step_profile
     trained = "all trained" if a.trainable == a.params else f"{count(a.trainable)} trained (LoRA r={setup.lora})"
     ranks = f"each of {setup.world_size} GPUs (FSDP2)" if setup.world_size > 1 else "one GPU"
     lines = [
@@ -82,7 +83,7 @@ def render(a: FitAnswer) -> list[str]:
 def _memory(prof: StepProfile) -> list[str]:
     p = prof.at_peak
     other = p.buffers_bytes + p.inputs_bytes + p.gathered_bytes + p.workspaces_bytes + p.scratch_bytes
-    r = prof.gpu_reserve
+    r = gpu_reserve(prof)
     return [
         (
             f"memory (predicted): parameters {gib(prof.param_bytes)}, gradients {gib(prof.grad_bytes)}, "
@@ -104,6 +105,7 @@ def _verdict(a: FitAnswer) -> list[str]:
         return [f"answer: fits as is{setting}: the step reserves {gib(o.reserve_bytes)} of the GPU's {room}."]
     if o.verdict == WITH_PLAN:
         plan = o.plan
+        assert plan is not None, "an outcome that fits with a plan has it"
         return [
             (
                 f"answer: fits with this plan at +{o.extra_fraction:.0%} {o.extra_unit}{setting}: its step peaks at "
@@ -144,7 +146,7 @@ def _ranges(names: list[str]) -> str:
             loose.append(name)
     out = []
     for prefix, numbers in groups.items():
-        numbers, runs = sorted(numbers), []
+        numbers, runs = sorted(numbers), list[list[int]]()
         for n in numbers:
             if runs and n == runs[-1][1] + 1:
                 runs[-1][1] = n
@@ -177,7 +179,8 @@ def _grouped(suggestions: list[Suggestion]) -> list[tuple[str, list[Suggestion]]
     groups: list[list[Suggestion]] = []
     for s in suggestions:
         ruled_out = bool(s.outcome and s.outcome.skipped)
-        if groups and ruled_out and groups[-1][-1].kind == s.kind and groups[-1][-1].outcome.skipped:
+        before = groups[-1][-1] if groups else None
+        if ruled_out and before is not None and before.kind == s.kind and before.outcome and before.outcome.skipped:
             groups[-1].append(s)
         else:
             groups.append([s])
@@ -185,7 +188,7 @@ def _grouped(suggestions: list[Suggestion]) -> list[tuple[str, list[Suggestion]]
 
 
 def _ruled_out(group: list[Suggestion]) -> str:
-    least = min(s.outcome.least_bytes for s in group)
+    least = min(s.outcome.least_bytes for s in group if s.outcome is not None)  # every one was ruled out
     return f"does not fit: each needs at least {gib(least)} of tensors, by a bound (docs/cli.md, remat fit)"
 
 

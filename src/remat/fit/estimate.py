@@ -40,13 +40,12 @@ from remat.fit.outcome import (
     WITH_PLAN,
     Outcome,
     fits_reserve,
-    gpu_reserve,
     states_of,
     with_margin,
 )
 from remat.fit.setup import Gpu, Setup
 from remat.fit.step import least_plan, profile_step, reserve_checker
-from remat.gpu_fit import RESERVE_MARGIN
+from remat.gpu_fit import RESERVE_MARGIN, gpu_reserve
 from remat.types.reserve import EXPANDABLE, GpuReserve
 
 DEPTHS = (1, 2)

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from remat.fit.setup import Setup
 from remat.gpu_fit import RESERVE_MARGIN
 from remat.types import Plan, StepProfile
-from remat.types.reserve import EXPANDABLE, GpuReserve
+from remat.types.reserve import EXPANDABLE
 
 AS_IS, WITH_PLAN, NO = "fits as is", "fits with a plan", "does not fit"
 
@@ -89,12 +89,6 @@ def fits_reserve(reserved: int, gpu_bytes: int) -> bool:
 def with_margin(reserved: int) -> int:
     """The GPU memory a step that reserves `reserved` bytes needs (Rule 1)."""
     return int(reserved * (1 + RESERVE_MARGIN)) + 1
-
-
-def gpu_reserve(step: StepProfile | Plan) -> GpuReserve:
-    """The caching allocator's reserve of a step `remat fit` profiled or planned: every one is for a GPU."""
-    assert step.gpu_reserve is not None, "remat fit profiles and plans its steps for a GPU"
-    return step.gpu_reserve
 
 
 def states_of(prof: StepProfile) -> int:

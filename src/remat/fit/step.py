@@ -11,9 +11,9 @@ from torch import nn
 from remat.applier.apply import apply, remove
 from remat.errors import InfeasibleBudget, RematError
 from remat.fit.build import Built, adamw, build, quiet
-from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, gpu_reserve, states_of
+from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
 from remat.fit.setup import FitError, Gpu, Setup
-from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve
+from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve, gpu_reserve
 from remat.measure.profiling import profile
 from remat.module_tree import find_candidates, main_chain
 from remat.planner.api import plan as remat_plan

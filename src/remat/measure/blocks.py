@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -228,7 +229,7 @@ class _Block:
         wrapper = checkpoint_wrapper_type()
         return "checkpoint_wrapper" if wrapper is not None and isinstance(self.module, wrapper) else "recomputed"
 
-    def _bytes(self) -> dict[str, object]:
+    def _bytes(self) -> dict[str, Any]:
         saved_outputs = [r for r in self.outputs if r.category == "activations"]
         unsaved_inputs = self._unsaved_inputs()
         n_ops = len(self.tracker.ops)
@@ -274,7 +275,7 @@ class _Block:
         """Inputs (positional and keyword) that autograd does not keep: a checkpoint holds them (Rule 2)."""
         return [r for r in self.inputs if not r.saved and r.category in ("activations", "temporaries")]
 
-    def _costs(self) -> dict[str, object]:
+    def _costs(self) -> dict[str, Any]:
         return dict(
             forward_flops=_flops(self.fwd),
             backward_flops=_flops(self.bwd),
@@ -289,7 +290,7 @@ class _Block:
             selective_recompute_ops=len(self.selective_ops),
         )
 
-    def _spans(self) -> dict[str, int]:
+    def _spans(self) -> dict[str, Any]:
         fwd, bwd = self.fwd_k, self.bwd_k
         return dict(
             forward_start_op=fwd[0] if fwd else -1,
