@@ -22,8 +22,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 import test_cuda_simulation as sim  # noqa: E402  (the harness the tests hold the model with)
 
-import remat  # noqa: E402
-from remat import zoo  # noqa: E402
 
 MIB = 2**20
 
@@ -48,18 +46,8 @@ def op_rows() -> list[dict]:
 def zoo_rows() -> list[dict]:
     rows = []
     for name in sorted(sim.ZOO_TRUTH):
-        built = sim.AS_MEASURED.get(name, getattr(zoo, name))()  # as the H100 measured it
         for loop in ("held", "loss"):
-            prof = remat.profile(
-                built[0],
-                built[1],
-                built[2] if len(built) > 2 else None,
-                optimizer=torch.optim.Adam,
-                mode="fake",
-                device="cuda",
-                hardware="H100",
-                keep_output=loop == "held",
-            )
+            prof = sim.simulated_step(name, loop)  # as the H100 measured it
             truth = sim.ZOO_TRUTH[name][loop]["peak"]
             rows.append(
                 {
