@@ -11,6 +11,7 @@ backward), without any tracking.  `apply_by_hand(model, how)` checkpoints a mode
 
 from __future__ import annotations
 
+import contextlib
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -172,10 +173,7 @@ def build(name: str, kwargs: dict | None = None, segments: int = 0, use_reentran
     """`(model, inputs, loss_fn)` at the model's "worker" size, `kwargs` over it; `segments` wraps an
     nn.Sequential in checkpoint_sequential; `fake` builds it under FakeTensorMode (nothing allocated)."""
     kw = {**SIZES["worker"].get(name, {}), **(kwargs or {})}
-    if fake:
-        with FakeTensorMode(allow_non_fake_inputs=True):
-            model, inputs, loss_fn = _made(name, kw, "cpu")
-    else:
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
         model, inputs, loss_fn = _made(name, kw, "cpu")
     if segments:
         if not isinstance(model, nn.Sequential):
