@@ -15,7 +15,7 @@ import torch.nn as nn
 import remat
 from remat import zoo
 from remat.cli import main
-from remat.gpu_fit import RESERVE_MARGIN, fit_reserve
+from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve
 from remat.measure.device.cuda_allocator import (
     LARGE_BUFFER,
     MiB,
@@ -160,6 +160,23 @@ def test_a_plan_over_the_reserve_is_planned_again_for_fewer_tensors_until_it_fit
     assert asked == [budget - (int(1100 * MiB * (1 + RESERVE_MARGIN)) - budget)]
     assert chosen.solver == "second" and chosen.allocator == "" and chosen.gpu_reserve == reserves["second"]
     assert "would reserve 950.0 MiB" in chosen.notes[-1]
+
+
+def test_a_plan_far_under_the_budget_is_planned_again_under_its_own_tensors_not_checked_twice():
+    """Rule 2: the budget less the excess would give the same plan back (GPT-2 at 80% spent all four checks on one
+    plan): the next is asked for at least MIN_STEP under the plan checked."""
+    budget = 1000 * MiB
+    asked = []
+
+    def replan(target):
+        asked.append(target)
+        return _plan(target, budget, "first" if target > 700 * MiB else "second")
+
+    reserves = {"first": _reserve(1010 * MiB, 1005 * MiB), "second": _reserve(900 * MiB, 880 * MiB)}
+    chosen = fit_reserve(_plan(800 * MiB, budget, "first"), budget, replan, lambda p: reserves[p.solver])
+    assert asked[0] == 800 * MiB - MIN_STEP  # not budget - excess: 949.6 MiB, which the 800 MiB plan fits again
+    assert all(b < a for a, b in zip(asked, asked[1:]))
+    assert chosen.solver == "second" and chosen.peak_bytes <= 700 * MiB
 
 
 def test_where_only_expandable_segments_fit_the_plan_says_to_set_them():

@@ -21,6 +21,7 @@ from remat.planner import dp, ilp
 from remat.planner import baseline_plans
 from remat.planner.effects import Effect
 from remat.planner.problem import Group, Problem, Unit
+from remat.types import Action, Solver
 
 MIB = 2**20
 
@@ -106,7 +107,7 @@ def _least_peak(problem: Problem, candidates):
 @given(chains(), st.integers(0, 130))
 def test_dp_and_ilp_equal_brute_force_on_chains(problem, budget):
     expected = _brute_force(problem, problem.units, budget)
-    for solve in (lambda: dp.solve(problem, budget, CHAIN), lambda: ilp.solve(problem, budget)):
+    for solve in (lambda: dp.solve(problem, budget, [CHAIN]), lambda: ilp.solve(problem, budget)):
         chosen = solve()
         if expected is None:
             assert chosen is None
@@ -120,7 +121,7 @@ def test_dp_and_ilp_equal_brute_force_on_chains(problem, budget):
 @given(chains())
 def test_min_peak_equals_brute_force_on_chains(problem):
     least = _least_peak(problem, problem.units)
-    assert dp.min_peak(problem, CHAIN) == least
+    assert dp.min_peak(problem, [CHAIN]) == least
     assert ilp.min_peak(problem) == least
 
 
@@ -241,8 +242,25 @@ def test_auto_says_which_solver_and_uses_ilp_for_nested_candidates():
     assert p.solver == "ilp"  # layers.N and layers.N.M: not one chain
     chain = remat.profile(*zoo.chain_report001(width=64, blocks=6, batch=1024), mode="fake")
     assert remat.plan(chain, 0.8).solver == "dp"  # one nn.Sequential of blocks
-    gpt = remat.profile(*zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=2, vocab=512), mode="fake")
-    assert remat.plan(gpt, 0.8).solver == "ilp"  # the layers, and the embeddings, final norm and head beside them
+
+
+def test_auto_plans_a_transformers_embeddings_layers_norm_and_head_as_one_chain_as_the_ilp_would():
+    """The layers and the modules beside them (`transformer.ln_f`, `bert.embeddings`, `cls`) are several groups that
+    run as one chain: dp plans them together (auto picked the ilp, seconds to minutes on many layers), at the
+    ilp's cost and peak; a plan that checkpoints the final norm shows the extras are in dp's chain."""
+    extras_planned = 0
+    for model, x in (
+        zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=64, batch=4, vocab=512),
+        zoo.bert(n_layer=3, hidden=64, heads=2, seq=64, batch=4, vocab=512),
+    ):
+        prof = remat.profile(model, x, mode="fake")
+        assert len(dp.line(Problem.from_profile(prof))) > 1
+        by_auto, by_ilp = remat.frontier(prof), remat.frontier(prof, solver="ilp")
+        assert {p.solver for p in by_auto[1:]} == {Solver.DP}
+        assert [(p.peak_bytes, p.recompute_s) for p in by_auto] == [(p.peak_bytes, p.recompute_s) for p in by_ilp]
+        extras = [b.name for b in prof.blocks if b.extra]
+        extras_planned += sum(p.decisions[n] != Action.KEEP for p in by_auto for n in extras)
+    assert extras_planned  # BERT's `cls` and `bert.embeddings` are checkpointed on its frontier
 
 
 def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):
@@ -512,6 +530,6 @@ def test_ilp_breaks_ties_as_stated_and_plan_returns_the_frontier_point_at_its_pe
             point.recompute_ops,
         )
         for budget in (point.peak_bytes, point.peak_bytes - 1):
-            by_dp = dp.solve(problem, budget, group)  # dp's units are the layers; ilp's include the extras
+            by_dp = dp.solve(problem, budget, [group])  # dp's units are the layers; ilp's include the extras
             if by_dp is not None:
                 assert rank(ilp.solve(problem, budget)) <= rank(by_dp)

@@ -71,11 +71,11 @@ def ilp_solve() -> dict:
     prof = remat.profile(model, x, optimizer=adam_params)
     problem = Problem.from_profile(prof)
     group = chain_group(problem)
-    lo, hi = dp.min_peak(problem, group), prof.peak_bytes
+    lo, hi = dp.min_peak(problem, [group]), prof.peak_bytes
     n, failed = 60, []
     # evenly spread budgets, plus the one the development run hit (remat.frontier's last point there - 1 B)
     for budget in [lo + (hi - lo) * i // n for i in range(n)] + [43274759]:
-        if ilp.solve(problem, budget) is None and dp.solve(problem, budget, group) is not None:
+        if ilp.solve(problem, budget) is None and dp.solve(problem, budget, [group]) is not None:
             failed.append(budget)
     out = {
         "model": "mlp000 (hidden 128, 8 layers, seq 256, batch 8)",

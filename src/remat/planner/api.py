@@ -12,7 +12,7 @@ from remat.errors import InfeasibleBudget, RematError
 from remat.planner import dp, ilp
 from remat.planner.budget import parse_budget, parse_rate
 from remat.planner.order import in_stable_order
-from remat.planner.problem import MAX_SEGMENT, NotAChain, Problem, Unit, chain_group
+from remat.planner.problem import MAX_SEGMENT, Group, NotAChain, Problem, Unit, chain_group
 from remat.planner.recipes import chen_units
 from remat.planner.result import already_checkpointed_note, keep_all, make_plan
 from remat.types import Plan, Solver, StepProfile
@@ -262,12 +262,13 @@ def _check_max_segment(max_segment) -> None:
 
 
 def _pick(problem: Problem, solver: str) -> Solver:
-    """`solver`, or for AUTO: dp when the problem is one group that runs as a chain, else ilp."""
+    """`solver`, or for AUTO: dp where the blocks of every group with a useful unit run as one chain (`dp.line`:
+    a transformer's embeddings, layers, final norm and head), else ilp."""
     if solver not in SOLVERS:
         raise RematError(f"remat: unknown solver {solver!r}; expected one of {', '.join(SOLVERS)}. Fix: pick one.")
     if solver != Solver.AUTO:
         return Solver(solver)
-    if len(problem.groups) == 1 and any(problem.useful) and dp.runs_as_a_chain(problem, next(iter(problem.groups))):
+    if dp.line(problem) is not None:
         return Solver.DP
     return Solver.ILP
 
@@ -279,11 +280,20 @@ def _solve(problem: Problem, solver: Solver, budget: int, time_limit_s: float) -
     if solver == Solver.ILP:
         return ilp.solve(problem, budget, time_limit_s)
     with _needs_a_chain(solver):
-        group = chain_group(problem)
         if solver == Solver.CHEN:
-            chosen = chen_units(problem, group)
+            chosen = chen_units(problem, chain_group(problem))
             return chosen if problem.peak(chosen) <= budget else None
-        return dp.solve(problem, budget, group)
+        return _chain_plan(problem, budget, dp.planned_groups(problem), time_limit_s)
+
+
+def _chain_plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
+    """dp's segmentation of the chain; where its one number of bytes freed so far was too hopeful (an output
+    freed only from a read after its segment: a long skip connection, `dp`'s docstring), the ilp over the same
+    chain's units, which evaluates every interval exactly."""
+    chosen = dp.solve(problem, budget, groups)
+    if chosen is None or problem.peak(chosen) <= budget:
+        return chosen
+    return ilp.solve(problem.within(groups), budget, time_limit_s)
 
 
 def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
@@ -293,10 +303,13 @@ def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
     if solver == Solver.ILP:
         return ilp.min_peak(problem, time_limit_s)
     with _needs_a_chain(solver):
-        group = chain_group(problem)
         if solver == Solver.CHEN:
-            return problem.peak(chen_units(problem, group))
-        return dp.min_peak(problem, group)
+            return problem.peak(chen_units(problem, chain_group(problem)))
+        groups = dp.planned_groups(problem)
+        least = dp.min_peak(problem, groups)
+        if _chain_plan(problem, least, groups, time_limit_s) is not None:
+            return least
+        return ilp.min_peak(problem.within(groups), time_limit_s)  # dp's least was too hopeful: `_chain_plan`
 
 
 @contextlib.contextmanager

@@ -7,6 +7,13 @@ the step is settled by the segment that contains one particular block (see `_slo
 and the only thing it needs from the segments before is how many bytes they free in
 total, R.  So a state is (position, cost, R) and only Pareto-optimal (cost, R) pairs are
 kept: the result is optimal for the model, which the tests check against brute force.
+
+R counts each earlier unit's whole `reduction_bytes`, which is exact while a unit frees the same
+bytes from its segment's end until its backward.  An output freed only from a later read (a long
+skip connection: Rule 1) frees less before that read, so there R is too hopeful and a plan can
+come out over budget (seen: 364 bytes over, by the exact evaluation); a shared hold counted as
+each holder's own (`Problem.stacked_table`) errs the other, safe way.  `remat.plan` checks every
+dp plan exactly and then plans that chain with the ilp over the same units (`api._chain_plan`).
 """
 
 from __future__ import annotations
@@ -34,13 +41,13 @@ class _Step(NamedTuple):
     tie: int
 
 
-def solve(problem: Problem, budget_bytes: int, group: Group | None = None) -> list[Unit] | None:
-    """The cheapest units of one chain group that fit the budget, or None if none does.
+def solve(problem: Problem, budget_bytes: int, groups: list[Group] | None = None) -> list[Unit] | None:
+    """The cheapest units of the chain (`groups`, by default `planned_groups`) that fit the budget, or None.
 
     fronts[i] holds the Pareto-optimal ways to settle blocks 0..i-1 as numpy columns: cost and its
     tie-break (`Problem.cost_of`), bytes freed, and a back link (position, row, unit).
     Every choice shifts a suffix of a front at once: a 100-stage chain is ~4,400 choices."""
-    chain = _Chain(problem, group or chain_group(problem))
+    chain = _Chain(problem, groups or planned_groups(problem))
     if not chain.feasible(budget_bytes):
         return None
     # No interval needs more than max(L) - budget freed; past that (plus what later units can take
@@ -115,12 +122,12 @@ class _Front:
         return cls(cost[rows], tie[rows], freed[keep], back_pos[rows], back_row[rows], unit[rows])
 
 
-def min_peak(problem: Problem, group: Group | None = None) -> int:
+def min_peak(problem: Problem, groups: list[Group] | None = None) -> int:
     """The least peak any segmentation of the chain reaches (binary search on feasibility).
 
     Feasibility alone needs no costs: the most bytes freed so far dominates, so each probe
     is one pass over the chain's choices."""
-    chain = _Chain(problem, group or chain_group(problem))
+    chain = _Chain(problem, groups or planned_groups(problem))
     hi = max(problem.interval_max)
     lo = min(0, min(problem.interval_max) - sum(max(0, u.reduction_bytes) for u in problem.units))
     while lo < hi:
@@ -133,10 +140,10 @@ def min_peak(problem: Problem, group: Group | None = None) -> int:
 
 
 class _Chain:
-    """One chain group: its units by start position, and what each choice needs (budget-free parts)."""
+    """One chain of blocks: its units by start position, and what each choice needs (budget-free parts)."""
 
-    def __init__(self, problem: Problem, group: Group):
-        names, starting = _chain_units(problem, group)
+    def __init__(self, problem: Problem, groups: list[Group]):
+        names, starting = _chain_units(problem, groups)
         self.n = len(names)
         slots = _slots(problem, names, starting)
         mem = problem.interval_max_array
@@ -212,22 +219,52 @@ class _Slots:
     """Before the first block finishes forward: no unit acts there."""
 
 
-def runs_as_a_chain(problem: Problem, group: Group) -> bool:
-    """Whether `group`'s blocks run forward in order and backward in reverse, as this solver needs (`_slots`)."""
+def planned_groups(problem: Problem) -> list[Group]:
+    """The groups dp plans: every group with a unit that frees bytes, where their blocks run as one chain (the
+    embedding, the layers, the final norm and the head of a transformer: `line`); else the main chain's group."""
+    return line(problem) or [chain_group(problem)]
+
+
+def line(problem: Problem) -> list[Group] | None:
+    """Every group with a useful unit, where their blocks together run forward in order and backward in reverse
+    and none is inside another: one chain for dp, exact as for one group.  None where they do not (nested
+    candidates, blocks that run side by side), or where no unit frees anything."""
+    groups = [g for g in problem.groups if any(problem.is_useful(u) for u in problem.units if u.group == g)]
+    if not groups or not runs_as_a_chain(problem, groups):
+        return None
+    return groups
+
+
+def runs_as_a_chain(problem: Problem, groups: list[Group]) -> bool:
+    """Whether the blocks of `groups` run forward in order and backward in reverse, none inside another and every
+    unit's blocks next to each other, as this solver needs (`_slots`)."""
     try:
-        _slots(problem, *_chain_units(problem, group))
+        _slots(problem, *_chain_units(problem, groups))
     except NotAChain:
         return False
     return True
 
 
-def _chain_units(problem: Problem, group: Group) -> tuple[list[str], dict[int, list[tuple[int, Unit]]]]:
-    """The group's blocks, and for each start position the units that begin there with their last index."""
-    names = problem.groups[group]
+def _chain_units(problem: Problem, groups: list[Group]) -> tuple[list[str], dict[int, list[tuple[int, Unit]]]]:
+    """The blocks, and for each position the units that begin there with the position of their last block.  One
+    group's blocks are its members; several groups' are the blocks of their useful units in the order their
+    forwards end (a block no unit acts on is always kept, so its memory is only the timeline's)."""
+    chosen = set(groups)
+    units = [u for u in problem.units if u.group in chosen and problem.is_useful(u)]
+    if len(groups) == 1:
+        names = list(problem.groups[groups[0]])
+    else:
+        names = sorted({b for u in units for b in u.blocks}, key=lambda n: problem.block_spans[n][0])
+        nested = sorted(n for n in names for m in names if n.startswith(m + "."))
+        if nested:
+            raise NotAChain(f"{nested[0]} is inside another of the blocks")
+    at = {n: i for i, n in enumerate(names)}
     starting: dict[int, list[tuple[int, Unit]]] = {i: [] for i in range(len(names))}
-    for u in problem.units:
-        if u.group == group and problem.is_useful(u):
-            starting[u.position].append((u.position + len(u.blocks) - 1, u))
+    for u in units:
+        i = at[u.blocks[0]]
+        if tuple(names[i : i + len(u.blocks)]) != u.blocks:
+            raise NotAChain(f"other blocks run between those of the checkpoint around {', '.join(u.blocks)}")
+        starting[i].append((i + len(u.blocks) - 1, u))
     return names, starting
 
 

@@ -136,6 +136,20 @@ class Problem:
             cost_slack=slack,
         )
 
+    def within(self, groups: list[Group]) -> "Problem":
+        """The same timeline with only the units of `groups`: the plans that checkpoint nothing outside them."""
+        units = [u for u in self.units if u.group in groups]
+        return Problem(
+            self.live,
+            units,
+            {g: self.groups[g] for g in groups},
+            self.block_spans,
+            self.model,
+            self.extras,
+            timed=self.timed,
+            cost_slack=self.cost_slack,
+        )
+
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property
     def breakpoints(self) -> list[int]:

@@ -51,7 +51,7 @@ class Solver(StrEnum):
     """Who chooses the plan."""
 
     AUTO = "auto"
-    """dp for a single chain of blocks, ilp otherwise."""
+    """dp where the blocks plans may checkpoint run as one chain (`dp.line`), ilp otherwise."""
     DP = "dp"
     """The optimal segmentation of a chain, by dynamic programming."""
     ILP = "ilp"
