@@ -14,7 +14,7 @@ benchmarks/results/plan_vs_baselines.md (+ .json); the frontier plots go to docs
      remat.profile and with the process's own RSS (fresh interpreter, MALLOC_MMAP_THRESHOLD_=65536,
      MEASURING.md), against the plan's predicted peak and extra FLOPs.
   3. Speed: remat.plan(solver="dp") on a 100-stage chain, remat.plan(solver="ilp") on GPT-2
-     medium (24 layers) built under FakeTensorMode.
+     medium (24 layers) built under FakeTensorMode, "auto" and "ilp" on a 16-layer Llama's timed profile.
 
     python benchmarks/plan_vs_baselines.py            # full (about 30 min on 2 shared cores)
     python benchmarks/plan_vs_baselines.py --quick    # budgets 50/70/90%, smaller models, no process RSS,
@@ -311,7 +311,9 @@ def speed(quick: bool) -> list[dict]:
     prof = profile("gpt2_medium", {}, fake=True)
     for f in (0.5,) if quick else BUDGETS:
         data.append(timed_plan("ilp", "GPT-2 medium: 24 x 1024, seq 1024, batch 8 (FakeTensorMode)", prof, f))
-    return data
+    prof = profile("llama", dict(n_layer=16, hidden=1024, heads=16, seq=1024, batch=4, vocab=8192), fake=True)
+    label = "Llama: 16 x 1024, seq 1024, batch 4 (FakeTensorMode, seconds)"  # auto plans it with dp: one chain
+    return data + [timed_plan(solver, label, prof, 0.6) for solver in ("auto", "ilp")]
 
 
 def timed_plan(solver: str, label: str, prof: remat.StepProfile, f: float) -> dict:
