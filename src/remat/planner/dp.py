@@ -229,7 +229,8 @@ def line(problem: Problem) -> list[Group] | None:
     """Every group with a useful unit, where their blocks together run forward in order and backward in reverse
     and none is inside another: one chain for dp, exact as for one group.  None where they do not (nested
     candidates, blocks that run side by side), or where no unit frees anything."""
-    groups = [g for g in problem.groups if any(problem.is_useful(u) for u in problem.units if u.group == g)]
+    useful = {u.group for u, ok in zip(problem.units, problem.useful) if ok}
+    groups = [g for g in problem.groups if g in useful]
     if not groups or not runs_as_a_chain(problem, groups):
         return None
     return groups
