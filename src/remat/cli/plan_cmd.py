@@ -70,8 +70,9 @@ def _add_solver_options(p: argparse.ArgumentParser) -> None:
         "--solver",
         choices=SOLVERS,
         default="auto",
-        help="auto (default): dp for a chain of blocks, else ilp; dp: optimal segmentation of a chain; "
-        "ilp: integer program over the whole module tree; chen: sqrt(n) segments (ignores the budget)",
+        help="auto (default): dp where the blocks run as one chain (a transformer's embeddings, layers, norm and "
+        "head too), else ilp; dp: optimal segmentation of a chain, in milliseconds; ilp: integer program over the "
+        "whole module tree (nested candidates), seconds to minutes; chen: sqrt(n) segments (ignores the budget)",
     )
     p.add_argument(
         "--max-segment",
