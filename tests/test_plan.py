@@ -247,7 +247,7 @@ def test_auto_says_which_solver_and_uses_ilp_for_nested_candidates():
 def test_auto_plans_a_transformers_embeddings_layers_norm_and_head_as_one_chain_as_the_ilp_would():
     """The layers and the modules beside them (`transformer.ln_f`, `bert.embeddings`, `cls`) are several groups that
     run as one chain: dp plans them together (auto picked the ilp, seconds to minutes on many layers), at the
-    ilp's cost and peak; a plan that checkpoints the final norm shows the extras are in dp's chain."""
+    ilp's cost and peak; BERT's frontier checkpointing `cls` and `bert.embeddings` shows the extras are in dp's chain."""
     extras_planned = 0
     for model, x in (
         zoo.gpt2(n_layer=3, n_embd=64, n_head=2, seq=64, batch=4, vocab=512),

@@ -166,5 +166,5 @@ def test_dp_plans_a_long_skip_connection_within_budget_at_every_budget_down_to_i
     for budget in sorted({least, *(p for p in peaks if p < prof.peak_bytes)}):
         chosen = remat.plan(prof, budget, solver="dp")
         assert chosen.peak_bytes <= budget
-        cheapest = min((problem.cost(s), problem.tie(s)) for s, p in zip(chain_sets, peaks) if p <= budget)
-        assert round(chosen.recompute_s * 1e9) == cheapest[0]
+        cheapest = min(problem.cost(s) for s, p in zip(chain_sets, peaks) if p <= budget)  # ns: the profile is timed
+        assert round(chosen.recompute_s * 1e9) == cheapest
