@@ -109,6 +109,8 @@ class Problem:
         self.model = model
         self.index = {u.key: i for i, u in enumerate(units)}
         self._position = {id(u): i for i, u in enumerate(units)}  # hot paths: no hashing of long keys
+        self.solver_cache: dict = {}
+        """What a solver builds from the problem alone, not the budget, kept for its next budget (`dp._chain`)."""
 
     def position(self, unit: Unit) -> int:
         """Index of `unit` in `units` (the same object, or one equal to it)."""
