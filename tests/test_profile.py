@@ -14,6 +14,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import remat
 from remat import zoo
 from remat._torch_compat import FakeTensorMode
+from remat.types import PROFILE_VERSION
 
 F32 = 4
 
@@ -266,12 +267,28 @@ def test_a_version_2_profile_file_loads_as_a_first_step():
     assert prof.peak_bytes == 2996 and prof.peak_phase == "optimizer"
     assert prof.timing == ("tracked" if prof.step_s else "")  # version 3 and before: op times of the tracked step
     again = remat.StepProfile.from_json(prof.to_json())
-    assert again == prof and '"version": 7' in prof.to_json()
+    assert again == prof and f'"version": {PROFILE_VERSION}' in prof.to_json()
+
+
+def test_a_version_7_profile_reads_with_nothing_freed_before_a_blocks_first_ops():
+    """Version 8 records what the step frees just before each block's first forward and backward op (the moment a
+    checkpoint re-runs its forward, NOTE [The memory model of a plan], Rule 3); a version 7 file reads as 0 there."""
+    model, inputs = zoo.chain_report001(width=64, blocks=4, batch=32)
+    prof = remat.profile(model, inputs)
+    assert any(b.freed_before_backward_bytes > 0 for b in prof.blocks)  # a ReLU's backward releases its output
+    data = json.loads(prof.to_json())
+    data["version"] = 7
+    for b in data["blocks"]:
+        del b["freed_before_forward_bytes"], b["freed_before_backward_bytes"]
+    old = remat.StepProfile.from_json(json.dumps(data))
+    assert all(b.freed_before_forward_bytes == b.freed_before_backward_bytes == 0 for b in old.blocks)
+    assert old.peak_bytes == prof.peak_bytes and [b.name for b in old.blocks] == [b.name for b in prof.blocks]
 
 
 def test_from_json_rejects_other_documents():
     with pytest.raises(
-        remat.RematError, match=r"^remat: expected a remat.StepProfile version 7 document, saw \('other', None\)"
+        remat.RematError,
+        match=rf"^remat: expected a remat.StepProfile version {PROFILE_VERSION} document, saw \('other', None\)",
     ):
         remat.StepProfile.from_json('{"format": "other"}')
     with pytest.raises(remat.RematError, match=r"saw \('remat.StepProfile', 1\)\. Fix: .* with this version of remat"):
@@ -280,7 +297,8 @@ def test_from_json_rejects_other_documents():
     del doc["blocks"][0]["container"]
     doc["blocks"][0]["unknown"] = 1
     with pytest.raises(
-        remat.RematError, match=r"^remat: expected the fields of a remat.StepProfile version 7 document"
+        remat.RematError,
+        match=rf"^remat: expected the fields of a remat.StepProfile version {PROFILE_VERSION} document",
     ):
         remat.StepProfile.from_json(json.dumps(doc))
     with pytest.raises(

@@ -19,7 +19,7 @@ from remat.measure.device import roofline
 from remat.measure.timing import RANK_NOTE, UNMATCHED_NOTE, same_seconds_for_copies
 from remat.measure.tracker import OpRecord
 from remat.planner.problem import Problem
-from remat.types import StepProfile
+from remat.types import PROFILE_VERSION, StepProfile
 
 aten = torch.ops.aten
 
@@ -154,7 +154,7 @@ def test_hardware_is_checked():
 def test_a_version_3_profile_reads_as_timed_by_its_tracked_step_or_not_at_all():
     model, x = _chain()
     for prof, expected in ((remat.profile(model, x), "tracked"), (remat.profile(model, x, mode="fake"), "")):
-        text = prof.to_json().replace('"version": 7', '"version": 3')
+        text = prof.to_json().replace(f'"version": {PROFILE_VERSION}', '"version": 3')
         assert StepProfile.from_json(text).timing == expected
 
 

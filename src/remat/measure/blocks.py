@@ -98,16 +98,17 @@ def _flatten_output(out):
     return out
 
 
-def block_profiles(tracker: Tracker, io: BlockIO, live: list[int]) -> list[BlockProfile]:
+def block_profiles(tracker: Tracker, io: BlockIO, live: list[int], freed_before: list[int]) -> list[BlockProfile]:
     """One BlockProfile per candidate that ran, in the order their forwards first started; an nn.Sequential the
     model never called whose children ran in turn counts as run by them
-    (NOTE [An nn.Sequential the model never calls])."""
+    (NOTE [An nn.Sequential the model never calls]).  `freed_before[k]`: what `live[k - 1]` counts that is gone
+    when op k starts."""
     ran = with_chains(io.order, uncalled_chains(tracker, io), io)
     parents = {n: enclosing(n, ran) for n in ran}
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
     keys = {id(r): k for k, r in enumerate(tracker.records)}
     blocks = {name: _Block(tracker, io, name, parents, siblings[name], keys) for name in ran}
-    return [b.profile(i, live, _previous(b, blocks)) for i, b in enumerate(blocks.values())]
+    return [b.profile(i, (live, freed_before), _previous(b, blocks)) for i, b in enumerate(blocks.values())]
 
 
 def _previous(block: "_Block", blocks: dict[str, "_Block"]) -> "_Block | None":
@@ -157,7 +158,9 @@ class _Block:
         self.module = self.io.modules[self.name]
         self.variants = self._selective_variants(mine_records)
 
-    def profile(self, index: int, live: list[int], previous: "_Block | None") -> BlockProfile:
+    def profile(self, index: int, timeline: tuple[list[int], list[int]], previous: "_Block | None") -> BlockProfile:
+        """`timeline`: the live bytes after each op and what of them is gone when the next op starts."""
+        live, freed_before = timeline
         kind = self._checkpoint_kind()
         previous_end = previous.fwd_k[-1] if previous is not None and previous.fwd_k else None
         return BlockProfile(
@@ -170,7 +173,7 @@ class _Block:
             **self._bytes(),
             **self._costs(),
             peak_bytes=max((live[k] for k in self.mine), default=0),
-            **self._spans(),
+            **self._spans(freed_before),
             checkpointed=bool(kind),
             checkpoint_kind=kind,
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
@@ -290,13 +293,15 @@ class _Block:
             selective_recompute_ops=len(self.selective_ops),
         )
 
-    def _spans(self) -> dict[str, Any]:
+    def _spans(self, freed_before: list[int]) -> dict[str, Any]:
         fwd, bwd = self.fwd_k, self.bwd_k
         return dict(
             forward_start_op=fwd[0] if fwd else -1,
             forward_end_op=fwd[-1] if fwd else -1,
             backward_start_op=bwd[0] if bwd else -1,
             backward_end_op=bwd[-1] if bwd else -1,
+            freed_before_forward_bytes=freed_before[fwd[0]] if fwd else 0,
+            freed_before_backward_bytes=freed_before[bwd[0]] if bwd else 0,
         )
 
 

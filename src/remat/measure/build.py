@@ -89,7 +89,7 @@ def build_profile(
         backward_flops=sum(op.flops for op in ops if op.phase == "backward" and not op.recompute),
         recompute_flops=sum(op.flops for op in ops if op.recompute),
         step_s=step_s,
-        blocks=(blocks := block_profiles(tracker, io, live)),
+        blocks=(blocks := block_profiles(tracker, io, live, _freed_before(tracker))),
         timeline=_timeline(tracker, live),
         torch_version=torch.__version__,
         allocation_rounding_bytes=setup.rounding,
@@ -119,6 +119,18 @@ def _timeline(tracker: Tracker, live: list[int]) -> Timeline:
     names = sorted({op.module for op in tracker.ops})
     index = {n: i for i, n in enumerate(names)}
     return Timeline(live, [op.phase for op in tracker.ops], [index[op.module] for op in tracker.ops], names)
+
+
+def _freed_before(tracker: Tracker) -> list[int]:
+    """Per op k, what the timeline counts after op k - 1 that is gone when op k starts: storages freed in between
+    (Rule 4 counts them after op k - 1) and op k - 1's kernel scratch (Rule 5)."""
+    n = len(tracker.ops)
+    freed = [0] * (n + 1)
+    for rec in tracker.records:
+        if rec.free_step is not None and max(rec.alloc_step, 0) < rec.free_step <= n:
+            freed[rec.free_step] += rec.nbytes
+    scratch = tracker.scratch if len(tracker.scratch) == n else [0] * n
+    return [0] + [freed[k] + scratch[k - 1] for k in range(1, n)]
 
 
 def _live_series(tracker: Tracker) -> list[int]:

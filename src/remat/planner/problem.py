@@ -20,7 +20,12 @@ NOTE [The memory model of a plan]
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
-            recomputing after the last saved tensor).
+            recomputing after the last saved tensor).  U's recomputation runs before
+            c_m's first backward op, after the previous backward node released what
+            L counts after the op before (`freed_before_backward_bytes`); it holds at
+            once what the unplanned forward grew by over the ops it re-runs, plus the
+            inputs it keeps that the forward freed on the way.  At c_m's first backward
+            op the plan's live bytes are at least that moment's (`remat.planner.rerun`).
     Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
             not the output of a matmul, convolution or attention op; a variant keeping
             other outputs, its own: NOTE [Which outputs a selective checkpoint keeps]), and holds
@@ -57,8 +62,8 @@ NOTE [The memory model of a plan]
             edge and changed more with noise).  Predicted seconds are not noisy: no slack.
   Rule 9. Plans of one cost, tie-break and peak are put in a stable order (`remat.planner.order`).
   The model is conservative inside a checkpointed block's own forward (its
-  intermediate tensors are counted as if saved) and ignores the recompute's
-  short-lived temporaries; docs/benchmarks.md compares it with measurements.
+  intermediate tensors are counted as if saved); a selective unit's recomputation is
+  not modelled as Rule 3's moment.  docs/benchmarks.md compares it with measurements.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ import numpy as np
 from remat.module_tree import CALLED_DIRECTLY, parent_name, within
 from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
 from remat.planner.holds import Hold, unit_holds
+from remat.planner.rerun import Rerun, rerun_effect
 from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
@@ -56,6 +57,9 @@ class Unit:
     """Inputs held that units starting at other blocks may hold too (Rule 2): not in `effects`."""
     keeps: tuple[str, ...] = ()
     """A selective unit's variant: the signatures of the ops whose outputs it keeps; () the matmul policy."""
+    moment_bytes: int = 0
+    """Bytes its recomputation adds for a moment at its last block's first backward op (Rule 3): in `effects`, as
+    an effect of minus this, and not in `reduction_bytes`."""
 
     @property
     def key(self) -> tuple:
@@ -71,12 +75,12 @@ class Unit:
         return (self.cost_ns, self.cost_flops) if timed else (self.cost_flops, self.cost_ops)
 
     reduction_bytes: int = field(init=False, compare=False)
-    """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds."""
+    """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds, but for the moment of its
+    recomputation (Rule 3)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(
-            self, "reduction_bytes", sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds)
-        )
+        freed = sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds) + self.moment_bytes
+        object.__setattr__(self, "reduction_bytes", freed)
 
 
 def build_units(
@@ -102,10 +106,11 @@ def build_units(
     nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
     units: list[Unit] = []
     per_op = (prof.checkpoint_op_s, prof.selective_op_s)
+    live = np.asarray(prof.timeline.live_bytes, dtype=np.int64)
     uncalled = set(called_directly(prof))  # Rule 5: recomputed only
     for group, names in groups.items():
         for i in range(len(names)):
-            units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op)
+            units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op, live=live)
             if names[i] in uncalled:
                 continue
             units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed)
@@ -146,14 +151,14 @@ def _runs_from(
     nested: dict[str, frozenset],
     *,
     per_op: tuple[float, float] = (0.0, 0.0),
+    live: np.ndarray = np.zeros(0, dtype=np.int64),
 ) -> list[Unit]:
-    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-2); also those
+    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-3); also those
     that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
-    `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7)."""
-    first = by_name[names[i]]
-    appliable_multi = first.container in RUN_CONTAINERS
-    stop = min(len(names), i + max_segment)
+    `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7); `live` its timeline's live bytes."""
+    first, stop = by_name[names[i]], min(len(names), i + max_segment)
     columns = run_columns(names, i, stop, by_name)
+    rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]))
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
     flops, seconds, ops = 0, 0.0, 0  # of the whole forwards of names[i..j-1]
@@ -164,7 +169,8 @@ def _runs_from(
         covers = covers | nested[last.name]
         end = last.backward_start_op
         effects = _run_effects(columns, j - i + 1, j, end)
-        rerun = ops + last.checkpoint_recompute_ops
+        moment = rerun_effect(live, effects, [by_name[n] for n in names[i : j + 1]], rerun.held(last))  # Rule 3
+        rerun_ops = ops + last.checkpoint_recompute_ops
         units.append(
             Unit(
                 tuple(names[i : j + 1]),
@@ -172,12 +178,13 @@ def _runs_from(
                 i,
                 covers,
                 flops + last.checkpoint_recompute_flops,
-                seconds + last.checkpoint_recompute_s + rerun * per_op[0],
-                tuple(effects),
-                j == i or (appliable_multi and joined),
+                seconds + last.checkpoint_recompute_s + rerun_ops * per_op[0],
+                (*effects, *moment),
+                j == i or (first.container in RUN_CONTAINERS and joined),
                 Action.RECOMPUTE,
-                rerun,
+                rerun_ops,
                 holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
+                moment_bytes=-sum(e.bytes for e in moment),
             )
         )
         flops += last.forward_flops

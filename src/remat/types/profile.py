@@ -18,7 +18,7 @@ from remat.types.profile_versions import UPGRADES
 from remat.types.reserve import GpuReserve
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 7
+PROFILE_VERSION = 8
 """2: BlockProfile gained the selective, op-count, offload and container fields.
 3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
 4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
@@ -216,6 +216,13 @@ class BlockProfile:
     selective_variants: list[SelectiveVariant] = field(default_factory=list)
     """Selective checkpoints keeping other sets of outputs than matmul-like ones, from the outputs that are
     dearest to recompute per byte (NOTE [Which outputs a selective checkpoint keeps])."""
+    freed_before_forward_bytes: int = 0
+    """Bytes the timeline counts after the op before its first forward op that are gone when that op starts
+    (storages freed in between and that op's kernel scratch: NOTE [What counts as live memory], Rules 4-5)."""
+    freed_before_backward_bytes: int = 0
+    """The same before its first backward op: what the previous backward node releases before this block's
+    backward starts, and so before a checkpoint around it re-runs its forward (NOTE [The memory model of a plan],
+    Rule 3)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -32,5 +32,8 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     4: _from_version_4,
     5: _from_version_5,
     6: dict,
+    7: dict,
 }
-"""Version -> what makes it the next one's JSON (version 6 reads as 7 as it is)."""
+"""Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
+freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
+timeline's figure there)."""

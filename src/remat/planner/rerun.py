@@ -1,0 +1,74 @@
+"""The moment a checkpoint re-runs its forward (NOTE [The memory model of a plan], Rule 3): what the
+recomputation holds at once, before the first backward op of its last block runs, as one more `Effect`.
+
+Seen on four `nn.TransformerEncoderLayer`s in an nn.ModuleList (CPU, real mode): one checkpoint over
+layers 0-1 measured 70,494,740 bytes where the model, which gave the blocks' bytes back at their first
+backward op, predicted 69,562,388 (-1.3%).  The peak is the recomputation's last op (the second layer's
+norm, whose output nothing saves): every saved tensor of both layers rebuilt, that output, and the
+checkpoint's held input, after the previous backward node released what the timeline still counts before
+(`BlockProfile.freed_before_backward_bytes`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from remat.planner.effects import Effect, output_freeable
+from remat.types import BlockProfile
+
+
+class Rerun:
+    """What re-running the forwards of a run that starts at `first` holds at once, for each block it may end
+    with: the growth of the live bytes over the unplanned forward from just before `first`'s first op, plus each
+    input the checkpoint holds that the forward freed on the way (the recomputation keeps it)."""
+
+    def __init__(self, live: np.ndarray, first: BlockProfile, last_op: int):
+        self.start = f0 = first.forward_start_op
+        if f0 < 1 or last_op >= len(live):
+            self.most = np.zeros(0, dtype=np.int64)
+            return
+        before = live[f0 - 1] - first.freed_before_forward_bytes
+        grown = live[f0 : last_op + 1] - before
+        for _, nbytes, freed in first.held_inputs:
+            if f0 < freed <= last_op:
+                grown[freed - f0 :] += nbytes
+        self.most = np.maximum.accumulate(grown) if len(grown) else grown
+
+    def held(self, last: BlockProfile) -> int | None:
+        """The most bytes the re-run holds at once when it ends with `last`, which torch stops re-running after
+        its last op whose output is saved inside it (NOTE [Recomputation]); None if the profile cannot say."""
+        if last.checkpoint_recompute_ops <= 0:
+            return None
+        k = min(last.forward_end_op, last.forward_start_op + last.checkpoint_recompute_ops - 1) - self.start
+        return int(self.most[k]) if 0 <= k < len(self.most) else None
+
+
+def rerun_effect(live: np.ndarray, effects: list[Effect], run: list[BlockProfile], held: int | None) -> list[Effect]:
+    """The effect at the first backward op of the run's last block that makes the plan's live bytes there at least
+    the recomputation's moment: the unplanned step's live bytes after the op before, less what the previous
+    backward node released, less what the unit frees there and the outputs it shares (`_shared_outputs`), plus
+    what the re-run holds (`held`).  None where that moment is no higher than the live bytes after that op."""
+    t = run[-1].backward_start_op
+    if held is None or not 1 <= t < len(live):
+        return []
+    now = int(live[t]) - _freed_at(effects, t)
+    before = int(live[t - 1]) - run[-1].freed_before_backward_bytes - _freed_at(effects, t - 1)
+    moment = before - _shared_outputs(run) + held
+    return [Effect(t, t + 1, now - moment)] if moment > now else []
+
+
+def _shared_outputs(run: list[BlockProfile]) -> int:
+    """Outputs that ops of the run and ops after it both save (the last block's, read by the next one as well as by
+    its own last op): Rule 1 keeps them, but once the backward of the ops after the run is over only the run's
+    own saved copies held them, and the checkpoint dropped those.  Seen on report 001's chain: each ReLU's output
+    saved by itself and the next Linear, 128 KiB gone before a checkpoint over Linear, ReLU, Linear, ReLU re-ran."""
+    names = {b.name for b in run}
+    return sum(
+        output_freeable(b)
+        for b in run
+        if any(k in names for k in b.output_kept_by) and any(k not in names for k in b.output_kept_by)
+    )
+
+
+def _freed_at(effects: list[Effect], t: int) -> int:
+    return sum(e.bytes for e in effects if e.start <= t < e.end)
