@@ -24,10 +24,10 @@ _effect = tuple.__new__  # Effect((a, b, c)) without NamedTuple's Python-level _
 def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile]) -> list[np.ndarray]:
     """Per block of names[i..stop-1]: where its forward ends, where its output is last read, what it frees
     alone, its saved output, the position of the last block that keeps that output (the output is
-    freed too once the run reaches it), the output the model itself holds (`output_freeable`), and where
-    the block's backward starts."""
+    freed too once the run reaches it), the output the model itself holds (`output_freeable`), where
+    the block's backward starts, and the position of the first block from names[i] on that keeps its output."""
     pos = {n: k for k, n in enumerate(names)}
-    columns: list[list[int]] = [[], [], [], [], [], [], []]
+    columns: list[list[int]] = [[], [], [], [], [], [], [], []]
     for n in names[i:stop]:
         b = by_name[n]
         keepers = [pos.get(k, -1) for k in b.output_kept_by]
@@ -40,10 +40,20 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
             max(keepers) if keepers and min(keepers) >= i else len(names),
             b.output_saved_bytes - freeable,
             b.backward_start_op,
+            min((k for k in keepers if k >= i), default=len(names)),
         )
         for column, value in zip(columns, row):
             column.append(value)
     return [np.array(c, dtype=np.int64) for c in columns]
+
+
+def shared_outputs(columns: list[np.ndarray], m: int, j: int) -> int:
+    """Saved outputs of the run of the first `m` blocks of `columns` (`run_columns`; the last one names[j]) that
+    blocks of the run and blocks after it both keep (the last block's, read by its own last op and by the next
+    block): Rule 1 keeps them, but once the backward of the blocks after the run is over only the run's own saved
+    copies held them, and a checkpoint dropped those (NOTE [The memory model of a plan], Rule 3)."""
+    output, reach, first = columns[3][:m], columns[4][:m], columns[7][:m]
+    return int(output[(first <= j) & (reach > j)].sum())
 
 
 def freed_effects(starts, out_starts, internal, output, end: int) -> list[Effect]:

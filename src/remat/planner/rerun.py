@@ -6,14 +6,16 @@ layers 0-1 measured 70,494,740 bytes where the model, which gave the blocks' byt
 backward op, predicted 69,562,388 (-1.3%).  The peak is the recomputation's last op (the second layer's
 norm, whose output nothing saves): every saved tensor of both layers rebuilt, that output, and the
 checkpoint's held input, after the previous backward node released what the timeline still counts before
-(`BlockProfile.freed_before_backward_bytes`).
+(`BlockProfile.freed_before_backward_bytes`).  An output that the run's ops and the next block's both save is
+gone by then too: report 001's chain (each ReLU's output saved by itself and the next Linear) measured a
+checkpoint over Linear, ReLU, Linear, ReLU 128 KiB under a moment that counted it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from remat.planner.effects import Effect, output_freeable
+from remat.planner.effects import Effect
 from remat.types import BlockProfile
 
 
@@ -34,40 +36,28 @@ class Rerun:
                 grown[freed - f0 :] += nbytes
         self.most = np.maximum.accumulate(grown) if len(grown) else grown
 
-    def held(self, last: BlockProfile) -> int | None:
-        """The most bytes the re-run holds at once when it ends with `last`, which torch stops re-running after
-        its last op whose output is saved inside it (NOTE [Recomputation]); None if the profile cannot say."""
+    def held(self, last: BlockProfile, shared: int) -> int | None:
+        """The most bytes the re-run adds at once when it ends with `last`, which torch stops re-running after
+        its last op whose output is saved inside it (NOTE [Recomputation]), above the live bytes before it; None
+        if the profile cannot say.  `shared`: outputs the run and the blocks after it both keep
+        (`effects.shared_outputs`), in the timeline before the re-run but gone from the planned step."""
         if last.checkpoint_recompute_ops <= 0:
             return None
         k = min(last.forward_end_op, last.forward_start_op + last.checkpoint_recompute_ops - 1) - self.start
-        return int(self.most[k]) if 0 <= k < len(self.most) else None
+        return int(self.most[k]) - shared if 0 <= k < len(self.most) else None
 
 
-def rerun_effect(live: np.ndarray, effects: list[Effect], run: list[BlockProfile], held: int | None) -> list[Effect]:
-    """The effect at the first backward op of the run's last block that makes the plan's live bytes there at least
+def rerun_effect(live: np.ndarray, effects: list[Effect], last: BlockProfile, held: int | None) -> list[Effect]:
+    """The effect at the first backward op of the run's `last` block that makes the plan's live bytes there at least
     the recomputation's moment: the unplanned step's live bytes after the op before, less what the previous
-    backward node released, less what the unit frees there and the outputs it shares (`_shared_outputs`), plus
-    what the re-run holds (`held`).  None where that moment is no higher than the live bytes after that op."""
-    t = run[-1].backward_start_op
+    backward node released, less what the unit frees there, plus what the re-run adds (`Rerun.held`).  None where
+    that moment is no higher than the live bytes after that op."""
+    t = last.backward_start_op
     if held is None or not 1 <= t < len(live):
         return []
     now = int(live[t]) - _freed_at(effects, t)
-    before = int(live[t - 1]) - run[-1].freed_before_backward_bytes - _freed_at(effects, t - 1)
-    moment = before - _shared_outputs(run) + held
+    moment = int(live[t - 1]) - last.freed_before_backward_bytes - _freed_at(effects, t - 1) + held
     return [Effect(t, t + 1, now - moment)] if moment > now else []
-
-
-def _shared_outputs(run: list[BlockProfile]) -> int:
-    """Outputs that ops of the run and ops after it both save (the last block's, read by the next one as well as by
-    its own last op): Rule 1 keeps them, but once the backward of the ops after the run is over only the run's
-    own saved copies held them, and the checkpoint dropped those.  Seen on report 001's chain: each ReLU's output
-    saved by itself and the next Linear, 128 KiB gone before a checkpoint over Linear, ReLU, Linear, ReLU re-ran."""
-    names = {b.name for b in run}
-    return sum(
-        output_freeable(b)
-        for b in run
-        if any(k in names for k in b.output_kept_by) and any(k not in names for k in b.output_kept_by)
-    )
 
 
 def _freed_at(effects: list[Effect], t: int) -> int:

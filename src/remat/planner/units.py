@@ -13,7 +13,14 @@ from typing import NamedTuple
 import numpy as np
 
 from remat.module_tree import CALLED_DIRECTLY, parent_name, within
-from remat.planner.effects import Effect, freed_effects, output_freeable, recomputed_copies, run_columns
+from remat.planner.effects import (
+    Effect,
+    freed_effects,
+    output_freeable,
+    recomputed_copies,
+    run_columns,
+    shared_outputs,
+)
 from remat.planner.holds import Hold, unit_holds
 from remat.planner.rerun import Rerun, rerun_effect
 from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
@@ -169,7 +176,7 @@ def _runs_from(
         covers = covers | nested[last.name]
         end = last.backward_start_op
         effects = _run_effects(columns, j - i + 1, j, end)
-        moment = rerun_effect(live, effects, [by_name[n] for n in names[i : j + 1]], rerun.held(last))  # Rule 3
+        moment = rerun_effect(live, effects, last, rerun.held(last, shared_outputs(columns, j - i + 1, j)))  # Rule 3
         rerun_ops = ops + last.checkpoint_recompute_ops
         units.append(
             Unit(
@@ -202,7 +209,7 @@ def _follows(previous: str, block: BlockProfile) -> bool:
 def _run_effects(columns: list[np.ndarray], m: int, j: int, end: int) -> list[Effect]:
     """Rule 1's effects of the run of its first `m` blocks (the last one names[j]), recomputed from `end` on;
     `columns` are `effects.run_columns` of the blocks from the run's first."""
-    starts, out_starts, internal, output, reach, held, backward_starts = columns
+    starts, out_starts, internal, output, reach, held, backward_starts, _ = columns
     effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
     return effects + recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
 
