@@ -234,14 +234,14 @@ def test_a_run_is_predicted_at_its_recomputation_where_its_peak_is():
 def test_a_run_whose_last_output_the_next_block_also_saves_is_predicted_to_the_byte():
     """Report 001's chain: each ReLU's output is saved by the ReLU and by the next Linear.  Once that Linear's
     backward is over, a checkpoint over Linear, ReLU, Linear, ReLU has dropped its own copy, so the output is
-    gone before the recomputation: counted, the moment came out 131,072 bytes (one output) over the tracker's."""
+    gone before the recomputation: counted, the moment was one ReLU output (131,072 bytes) too high and the plan's
+    peak came out 3,318,280 bytes where the tracker measured 3,285,000."""
     from remat.planner.result import make_plan
 
     model, x = zoo.chain_report001(64, 32, 512)
     prof = remat.profile(model, x)
     problem = Problem.from_profile(prof)
     units = [problem.unit(*(str(k) for k in range(s, s + 4))) for s in range(0, 60, 4)]
-    assert all(u.moment_bytes > 0 for u in units[1:])  # the recomputation's moment is above the timeline there
     plan = make_plan(prof, problem, units, "ilp", None)
     report = remat.verify(model, x, plan, time_rounds=0)
     assert report.ok and report.measured_peak_bytes == plan.peak_bytes, (report.measured_peak_bytes, plan.peak_bytes)

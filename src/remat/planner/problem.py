@@ -25,7 +25,8 @@ NOTE [The memory model of a plan]
             L counts after the op before (`freed_before_backward_bytes`); it holds at
             once what the unplanned forward grew by over the ops it re-runs, plus the
             inputs it keeps that the forward freed on the way.  At c_m's first backward
-            op the plan's live bytes are at least that moment's (`remat.planner.rerun`).
+            op the plan's live bytes are at least that moment's (`remat.planner.rerun`:
+            as what it adds to the most of the elementary interval starting there).
     Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
             not the output of a matmul, convolution or attention op; a variant keeping
             other outputs, its own: NOTE [Which outputs a selective checkpoint keeps]), and holds

@@ -22,7 +22,7 @@ from remat.planner.effects import (
     shared_outputs,
 )
 from remat.planner.holds import Hold, unit_holds
-from remat.planner.rerun import Rerun, rerun_effect
+from remat.planner.rerun import Rerun, rerun_effect, widen
 from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
@@ -65,8 +65,8 @@ class Unit:
     keeps: tuple[str, ...] = ()
     """A selective unit's variant: the signatures of the ops whose outputs it keeps; () the matmul policy."""
     moment_bytes: int = 0
-    """Bytes its recomputation adds for a moment at its last block's first backward op (Rule 3): in `effects`, as
-    an effect of minus this, and not in `reduction_bytes`."""
+    """Bytes its recomputation adds, at its last block's first backward op, to the most of the elementary interval
+    that starts there (Rule 3, `remat.planner.rerun`): its last effect, of minus this, and not in `reduction_bytes`."""
 
     @property
     def key(self) -> tuple:
@@ -123,7 +123,8 @@ def build_units(
             units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed)
             if offload is not None:
                 units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
-    return [u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))], groups, blocks
+    units = widen([u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))], live)  # Rule 3
+    return units, groups, blocks
 
 
 def _whole_uncalled(unit: Unit, groups: dict[Group, list[str]], blocks: set[str]) -> bool:
