@@ -24,7 +24,8 @@ NOTE [The memory model of a plan]
             c_m's first backward op, after the previous backward node released what
             L counts after the op before (`freed_before_backward_bytes`); it holds at
             once what the unplanned forward grew by over the ops it re-runs, plus the
-            inputs it keeps that the forward freed on the way.  At c_m's first backward
+            inputs it keeps that the forward freed on the way; an output that U's ops
+            and later ones both save is gone before it (`effects.shared_outputs`).  At c_m's first backward
             op the plan's live bytes are at least that moment's (`remat.planner.rerun`:
             as what it adds to the most of the elementary interval starting there).
     Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
