@@ -21,6 +21,15 @@ class Effect(NamedTuple):
 _effect = tuple.__new__  # Effect((a, b, c)) without NamedTuple's Python-level __new__: ~10^5 per problem
 
 
+def breakpoints(spans, n: int) -> list[int]:
+    """The op indices where any of `spans` (effects or holds: `.start`, `.end`) begins or ends, with 0 and `n` (the
+    timeline's length), in order: the bounds of the elementary intervals a plan's memory is evaluated over."""
+    points = {0, n}
+    for s in spans:
+        points.update((s.start, s.end))
+    return sorted(p for p in points if 0 <= p <= n)
+
+
 def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile]) -> list[np.ndarray]:
     """Per block of names[i..stop-1]: where its forward ends, where its output is last read, what it frees
     alone, its saved output, the position of the last block that keeps that output (the output is

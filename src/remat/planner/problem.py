@@ -76,6 +76,7 @@ import numpy as np
 
 from remat.module_tree import main_chain
 from remat.planner import holds as held
+from remat.planner.effects import breakpoints
 from remat.planner.units import MAX_SEGMENT, Group, Unit, build_units  # the solvers import them from here too
 from remat.types import Action, StepProfile
 
@@ -162,11 +163,7 @@ class Problem:
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property
     def breakpoints(self) -> list[int]:
-        points = {0, len(self.live)}
-        for u in self.units:
-            points.update(p for e in u.effects for p in (e.start, e.end))
-            points.update(p for h in u.holds for p in (h.start, h.end))
-        return sorted(p for p in points if 0 <= p <= len(self.live))
+        return breakpoints((s for u in self.units for s in (*u.effects, *u.holds)), len(self.live))
 
     @cached_property
     def interval_max(self) -> list[int]:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from remat.planner.effects import Effect
+from remat.planner.effects import Effect, breakpoints
 from remat.types import BlockProfile
 
 if TYPE_CHECKING:
@@ -75,12 +75,8 @@ def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
     starts at its op, as what it adds to that interval's most: one more breakpoint per unit made the ILP's program
     larger (T5's 55 intervals became 77) and slower (a 16-layer Llama's plan took 15.6 s instead of 5.7), for the
     same plans.  Exact: no unit's other effects or holds change inside that interval."""
-    points = {0, len(live)}
-    for u in units:
-        effects = u.effects[:-1] if u.moment_bytes else u.effects
-        points.update(p for e in effects for p in (e.start, e.end))
-        points.update(p for h in u.holds for p in (h.start, h.end))
-    bounds = np.array(sorted(points), dtype=np.int64)
+    others = (s for u in units for s in (*(u.effects[:-1] if u.moment_bytes else u.effects), *u.holds))
+    bounds = np.array(breakpoints(others, len(live)), dtype=np.int64)
     out = []
     for u in units:
         if u.moment_bytes:
