@@ -143,6 +143,29 @@ def stages():
     return Stages(), torch.randn(256, 128)
 
 
+class Encoder(nn.Module):
+    """The Lightning example's model (docs/integrations.md): torch's own encoder layers in an nn.ModuleList."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(16, 128)
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(128, 4, 256, dropout=0.1, batch_first=True) for _ in range(4)
+        )
+        self.head = nn.Linear(128, 1)
+
+    def forward(self, x):
+        h = self.embed(x)
+        for layer in self.layers:
+            h = layer(h)
+        return self.head(h).sum()
+
+
+def encoder():
+    torch.manual_seed(0)
+    return Encoder(), torch.randn(16, 128, 16)
+
+
 ALL = {f.__name__: f for f in (bert, gpt2, llama, t5, moe, resnet, vit, stages)}
 HAND = {f.__name__: f for f in (bert, gpt2, t5, resnet_stem, vit)}
 """Models with an embedder, stem or head beside their layers, for the hand recipes."""

@@ -285,6 +285,25 @@ def test_a_version_7_profile_reads_with_nothing_freed_before_a_blocks_first_ops(
     assert old.peak_bytes == prof.peak_bytes and [b.name for b in old.blocks] == [b.name for b in prof.blocks]
 
 
+def test_a_version_8_profile_reads_with_nothing_known_of_a_selective_cache():
+    """Version 9 records what a selective checkpoint's cache gives its recomputation and holds past the unplanned
+    step (NOTE [Which outputs a selective checkpoint keeps], Rule 5); a version 8 file reads with none of it."""
+    model, inputs = zoo.gpt2(n_layer=2, n_embd=64, seq=32, batch=2, vocab=512)
+    prof = remat.profile(model, inputs)
+    assert any(b.selective_kept_made and b.selective_variants for b in prof.blocks)
+    data = json.loads(prof.to_json())
+    data["version"] = 8
+    for b in data["blocks"]:
+        del b["selective_kept_made"], b["selective_kept_outside"]
+        for v in b["selective_variants"]:
+            del v["kept_made"], v["kept_outside"]
+    old = remat.StepProfile.from_json(json.dumps(data))
+    assert all(not b.selective_kept_made and not any(v.kept_made for v in b.selective_variants) for b in old.blocks)
+    assert [b.selective_variants[0].keeps for b in old.blocks if b.selective_variants] == [
+        b.selective_variants[0].keeps for b in prof.blocks if b.selective_variants
+    ]
+
+
 def test_from_json_rejects_other_documents():
     with pytest.raises(
         remat.RematError,

@@ -193,24 +193,6 @@ def test_a_run_keeps_its_checkpoint_while_explain_turns_the_models_own_off():
     assert abs(seen.peak_bytes - plan.peak_bytes) <= 0.005 * plan.peak_bytes, (seen.peak_bytes, plan.peak_bytes)
 
 
-class Encoder(nn.Module):
-    """The Lightning example's model (docs/integrations.md): torch's own encoder layers in an nn.ModuleList."""
-
-    def __init__(self):
-        super().__init__()
-        self.embed = nn.Linear(16, 128)
-        self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(128, 4, 256, dropout=0.1, batch_first=True) for _ in range(4)
-        )
-        self.head = nn.Linear(128, 1)
-
-    def forward(self, x):
-        h = self.embed(x)
-        for layer in self.layers:
-            h = layer(h)
-        return self.head(h).sum()
-
-
 def test_a_run_is_predicted_at_its_recomputation_where_its_peak_is():
     """The planned peak of a run over layers 0-1 is its recomputation's last op (the second layer's norm, whose
     output nothing saves), after the previous backward node released what the timeline counts before it:
@@ -218,8 +200,7 @@ def test_a_run_is_predicted_at_its_recomputation_where_its_peak_is():
     69,562,388 (-1.3%).  Held to the tracker's figure to the byte and to the process's within 0.3%."""
     from remat.planner.result import make_plan
 
-    torch.manual_seed(0)
-    model, x = Encoder(), torch.randn(16, 128, 16)
+    model, x = architectures.encoder()
     prof = remat.profile(model, x)
     problem = Problem.from_profile(prof)
     for layers in [("layers.0", "layers.1"), ("layers.1", "layers.2", "layers.3"), ("layers.0",)]:

@@ -17,7 +17,7 @@ from torch.nn.modules.module import register_module_forward_hook, register_modul
 
 from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
 from remat.measure.chains import uncalled_chains, with_chains
-from remat.measure.selective import selective_variants
+from remat.measure.selective import BlockOps, cache_facts, selective_variants
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
 from remat.hf import checkpointed_by_hf
 from remat.module_tree import WRAPPED_MARK, class_name, enclosing, find_extras, parent_name, runs_children_in_order
@@ -156,7 +156,8 @@ class _Block:
             r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"
         ]
         self.module = self.io.modules[self.name]
-        self.variants = self._selective_variants(mine_records)
+        self.block_ops = self._block_ops(mine_records)
+        self.variants = self._selective_variants(self.block_ops)
 
     def profile(self, index: int, timeline: tuple[list[int], list[int]], previous: "_Block | None") -> BlockProfile:
         """`timeline`: the live bytes after each op and what of them is gone when the next op starts."""
@@ -196,12 +197,23 @@ class _Block:
         """Timeline index of the last op a checkpoint around the block re-runs (-1: none)."""
         return self.fwd_k[len(self.checkpoint_ops) - 1] if self.checkpoint_ops else -1
 
-    def _selective_variants(self, mine_records: list[StorageRecord]) -> list[SelectiveVariant]:
-        """NOTE [Which outputs a selective checkpoint keeps]."""
+    def _block_ops(self, mine_records: list[StorageRecord]) -> BlockOps:
+        """What a checkpoint of the block runs and its cache holds (NOTE [Which outputs a selective checkpoint keeps])."""
         ops, n = self.tracker.ops, len(self.checkpoint_ops)
-        rerun, after = [(k, ops[k]) for k in self.fwd_k[:n]], [(k, ops[k]) for k in self.fwd_k[n:]]
-        matmul_keeps = {op.signature for _, op in rerun if op.name in SAVE_OPS}
-        return selective_variants(rerun, after, mine_records, self.internal, matmul_keeps)
+        outside = {id(r) for r in mine_records if r.category == "activations" and not _kept_only_in(r, self.name)}
+        start, end = (self.bwd_k[0], self.bwd_k[-1]) if self.bwd_k else (-1, -1)
+        return BlockOps(
+            [(k, ops[k]) for k in self.fwd_k[:n]],
+            [(k, ops[k]) for k in self.fwd_k[n:]],
+            mine_records,
+            outside,
+            (start, max(start, end + 1)),  # as the planner's held_end
+        )
+
+    def _selective_variants(self, block: BlockOps) -> list[SelectiveVariant]:
+        """NOTE [Which outputs a selective checkpoint keeps]."""
+        matmul_keeps = {op.signature for _, op in block.rerun if op.name in SAVE_OPS}
+        return selective_variants(block, self.internal, matmul_keeps)
 
     def _grad_ops_before(self, previous_end: int | None) -> int:
         """Forward ops between the end of the previous module of the same container and this one's start
@@ -236,6 +248,7 @@ class _Block:
         saved_outputs = [r for r in self.outputs if r.category == "activations"]
         unsaved_inputs = self._unsaved_inputs()
         n_ops = len(self.tracker.ops)
+        made, outside = cache_facts(lambda op: op.name in SAVE_OPS, self.block_ops)  # the matmul policy's
         return dict(
             saved_bytes=_sum(self.acts),
             output_bytes=_sum(self.outputs),
@@ -250,6 +263,8 @@ class _Block:
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
             selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
+            selective_kept_made=made,
+            selective_kept_outside=outside,
             offload_bytes=_sum(
                 r
                 for r in self.tracker.records

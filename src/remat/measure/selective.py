@@ -31,10 +31,19 @@ NOTE [Which outputs a selective checkpoint keeps]
   Rule 4. A variant keeping no class (a plain checkpoint does that for less), every class, what the matmul
           policy keeps, or so much that its cache takes what it frees, is dropped, and so is one that
           repeats another.
+  Rule 5. What the cache does to the recomputation's moment (`cache_facts`, for every policy): the ops it takes
+          from the cache allocate nothing when the block re-runs (`kept_made`), and a kept output that an op
+          outside the block saves (the block's output, saved by the next one) stays in the cache after that op's
+          backward freed it in the unplanned step, until the recomputation takes it (`kept_outside`).  Seen on
+          the last of four `nn.TransformerEncoderLayer`s, variants keeping its norms' class (norm2's output is
+          the block's, saved by the head): 135,560,724 bytes measured where 131,482,644 were predicted (-3.0%).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from remat.measure.tracker import OpRecord, StorageRecord
@@ -61,16 +70,48 @@ class _Class:
         return (-spared_s / self.bytes, -spared_flops / self.bytes, self.first)
 
 
+@dataclass(frozen=True)
+class BlockOps:
+    """What a checkpoint of one block runs: `rerun`, (timeline index, op) of the ops it re-runs; `after`, of its
+    later forward ops; `records`, the storages made inside it; `saved_outside`, the ids of those an op outside it
+    saves; `released`, where the cache lets go of a kept output: (the block's first backward op, the end of its
+    backward)."""
+
+    rerun: list[tuple[int, OpRecord]]
+    after: list[tuple[int, OpRecord]]
+    records: list[StorageRecord]
+    saved_outside: set[int]
+    released: tuple[int, int]
+
+
+def cache_facts(kept: Callable[[OpRecord], bool], block: BlockOps) -> tuple[list[list[int]], list[list[int]]]:
+    """Rule 5: ([op index, bytes] the ops `kept` re-runs take from the cache, [freed, released, bytes] what the cache
+    holds past the unplanned step of the outputs ops outside the block save)."""
+    made_at = {k for k, op in block.rerun if kept(op)}
+    stranded_at = {k for k, op in block.after if kept(op)}
+    made: dict[int, int] = defaultdict(int)
+    outside = []
+    for r in block.records:
+        if not r.op:
+            continue  # first seen inside the block, not made by an op of it
+        if r.alloc_step in made_at:
+            made[r.alloc_step] += r.nbytes
+            released = block.released[0]
+        elif r.alloc_step in stranded_at:
+            released = block.released[1]
+        else:
+            continue
+        if id(r) in block.saved_outside and r.free_step is not None and r.free_step <= released:
+            outside.append([r.free_step, released, r.nbytes])
+    return [[k, b] for k, b in sorted(made.items())], outside
+
+
 def selective_variants(
-    rerun: list[tuple[int, OpRecord]],
-    after: list[tuple[int, OpRecord]],
-    records: list[StorageRecord],
-    internal: list[StorageRecord],
-    matmul_keeps: set[str],
+    block: BlockOps, internal: list[StorageRecord], matmul_keeps: set[str]
 ) -> list[SelectiveVariant]:
-    """The variants of one block.  `rerun`: (timeline index, op) of the ops a checkpoint re-runs, `after`: of its
-    later forward ops; `records`: the storages made inside it; `internal`: its activations kept only inside it;
-    `matmul_keeps`: the signatures the matmul policy keeps (Rule 4)."""
+    """The variants of one block.  `internal`: its activations kept only inside it; `matmul_keeps`: the signatures
+    the matmul policy keeps (Rule 4)."""
+    rerun, after, records = block.rerun, block.after, block.records
     classes = _classes(rerun, records, internal)
     written_at = {r.alloc_step for r in records if r.written and r.op}
     written = {op.signature for k, op in (*rerun, *after) if k in written_at}  # a kept signature is cached after too
@@ -79,7 +120,9 @@ def selective_variants(
     for k in _cuts([c.bytes for c in ranked]):
         keeps = {c.signature for c in ranked[:k]}
         if 0 < k < len(ranked) and keeps != matmul_keeps:
-            variants.append(_variant(keeps, rerun, internal, classes, _stranded(keeps, after, records)))
+            variant = _variant(keeps, rerun, internal, classes, _stranded(keeps, after, records))
+            made, outside = cache_facts(lambda op: op.signature in keeps, block)  # noqa: B023 (called at once)
+            variants.append(dataclasses.replace(variant, kept_made=made, kept_outside=outside))
     return [v for v in variants if v.free_bytes > v.extra_bytes]
 
 

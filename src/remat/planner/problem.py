@@ -27,7 +27,10 @@ NOTE [The memory model of a plan]
             inputs it keeps that the forward freed on the way; an output that U's ops
             and later ones both save is gone before it (`effects.shared_outputs`).  At c_m's first backward
             op the plan's live bytes are at least that moment's (`remat.planner.rerun`:
-            as what it adds to the most of the elementary interval starting there).
+            as what it adds to the most of the elementary interval starting there).  Not
+            under FSDP: a block's forward all-gathers its parameters, which its
+            recomputation does not (a 2-layer GPT-2 on 2 ranks: a checkpoint's moment
+            said 2,367,480 bytes where the planned step peaked at 2,173,176).
     Rule 4. A *selective* unit (one block) frees only `selective_free_bytes` (what is
             not the output of a matmul, convolution or attention op; a variant keeping
             other outputs, its own: NOTE [Which outputs a selective checkpoint keeps]), and holds
@@ -35,8 +38,11 @@ NOTE [The memory model of a plan]
             selective cache keeps) until the block's backward starts (the recompute
             takes them out of the cache; `selective_stranded_bytes`, made after the last
             op it re-runs, stay until the backward is over); its inputs are held as in
-            Rule 2; it costs `selective_recompute_flops`.  Of a block's selective units,
-            one costlier than another must free max(4 KiB, 0.1% of internal bytes) more.
+            Rule 2; it costs `selective_recompute_flops`.  Its recomputation is Rule 3's
+            moment, less what it takes from the cache (`kept_made`); a kept output an op
+            outside the block saves stays in the cache until then (`kept_outside`).  Of a
+            block's selective units, one costlier than another must free max(4 KiB, 0.1%
+            of internal bytes) more.
     Rule 5. Solvers only use units that remat.apply can build (a run of several blocks
             only of consecutive children, in the order they are registered, of an
             nn.Sequential whose forward chains them, or of an nn.ModuleList or an
@@ -64,8 +70,7 @@ NOTE [The memory model of a plan]
             edge and changed more with noise).  Predicted seconds are not noisy: no slack.
   Rule 9. Plans of one cost, tie-break and peak are put in a stable order (`remat.planner.order`).
   The model is conservative inside a checkpointed block's own forward (its
-  intermediate tensors are counted as if saved); a selective unit's recomputation is
-  not modelled as Rule 3's moment.  docs/benchmarks.md compares it with measurements.
+  intermediate tensors are counted as if saved).  docs/benchmarks.md compares it with measurements.
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ norm, whose output nothing saves): every saved tensor of both layers rebuilt, th
 checkpoint's held input, after the previous backward node released what the timeline still counts before
 (`BlockProfile.freed_before_backward_bytes`).  An output that the run's ops and the next block's both save is
 gone by then too: report 001's chain (each ReLU's output saved by itself and the next Linear) measured a
-checkpoint over Linear, ReLU, Linear, ReLU 128 KiB under a moment that counted it.
+checkpoint over Linear, ReLU, Linear, ReLU 128 KiB under a moment that counted it.  A selective checkpoint re-runs
+its block too, taking the outputs it kept from its cache (NOTE [Which outputs a selective checkpoint keeps], Rule 5).
 """
 
 from __future__ import annotations
@@ -33,24 +34,34 @@ class Rerun:
     def __init__(self, live: np.ndarray, first: BlockProfile, last_op: int):
         self.start = f0 = first.forward_start_op
         if f0 < 1 or last_op >= len(live):
-            self.most = np.zeros(0, dtype=np.int64)
+            self.grown = self.most = np.zeros(0, dtype=np.int64)
             return
         before = live[f0 - 1] - first.freed_before_forward_bytes
-        grown = live[f0 : last_op + 1] - before
+        self.grown = grown = live[f0 : last_op + 1] - before
         for _, nbytes, freed in first.held_inputs:
             if f0 < freed <= last_op:
                 grown[freed - f0 :] += nbytes
         self.most = np.maximum.accumulate(grown) if len(grown) else grown
 
-    def held(self, last: BlockProfile, shared: int) -> int | None:
+    def held(self, last: BlockProfile, shared: int, taken: list[list[int]] | None = None) -> int | None:
         """The most bytes the re-run adds at once when it ends with `last`, which torch stops re-running after
         its last op whose output is saved inside it (NOTE [Recomputation]), above the live bytes before it; None
         if the profile cannot say.  `shared`: outputs the run and the blocks after it both keep
-        (`effects.shared_outputs`), in the timeline before the re-run but gone from the planned step."""
+        (`effects.shared_outputs`), in the timeline before the re-run but gone from the planned step.  `taken`: [op
+        index, bytes] a selective checkpoint's cache gives the re-run instead of running the op
+        (`SelectiveVariant.kept_made`): already live before it, they add nothing."""
         if last.checkpoint_recompute_ops <= 0:
             return None
         k = min(last.forward_end_op, last.forward_start_op + last.checkpoint_recompute_ops - 1) - self.start
-        return int(self.most[k]) - shared if 0 <= k < len(self.most) else None
+        if not 0 <= k < len(self.most):
+            return None
+        if not taken:
+            return int(self.most[k]) - shared
+        made = np.zeros(k + 1, dtype=np.int64)
+        for op, nbytes in taken:
+            if 0 <= op - self.start <= k:
+                made[op - self.start] += nbytes
+        return int((self.grown[: k + 1] - np.cumsum(made)).max()) - shared
 
 
 def rerun_effect(live: np.ndarray, effects: list[Effect], last: BlockProfile, held: int | None) -> list[Effect]:

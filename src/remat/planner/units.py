@@ -114,13 +114,16 @@ def build_units(
     units: list[Unit] = []
     per_op = (prof.checkpoint_op_s, prof.selective_op_s)
     live = np.asarray(prof.timeline.live_bytes, dtype=np.int64)
+    moments = live[:0] if prof.parallel == ParallelKind.FSDP else live  # Rule 3: not under FSDP (its NOTE)
     uncalled = set(called_directly(prof))  # Rule 5: recomputed only
     for group, names in groups.items():
         for i in range(len(names)):
-            units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op, live=live)
+            units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op, live=moments)
             if names[i] in uncalled:
                 continue
-            units += _make_selective_units(by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed)
+            units += _make_selective_units(
+                by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed, live=moments
+            )
             if offload is not None:
                 units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
     units = widen([u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))], live)  # Rule 3
@@ -223,6 +226,7 @@ def _make_selective_units(
     *,
     per_op: tuple[float, float] = (0.0, 0.0),
     timed: bool = False,
+    live: np.ndarray = np.zeros(0, dtype=np.int64),
 ) -> list[Unit]:
     """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
     [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
@@ -232,20 +236,13 @@ def _make_selective_units(
     if b.has_batchnorm:
         return []  # BatchNorm: remat restores its statistics only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
-    matmuls = SelectiveVariant(
-        [],
-        b.selective_free_bytes,
-        b.selective_extra_bytes,
-        b.selective_recompute_flops,
-        b.selective_recompute_s,
-        b.selective_recompute_ops,
-        b.selective_stranded_bytes,
-    )
-    units = []
-    for v in (matmuls, *b.selective_variants):
+    units, rerun = [], Rerun(live, b, b.forward_end_op)
+    for v in (_matmul_policy(b), *b.selective_variants):
         if v.free_bytes <= 0:
             continue
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
+        effects = _selective_effects(b, v, held_end)
+        moment = rerun_effect(live, effects, b, _selective_held(rerun, b, v))  # Rule 3
         units.append(
             Unit(
                 (b.name,),
@@ -254,15 +251,31 @@ def _make_selective_units(
                 nested[b.name],
                 v.recompute_flops,
                 seconds,
-                _selective_effects(b, v, held_end),
+                (*effects, *moment),
                 True,
                 Action.SELECTIVE,
                 v.recompute_ops,
                 holds=unit_holds(b, held_end),
                 keeps=tuple(v.keeps),
+                moment_bytes=-sum(e.bytes for e in moment),
             )
         )
     return _cheapest_apart(units, max(4096, b.internal_bytes // 1000), timed)
+
+
+def _matmul_policy(b: BlockProfile) -> SelectiveVariant:
+    """The selective checkpoint keeping matmul, convolution and attention outputs, from `b`'s `selective_*` figures."""
+    return SelectiveVariant(
+        [],
+        b.selective_free_bytes,
+        b.selective_extra_bytes,
+        b.selective_recompute_flops,
+        b.selective_recompute_s,
+        b.selective_recompute_ops,
+        b.selective_stranded_bytes,
+        b.selective_kept_made,
+        b.selective_kept_outside,
+    )
 
 
 def _cheapest_apart(units: list[Unit], near: int, timed: bool) -> list[Unit]:
@@ -275,16 +288,25 @@ def _cheapest_apart(units: list[Unit], near: int, timed: bool) -> list[Unit]:
     return kept
 
 
-def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> tuple[Effect, ...]:
+def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> list[Effect]:
     """Rule 4: a variant frees what it does not keep until the block's backward starts; its cache holds what it keeps
     that autograd would have dropped until the recomputation takes it, and what that stops before (stranded) until
-    `held_end`."""
+    `held_end`, and a kept output saved outside the block from when that frees it until the cache lets it go."""
     effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
     if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
         effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
     if v.stranded_bytes:  # ... but for what it stops before
         effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
-    return tuple(e for e in effects if e.start < e.end)
+    effects += [Effect(freed, released, -nbytes) for freed, released, nbytes in v.kept_outside]
+    return [e for e in effects if e.start < e.end]
+
+
+def _selective_held(rerun: Rerun, b: BlockProfile, v: SelectiveVariant) -> int | None:
+    """What the re-run of a selective checkpoint adds at once (`Rerun.held`), and the kept outputs saved outside the
+    block that the previous backward node released just before it, still in the cache for it."""
+    held = rerun.held(b, 0, v.kept_made)
+    t = b.backward_start_op
+    return None if held is None else held + sum(n for freed, released, n in v.kept_outside if freed == released == t)
 
 
 def _make_offload_unit(

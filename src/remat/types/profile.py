@@ -18,15 +18,8 @@ from remat.types.profile_versions import UPGRADES
 from remat.types.reserve import GpuReserve
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 8
-"""2: BlockProfile gained the selective, op-count, offload and container fields.
-3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
-4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
-   `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`).
-5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs).
-6: `keep_output`, the loop measured (earlier profiles kept the output through backward), `optimizer`, and
-   `Breakdown.workspaces_bytes` (cuBLAS's workspaces of a CUDA step).  7: `gpu_reserve`,
-   `BlockProfile.foreign_grad_inputs`."""
+PROFILE_VERSION = 9
+"""What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
 """Two measurements of one compiled step by the process counter differed by up to 1.5% (tests/test_compile.py):
@@ -97,6 +90,12 @@ class SelectiveVariant:
     recompute_s: float
     recompute_ops: int
     stranded_bytes: int = 0
+    kept_made: list[list[int]] = field(default_factory=list)
+    """[op index, bytes] of each op the recomputation takes from the cache: what the unplanned forward allocated
+    there, and the recomputation does not (NOTE [Which outputs a selective checkpoint keeps], Rule 5)."""
+    kept_outside: list[list[int]] = field(default_factory=list)
+    """[freed, released, bytes] of each kept output an op outside the block saves: the unplanned step frees it at op
+    `freed`, the cache at op `released` (the block's first backward op, or the end of its backward if stranded)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +222,9 @@ class BlockProfile:
     """The same before its first backward op: what the previous backward node releases before this block's
     backward starts, and so before a checkpoint around it re-runs its forward (NOTE [The memory model of a plan],
     Rule 3)."""
+    selective_kept_made: list[list[int]] = field(default_factory=list)
+    selective_kept_outside: list[list[int]] = field(default_factory=list)
+    """`SelectiveVariant.kept_made` and `kept_outside` of the policy keeping matmul, convolution and attention outputs."""
 
 
 @dataclass(frozen=True, slots=True)

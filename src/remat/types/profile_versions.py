@@ -1,5 +1,19 @@
 """How a `StepProfile` written by an older remat reads: each version's JSON upgraded to the next (`UPGRADES`,
-for `remat.types._json.load`)."""
+for `remat.types._json.load`).  What each version added:
+
+2: BlockProfile gained the selective, op-count, offload and container fields.
+3: the step measured (`step`, steady by default), `accumulate` and `first_step_peak_bytes`.
+4: seconds measured after a warm-up or predicted by a roofline (`timing`, `step_time_s`,
+   `checkpoint_op_s`, `selective_op_s`, `BlockProfile.checkpoint_recompute_s`).
+5: `BlockProfile.selective_variants` (selective checkpoints that keep chosen ops' outputs).
+6: `keep_output`, the loop measured (earlier profiles kept the output through backward), `optimizer`, and
+   `Breakdown.workspaces_bytes` (cuBLAS's workspaces of a CUDA step).
+7: `gpu_reserve`, `BlockProfile.foreign_grad_inputs`.
+8: what is freed before a block's first forward and backward op (`BlockProfile.freed_before_forward_bytes`,
+   `freed_before_backward_bytes`).
+9: what a selective checkpoint's cache gives its recomputation and holds past the unplanned step
+   (`SelectiveVariant.kept_made`, `kept_outside`; `BlockProfile.selective_kept_made`, `selective_kept_outside`).
+"""
 
 from __future__ import annotations
 
@@ -33,7 +47,9 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     5: _from_version_5,
     6: dict,
     7: dict,
+    8: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
-timeline's figure there)."""
+timeline's figure there; version 8 as 9, without what a selective checkpoint's cache gives and holds: read as
+none, its recomputation's moment is not predicted)."""
