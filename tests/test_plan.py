@@ -533,3 +533,30 @@ def test_ilp_breaks_ties_as_stated_and_plan_returns_the_frontier_point_at_its_pe
             by_dp = dp.solve(problem, budget, [group])  # dp's units are the layers; ilp's include the extras
             if by_dp is not None:
                 assert rank(ilp.solve(problem, budget)) <= rank(by_dp)
+
+
+def test_what_highs_prints_to_the_process_stdout_stays_out_of_remats_output():
+    """HiGHS's MIP solver prints "HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();" to file
+    descriptor 1 whatever its options: `remat plan remat.zoo:t5 --mode fake --budget 0.8 --frontier` printed it into
+    its table.  Here scipy's `milp` is made to print the same way (a write to the descriptor, below Python's
+    `sys.stdout`), in a process of its own so that pytest's capture does not hide it."""
+    import subprocess
+    import sys
+
+    code = """
+import os, scipy.optimize
+real = scipy.optimize.milp
+def loud(*args, **kwargs):
+    os.write(1, b"HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();\\n")
+    return real(*args, **kwargs)
+scipy.optimize.milp = loud
+import remat
+from remat import zoo
+model, x = zoo.chain_report001(width=64, blocks=8, batch=512)
+prof = remat.profile(model, x)
+plan = remat.plan(prof, 0.8, solver="ilp")
+print("planned", plan.solver.value)
+"""
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "planned ilp\n"

@@ -7,6 +7,10 @@ interval of the step a memory constraint (NOTE [The memory model of a plan]).
 
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
@@ -157,13 +161,15 @@ def _milp(problem: Problem, program, time_limit_s: float):
     first = _scale(problem)
     for scale, presolve in [(first, True), (first * 10, True), (first, False), (1.0, True), (1.0, False)]:
         p = program(scale)
-        res = milp(
-            p.objective,
-            constraints=[LinearConstraint(np.array(p.rows.rows), p.rows.lower, p.rows.upper)] if p.rows.rows else [],
-            integrality=np.append(np.ones(len(problem.units)), np.zeros(len(p.objective) - len(problem.units))),
-            bounds=Bounds(np.zeros(len(p.objective)), p.upper),
-            options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve},
-        )
+        rows = [LinearConstraint(np.array(p.rows.rows), p.rows.lower, p.rows.upper)] if p.rows.rows else []
+        with _quiet_stdout():
+            res = milp(
+                p.objective,
+                constraints=rows,
+                integrality=np.append(np.ones(len(problem.units)), np.zeros(len(p.objective) - len(problem.units))),
+                bounds=Bounds(np.zeros(len(p.objective)), p.upper),
+                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve},
+            )
         if res.x is not None or res.status == 2:  # a solution, or proved infeasible
             return res.x
     raise RematError(
@@ -171,6 +177,28 @@ def _milp(problem: Problem, program, time_limit_s: float):
         "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
         "of blocks, or a larger time_limit_s."
     )
+
+
+@contextlib.contextmanager
+def _quiet_stdout() -> Iterator[None]:
+    """The process's standard output (file descriptor 1) sent to nothing: HiGHS's MIP solver prints
+    "HighsMipSolverData::transformNewIntegerFeasibleSolution tmpSolver.run();" there whatever its options (seen on
+    T5's frontier, twice; jump-dev/HiGHS.jl#312), which would land in the middle of `remat plan`'s output or its
+    JSON.  Left as it is where there is no such descriptor to swap."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:
+        yield
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(null, 1)
+        yield
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
 
 
 def _scale(problem: Problem) -> float:
