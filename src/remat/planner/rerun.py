@@ -83,18 +83,59 @@ def _freed_at(effects: list[Effect], t: int) -> int:
 
 def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
     """`units` with each moment (`rerun_effect`, its unit's last effect) spread over the whole elementary interval that
-    starts at its op, as what it adds to that interval's most: one more breakpoint per unit made the ILP's program
-    larger (T5's 55 intervals became 77) and slower (a 16-layer Llama's plan took 15.6 s instead of 5.7), for the
-    same plans.  Exact: no unit's other effects or holds change inside that interval."""
-    others = (s for u in units for s in (*(u.effects[:-1] if u.moment_bytes else u.effects), *u.holds))
-    bounds = np.array(breakpoints(others, len(live)), dtype=np.int64)
-    out = []
+    starts at its op, as what it adds to that interval's most, and each narrow effect (`Unit.narrow`) over the
+    intervals it covers: one more breakpoint per unit made the ILP's program larger (T5's 55 intervals became 77) and
+    slower (a 16-layer Llama's plan took 15.6 s instead of 5.7; a kept output's hold, 10.4 s), for the same plans.
+    Exact: no unit's other effects or holds change inside those intervals.  A narrow effect stays as it is in the
+    interval of a moment that raises its most, of another narrow effect of its unit, or of another block's: two
+    added there apart can sum to more, or less, than the two at once."""
+    own = [u.effects[:-1] if u.moment_bytes else u.effects for u in units]
+    spans = [s for u, effects in zip(units, own) for s in (*effects, *u.holds)]
+    spans += [Effect(n.end, n.end, 0) for u in units for n in u.narrow]  # where the cache lets go: kept as bounds
+    bounds = np.array(breakpoints(spans, len(live)), dtype=np.int64)
+    moments = {u.effects[-1].start for u in units if u.moment_bytes and _moment(u, bounds, live)[1]}
+    inside: dict[int, list] = {}  # the blocks of each narrow effect starting inside each interval, per unit
     for u in units:
-        if u.moment_bytes:
-            t, _, v = u.effects[-1]
-            end = int(bounds[np.searchsorted(bounds, t, side="right")])
-            v = min(0, v + int(live[t:end].max()) - int(live[t]))
-            widened = (Effect(t, end, v),) if v else ()
-            u = dataclasses.replace(u, effects=u.effects[:-1] + widened, moment_bytes=-v)
+        starts = [_interval(bounds, n.start)[0] for n in u.narrow]
+        for a in set(starts):
+            inside.setdefault(a, []).append(u.blocks if starts.count(a) == 1 else None)
+    crowded = moments | {a for a, blocks in inside.items() if None in blocks or len(set(blocks)) > 1}
+    kept = [tuple(n for n in u.narrow if _interval(bounds, n.start)[0] in crowded) for u in units]
+    if any(kept):
+        bounds = np.array(breakpoints([*spans, *(n for k in kept for n in k)], len(live)), dtype=np.int64)
+    out = []
+    for u, effects, stay in zip(units, own, kept):
+        if not (u.moment_bytes or u.narrow):
+            out.append(u)
+            continue
+        spread = tuple(e for n in u.narrow if n not in stay for e in _spread(n, bounds, live))
+        extra = sum(n.bytes for n in u.narrow if n not in stay) - sum(e.bytes for e in spread)
+        moment, v = _moment(u, bounds, live) if u.moment_bytes else ((), 0)
+        u = dataclasses.replace(
+            u, effects=(*effects, *stay, *spread, *moment), moment_bytes=-v, narrow=(), spread_bytes=extra
+        )
         out.append(u)
     return out
+
+
+def _interval(bounds: np.ndarray, t: int) -> tuple[int, int]:
+    """The elementary interval [a, b) of `bounds` that holds op `t`."""
+    k = int(np.searchsorted(bounds, t, side="right"))
+    return int(bounds[k - 1]), int(bounds[k])
+
+
+def _moment(u: "Unit", bounds: np.ndarray, live: np.ndarray) -> tuple[tuple[Effect, ...], int]:
+    t, _, v = u.effects[-1]
+    _, end = _interval(bounds, t)
+    v = min(0, v + int(live[t:end].max()) - int(live[t]))
+    return ((Effect(t, end, v),) if v else ()), v
+
+
+def _spread(n: Effect, bounds: np.ndarray, live: np.ndarray) -> tuple[Effect, ...]:
+    """`n` as effects on `bounds` (its end is one): over the interval [a, b) its start falls in, what it changes of
+    that interval's most (the live bytes there differ by -n.bytes from its start on), and as it is from b on."""
+    a, b = _interval(bounds, n.start)
+    if a == n.start:
+        return (n,)
+    v = int(live[a:b].max()) - max(int(live[a : n.start].max()), int(live[n.start : b].max()) - n.bytes)
+    return tuple(e for e in (Effect(a, b, v), Effect(b, n.end, n.bytes)) if e.bytes and e.start < e.end)

@@ -67,6 +67,11 @@ class Unit:
     moment_bytes: int = 0
     """Bytes its recomputation adds, at its last block's first backward op, to the most of the elementary interval
     that starts there (Rule 3, `remat.planner.rerun`): its last effect, of minus this, and not in `reduction_bytes`."""
+    narrow: tuple[Effect, ...] = ()
+    """Effects that would start where no other effect or hold starts or ends (a kept output's hold in a selective
+    cache, Rule 4): `rerun.widen` spreads them over the elementary intervals of the others into `effects`."""
+    spread_bytes: int = 0
+    """What spreading `narrow` added to the sum of `effects` beyond their own bytes: not in `reduction_bytes`."""
 
     @property
     def key(self) -> tuple:
@@ -86,7 +91,8 @@ class Unit:
     recomputation (Rule 3)."""
 
     def __post_init__(self) -> None:
-        freed = sum(e.bytes for e in self.effects) - sum(h.bytes for h in self.holds) + self.moment_bytes
+        freed = sum(e.bytes for e in (*self.effects, *self.narrow)) - sum(h.bytes for h in self.holds)
+        freed += self.moment_bytes + self.spread_bytes
         object.__setattr__(self, "reduction_bytes", freed)
 
 
@@ -242,7 +248,8 @@ def _make_selective_units(
             continue
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
         effects = _selective_effects(b, v, held_end)
-        moment = rerun_effect(live, effects, b, _selective_held(rerun, b, v))  # Rule 3
+        narrow = [Effect(freed, released, -nbytes) for freed, released, nbytes in v.kept_outside if freed < released]
+        moment = rerun_effect(live, effects + narrow, b, _selective_held(rerun, b, v))  # Rule 3
         units.append(
             Unit(
                 (b.name,),
@@ -258,6 +265,7 @@ def _make_selective_units(
                 holds=unit_holds(b, held_end),
                 keeps=tuple(v.keeps),
                 moment_bytes=-sum(e.bytes for e in moment),
+                narrow=tuple(narrow),
             )
         )
     return _cheapest_apart(units, max(4096, b.internal_bytes // 1000), timed)
@@ -291,13 +299,13 @@ def _cheapest_apart(units: list[Unit], near: int, timed: bool) -> list[Unit]:
 def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> list[Effect]:
     """Rule 4: a variant frees what it does not keep until the block's backward starts; its cache holds what it keeps
     that autograd would have dropped until the recomputation takes it, and what that stops before (stranded) until
-    `held_end`, and a kept output saved outside the block from when that frees it until the cache lets it go."""
+    `held_end` (a kept output saved outside the block, from when that frees it until the cache lets it go, is a
+    narrow effect: `Unit.narrow`)."""
     effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
     if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
         effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
     if v.stranded_bytes:  # ... but for what it stops before
         effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
-    effects += [Effect(freed, released, -nbytes) for freed, released, nbytes in v.kept_outside]
     return [e for e in effects if e.start < e.end]
 
 
