@@ -93,7 +93,8 @@ def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
     spans = [s for u, effects in zip(units, own) for s in (*effects, *u.holds)]
     spans += [Effect(n.end, n.end, 0) for u in units for n in u.narrow]  # where the cache lets go: kept as bounds
     bounds = np.array(breakpoints(spans, len(live)), dtype=np.int64)
-    moments = {u.effects[-1].start for u in units if u.moment_bytes and _moment(u, bounds, live)[1]}
+    widened = {k: _moment(u, bounds, live) for k, u in enumerate(units) if u.moment_bytes}
+    moments = {units[k].effects[-1].start for k, (_, v) in widened.items() if v}
     inside: dict[int, list] = {}  # the blocks of each narrow effect starting inside each interval, per unit
     for u in units:
         starts = [_interval(bounds, n.start)[0] for n in u.narrow]
@@ -101,16 +102,17 @@ def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
             inside.setdefault(a, []).append(u.blocks if starts.count(a) == 1 else None)
     crowded = moments | {a for a, blocks in inside.items() if None in blocks or len(set(blocks)) > 1}
     kept = [tuple(n for n in u.narrow if _interval(bounds, n.start)[0] in crowded) for u in units]
-    if any(kept):
+    if any(kept):  # finer intervals: the moments again
         bounds = np.array(breakpoints([*spans, *(n for k in kept for n in k)], len(live)), dtype=np.int64)
+        widened = {k: _moment(units[k], bounds, live) for k in widened}
     out = []
-    for u, effects, stay in zip(units, own, kept):
+    for k, (u, effects, stay) in enumerate(zip(units, own, kept)):
         if not (u.moment_bytes or u.narrow):
             out.append(u)
             continue
         spread = tuple(e for n in u.narrow if n not in stay for e in _spread(n, bounds, live))
         extra = sum(n.bytes for n in u.narrow if n not in stay) - sum(e.bytes for e in spread)
-        moment, v = _moment(u, bounds, live) if u.moment_bytes else ((), 0)
+        moment, v = widened.get(k, ((), 0))
         u = dataclasses.replace(
             u, effects=(*effects, *stay, *spread, *moment), moment_bytes=-v, narrow=(), spread_bytes=extra
         )
