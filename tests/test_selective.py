@@ -203,8 +203,8 @@ def test_a_variant_keeping_the_norm_that_makes_the_blocks_output_is_predicted_to
     saved by the head.  A variant keeping that class holds it in its cache past the head's backward, until the
     recomputation takes it, and the re-run, which allocates nothing for what it takes from the cache, is the step's
     peak: measured 135,560,724 bytes where the plan said 131,482,644 (-3.0%).  Every selective unit of the block is
-    held to the tracker (the matmul policy's prediction was 512 bytes over it, and stays so), and to the gradients
-    and FLOPs of `remat.verify`."""
+    held to the tracker (the matmul policy's prediction was 512 bytes over it, and stays so), never under the
+    process's own counter by more than 0.3%, and to the gradients and FLOPs of `remat.verify`."""
     from remat.planner.result import make_plan
 
     model, x = architectures.encoder()
@@ -218,3 +218,5 @@ def test_a_variant_keeping_the_norm_that_makes_the_blocks_output_is_predicted_to
         assert report.ok, str(report)
         over = plan.peak_bytes - report.measured_peak_bytes
         assert 0 <= over <= 1024, (u.keeps, report.measured_peak_bytes, plan.peak_bytes)
+        process = report.independent_peak_bytes  # the process peaked at 133,528,588, 1.6% over the plan before
+        assert process is None or process <= plan.peak_bytes * 1.003, (u.keeps, process, plan.peak_bytes)
