@@ -13,9 +13,11 @@ same cases to 25% per op and 5 points per step.  Writes benchmarks/results/gpu_s
 `--gpu` is issue 36's two tables measured again: for a bf16 Llama-style decoder and BERT-base (random weights,
 nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, remat's every-block, its plans at
 65% of the peak and at the least memory (made by `--make-plans`, committed in results/gpu_seconds/plans/), and with
-`--compile` torch.compile alone, with its activation memory budget 0.5, and remat's least plan compiled.  Each
-variant in a model built afresh, AdamW, the output held through backward, the third step's max_memory_allocated,
-the median of TIMED synchronised steps.  Prints predicted against measured overhead; writes
+`--compile` torch.compile alone, at its activation memory budgets 0.7, 0.5 and 0.3, and remat's two plans
+compiled.  Each variant in a model built afresh, AdamW, the output held through backward, the third step's
+max_memory_allocated, the median of TIMED synchronised steps.  Variants run in TIERS, both models a tier, so that
+`--budget-s` skips the least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
+Prints predicted against measured overhead and the issue's checks on the figures (gpu_seconds_report.py); writes
 results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
 """
 
@@ -40,6 +42,7 @@ if (ROOT / "src").is_dir():
 import remat  # noqa: E402
 from _catalog import ISSUE36, SIZES  # noqa: E402
 from _models import Autocast, build_sized  # noqa: E402
+from gpu_seconds_report import render  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from h100_ops import CASES, FACTS, OFF, op_table, predicted  # noqa: E402  (the cases test_gpu_seconds.py holds)
@@ -220,9 +223,9 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path) ->
         inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     elif variant == "every-block":
         remat.apply(model, "every-block")
-    elif variant in ("plan65", "least", "least+compile"):
+    elif variant.split("+")[0] in ("plan65", "least"):
         remat.apply(model, remat.load_plan(plans / f"{name}.{variant.split('+')[0]}.json"))
-    budget = 0.5 if variant == "compile 0.5" else 1.0
+    budget = float(variant.split()[1]) if variant.startswith("compile ") else 1.0
     runner = torch.compile(model) if "compile" in variant else model
     opt = torch.optim.AdamW(model.parameters())
     seconds, out = [], {}
@@ -247,13 +250,30 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path) ->
 
 
 VARIANTS = ["eager", "hf", "every-block", "plan65", "least"]
-COMPILED = ["compile", "compile 0.5", "least+compile"]
+COMPILED = ["compile", "least+compile", "compile 0.5", "plan65+compile", "compile 0.3", "compile 0.7"]
+TIERS = [VARIANTS, COMPILED[:2], COMPILED[2:4], COMPILED[4:]]
+"""The order of a run, each tier for both models: without compile, then the points the issue's table had, then
+the rest of torch.compile's budgets."""
+
+
+def chosen(args) -> list[tuple[str, str]]:
+    """(model, variant) in the order they run."""
+    wanted = args.variants.split(",") if args.variants else VARIANTS + (COMPILED if args.compile else [])
+    models = args.models.split(",") if args.models else list(MODELS)
+    unknown = sorted(set(wanted) - set(VARIANTS + COMPILED)) + sorted(set(models) - set(MODELS))
+    if unknown:
+        sys.exit(
+            f"remat: --variants takes {VARIANTS + COMPILED} and --models {list(MODELS)}; got {unknown}. "
+            "Fix: name them from those lists, comma-separated."
+        )
+    return [(m, v) for tier in TIERS for m in models for v in tier if v in wanted]
 
 
 def on_the_gpu(args) -> dict:
+    runs = chosen(args)  # before anything is written
     device = "cpu" if args.smoke else "cuda"
     size = "smoke" if args.smoke else "issue"
-    plans = args.out_dir / "plans" if args.smoke else PLANS
+    plans = args.out_dir / "smoke_plans" if args.smoke else PLANS  # never the committed plans
     made = make_plans(size, plans) if args.smoke else json.loads((plans / "made.json").read_text())
     deadline = time.monotonic() + args.budget_s
     res = {
@@ -261,44 +281,23 @@ def on_the_gpu(args) -> dict:
         "torch": torch.__version__,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "made": made,
-        "models": {},
+        "models": {m: {} for m in dict.fromkeys(m for m, _ in runs)},
     }
-    for name in MODELS:
-        for variant in VARIANTS + (COMPILED if args.compile else []):
-            if time.monotonic() > deadline:
-                res["models"].setdefault(name, {})[variant] = {"skipped": "over --budget-s"}
-                continue
-            try:
-                r = run_variant(name, variant, size, device, plans)
-            except Exception as e:  # noqa: BLE001 -- a variant that fails is a result, the others still run
-                r = {"error": f"{type(e).__name__}: {e}"[:300]}
-            res["models"].setdefault(name, {})[variant] = r
-            print(name, variant, r, flush=True)
-            if "compile" in variant:
-                torch.compiler.reset()  # the compiled graphs hold the variant's model
-            if device == "cuda":
-                torch.cuda.empty_cache()
+    for name, variant in runs:
+        if time.monotonic() > deadline:
+            res["models"][name][variant] = {"skipped": "over --budget-s"}
+            continue
+        try:
+            r = run_variant(name, variant, size, device, plans)
+        except Exception as e:  # noqa: BLE001 -- a variant that fails is a result, the others still run
+            r = {"error": f"{type(e).__name__}: {e}"[:300]}
+        res["models"][name][variant] = r
+        print(name, variant, r, flush=True)
+        if "compile" in variant:
+            torch.compiler.reset()  # the compiled graphs hold the variant's model
+        if device == "cuda":
+            torch.cuda.empty_cache()
     return res
-
-
-def render(res: dict) -> str:
-    lines = [
-        f"{res['device']}, torch {res['torch']}, {res['date']}",
-        "| model | variant | peak MiB | step ms | measured overhead | predicted |",
-        "|---|---|---|---|---|---|",
-    ]
-    for name, variants in res["models"].items():
-        eager = variants.get("eager", {}).get("step_s")
-        for variant, r in variants.items():
-            if "step_s" not in r:
-                lines.append(f"| {name} | {variant} | {r.get('error') or r.get('skipped')} | | | |")
-                continue
-            plan = res["made"]["models"][name].get(variant.split("+")[0], {})
-            said = f"+{plan['extra_fraction']:.1%}" if "extra_fraction" in plan and "compile" not in variant else ""
-            overhead = f"{r['step_s'] / eager - 1:+.1%}" if eager else ""
-            peak = f"{r['peak_bytes'] / 2**20:,.0f}" if "peak_bytes" in r else "-"
-            lines.append(f"| {name} | {variant} | {peak} | {r['step_s'] * 1e3:.1f} | {overhead} | {said} |")
-    return "\n".join(lines)
 
 
 def main() -> None:
@@ -309,6 +308,8 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="with --gpu: torch.compile's variants too")
     parser.add_argument("--out-dir", type=Path, default=HERE / "results" / "gpu_seconds")
     parser.add_argument("--budget-s", type=float, default=300.0, help="with --gpu: skip variants after this")
+    parser.add_argument("--models", default="", help="with --gpu: these models only (comma-separated)")
+    parser.add_argument("--variants", default="", help="with --gpu: these variants only (comma-separated)")
     args = parser.parse_args()
     if args.make_plans:
         print(json.dumps(make_plans("issue", PLANS), indent=1))

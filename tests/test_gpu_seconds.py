@@ -27,6 +27,8 @@ _saved = list(sys.path)
 sys.path.insert(0, str(SCRIPT.parent))
 try:
     import gpu_seconds as bench  # the cases, the models and the figures' paths: one table for both
+    import gpu_seconds_report as report
+    from _common import MiB
 finally:
     sys.path[:] = _saved
 
@@ -93,3 +95,96 @@ def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
         assert set(res["models"][name]) == set(bench.VARIANTS)
         assert all(r.get("step_s", 0) > 0 for r in res["models"][name].values()), res["models"][name]
     assert "| llama_style_decoder | plan65 |" in proc.stdout
+
+
+def _issue_tables() -> dict:
+    """Issue 36's two tables as a `--gpu` run's results (peaks in MiB, times as multiples of the eager step)."""
+
+    def point(mib, ratio, eager_s):
+        return {"peak_bytes": int(mib * MiB), "step_s": ratio * eager_s}
+
+    llama, bert = 0.0739, 0.283
+    return {
+        "device": "NVIDIA H100 80GB HBM3",
+        "torch": "2.11",
+        "date": "2026-11-26",
+        "made": {
+            "models": {
+                "llama_style_decoder": {"plan65": {"extra_fraction": 0.51}, "least": {"extra_fraction": 0.75}},
+                "bert_base_mlm": {"plan65": {"extra_fraction": 0.22}, "least": {"extra_fraction": 0.33}},
+            }
+        },
+        "models": {
+            "llama_style_decoder": {
+                "eager": point(13297, 1.0, llama),
+                "plan65": point(8622, 1.19, llama),
+                "least": point(6252, 1.27, llama),
+                "hf": point(6697, 1.31, llama),
+                "compile": point(9814, 0.68, llama),
+                "compile 0.5": point(7453, 0.76, llama),
+                "least+compile": point(5052, 0.83, llama),
+                "compile 0.3": {"skipped": "over --budget-s"},
+            },
+            "bert_base_mlm": {
+                "eager": point(16823, 1.0, bert),
+                "plan65": point(10528, 1.17, bert),
+                "least": point(7193, 1.27, bert),
+                "hf": point(7878, 1.26, bert),
+            },
+        },
+    }
+
+
+def test_the_issues_checks_judged_on_the_issues_own_tables():
+    """What a GPU run prints under "Issue 36's checks", fed the figures the issue was filed with: remat + compile
+    lower but slower at both of torch.compile's points, under every peer at the least, too slow at -35%, and the
+    roofline's overheads 2.5-4x the GPU's (BERT's 65% plan exactly at the 5 points)."""
+    rows = {}
+    for model, check, measured, verdict in report.done_when(_issue_tables()):
+        rows[(model, check.split(":")[0].split(" (")[0])] = (measured, verdict)
+    llama = "llama_style_decoder"
+    assert rows[(llama, "at `compile`'s point")] == ("`least+compile`: 5,052 MiB at 0.83x", "no: slower")
+    assert rows[(llama, "at `compile 0.5`'s point")] == ("`least+compile`: 5,052 MiB at 0.83x", "no: slower")
+    assert rows[(llama, "least memory")] == ("`least+compile`: 5,052 MiB at 0.83x", "yes")
+    assert rows[(llama, "at -35% of the eager peak")] == ("`least+compile`: 5,052 MiB at 0.83x", "yes")
+    assert rows[(llama, "`plan65`")] == ("said +51%, measured +19%", "no")
+    assert rows[(llama, "`least`")] == ("said +75%, measured +27%", "no")
+    bert = "bert_base_mlm"
+    assert rows[(bert, "at -35% of the eager peak")] == ("`plan65`: 10,528 MiB at 1.17x", "no")
+    assert rows[(bert, "`plan65`")] == ("said +22%, measured +17%", "yes")
+    assert rows[(bert, "`least`")] == ("said +33%, measured +27%", "no")
+    assert not any(m == bert and c.startswith(("at `compile", "least memory")) for m, c in rows)  # nothing compiled
+    assert "| llama_style_decoder | compile 0.3 | over --budget-s |" in report.render(_issue_tables())
+
+
+def test_the_gpu_runs_compiled_variants_run_on_the_cpu_at_a_tiny_size(tmp_path):
+    """`--gpu --smoke --compile`, a part of it: torch.compile at a budget of its own and a plan of remat's compiled
+    (a run that crashed there would lose the GPU's minutes), in the tiers' order whatever the order asked."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--compile", "--out-dir", str(tmp_path)]
+        + ["--models", "bert_base_mlm", "--variants", "plan65+compile,compile 0.3,eager"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(next(tmp_path.glob("gpu_cpu_*.json")).read_text())
+    assert list(res["models"]) == ["bert_base_mlm"]
+    variants = res["models"]["bert_base_mlm"]
+    assert list(variants) == ["eager", "plan65+compile", "compile 0.3"]
+    assert all(r.get("step_s", 0) > 0 for r in variants.values()), variants
+    assert "Issue 36's checks, on these figures:" in proc.stdout
+
+
+def test_the_gpu_run_names_what_it_cannot_run_before_it_writes_anything(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--variants", "compile 0.4", "--out-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 1
+    assert "remat: --variants takes" in proc.stderr and "got ['compile 0.4']" in proc.stderr
+    assert not list(tmp_path.iterdir())  # the smoke run's plans were made before the check once

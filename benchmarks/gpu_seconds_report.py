@@ -1,0 +1,125 @@
+"""Issue 36's tables from a `gpu_seconds.py --gpu` run: every variant as measured, then the issue's "Done when"
+judged on those figures alone.
+
+A point is a variant's third-step `max_memory_allocated` and its median step time.  remat's points are its plans
+(`plan65`, `least`) and those plans compiled (`...+compile`); the peers' are the eager step, Hugging Face's and
+every-layer checkpointing and torch.compile at its activation memory budgets (`compile`, `compile 0.7`, ...).
+"""
+
+from __future__ import annotations
+
+from _common import MiB, md_table
+
+TIE = 0.02
+"""Step times within 2% count as no more time: medians of 6 synchronised steps (the issue's own runs)."""
+AT_35 = 0.65  # the issue's BERT point: 35% under the eager step's peak ...
+AT_35_COST = 0.05  # ... at most 5% over the eager step's time
+SAID = 0.05  # `plan.extra_fraction` within 5 points of the overhead measured
+COMPILE_POINTS = ("compile", "compile 0.7", "compile 0.5", "compile 0.3")
+REMAT_EAGER = ("plan65", "least")
+
+
+def ours(variant: str) -> bool:
+    """remat + compile: one of remat's plans, compiled."""
+    return variant.endswith("+compile")
+
+
+def _points(variants: dict) -> dict:
+    return {v: r for v, r in variants.items() if "step_s" in r and "peak_bytes" in r}
+
+
+def _at(r: dict, eager_s: float) -> str:
+    return f"{r['peak_bytes'] / MiB:,.0f} MiB at {r['step_s'] / eager_s:.2f}x"
+
+
+def _against_compile(pts: dict, eager_s: float) -> list[list[str]]:
+    """At each of torch.compile's points: remat + compile's fastest point at the same or a lower peak."""
+    rows = []
+    for c in (c for c in COMPILE_POINTS if c in pts):
+        under = [(r["step_s"], v) for v, r in pts.items() if ours(v) and r["peak_bytes"] <= pts[c]["peak_bytes"]]
+        check = f"at `{c}`'s point ({_at(pts[c], eager_s)}): remat + compile as low, no slower"
+        if not under:
+            rows.append([check, "no remat + compile point at or under that peak", "no"])
+            continue
+        best = pts[min(under)[1]]
+        held = best["step_s"] <= pts[c]["step_s"] * (1 + TIE)
+        rows.append([check, f"`{min(under)[1]}`: {_at(best, eager_s)}", "yes" if held else "no: slower"])
+    return rows
+
+
+def _least_memory(pts: dict, eager_s: float) -> list[list[str]]:
+    peers = {v: r for v, r in pts.items() if not ours(v) and v not in REMAT_EAGER}
+    mine = {v: r for v, r in pts.items() if ours(v)}
+    if not peers or not mine:
+        return []
+    peer = min(peers, key=lambda v: (peers[v]["peak_bytes"], peers[v]["step_s"]))
+    least = min(mine, key=lambda v: (mine[v]["peak_bytes"], mine[v]["step_s"]))
+    held = mine[least]["peak_bytes"] <= peers[peer]["peak_bytes"]
+    return [
+        [
+            f"least memory: remat + compile at or under every peer (least: `{peer}`, {_at(peers[peer], eager_s)})",
+            f"`{least}`: {_at(mine[least], eager_s)}",
+            "yes" if held else "no",
+        ]
+    ]
+
+
+def _at_35(pts: dict, eager: dict) -> list[list[str]]:
+    cut = AT_35 * eager["peak_bytes"]
+    mine = [(r["step_s"], v) for v, r in pts.items() if (ours(v) or v in REMAT_EAGER) and r["peak_bytes"] <= cut]
+    check = f"at -35% of the eager peak ({cut / MiB:,.0f} MiB): remat's fastest within +{AT_35_COST:.0%}"
+    if not mine:
+        return [[check, "no remat point at or under it", "no"]]
+    best = min(mine)[1]
+    held = pts[best]["step_s"] <= eager["step_s"] * (1 + AT_35_COST)
+    return [[check, f"`{best}`: {_at(pts[best], eager['step_s'])}", "yes" if held else "no"]]
+
+
+def _said(pts: dict, made: dict, eager_s: float) -> list[list[str]]:
+    rows = []
+    for kind in (k for k in REMAT_EAGER if k in pts and "extra_fraction" in made.get(k, {})):
+        said, measured = made[kind]["extra_fraction"], pts[kind]["step_s"] / eager_s - 1
+        held = abs(said - measured) <= SAID + 1e-9
+        check = f"`{kind}`: plan.extra_fraction within {SAID * 100:.0f} points of the overhead"
+        rows.append([check, f"said {said:+.0%}, measured {measured:+.0%}", "yes" if held else "no"])
+    return rows
+
+
+def done_when(res: dict) -> list[list[str]]:
+    """The issue's checks, a row each: [model, check, what was measured, verdict]."""
+    rows = []
+    for name, variants in res["models"].items():
+        pts = _points(variants)
+        if "eager" not in pts:
+            rows.append([name, "every check", "the eager step was not measured", "n/a"])
+            continue
+        eager = pts["eager"]
+        made = res["made"]["models"].get(name, {})
+        checks = _against_compile(pts, eager["step_s"]) + _least_memory(pts, eager["step_s"])
+        checks += _at_35(pts, eager) + _said(pts, made, eager["step_s"])
+        rows += [[name, *c] for c in checks]
+    return rows
+
+
+def render(res: dict) -> str:
+    """Every variant measured, then the issue's checks."""
+    rows = []
+    for name, variants in res["models"].items():
+        eager = variants.get("eager", {}).get("step_s")
+        for variant, r in variants.items():
+            if "step_s" not in r:
+                rows.append([name, variant, r.get("error") or r.get("skipped"), "", "", ""])
+                continue
+            plan = res["made"]["models"][name].get(variant.split("+")[0], {})
+            said = f"+{plan['extra_fraction']:.1%}" if "extra_fraction" in plan and not ours(variant) else ""
+            overhead = f"{r['step_s'] / eager - 1:+.1%}" if eager else ""
+            peak = f"{r['peak_bytes'] / MiB:,.0f}" if "peak_bytes" in r else "-"
+            rows.append([name, variant, peak, f"{r['step_s'] * 1e3:.1f}", overhead, said])
+    return "\n\n".join(
+        [
+            f"{res['device']}, torch {res['torch']}, {res['date']}",
+            md_table(["model", "variant", "peak MiB", "step ms", "measured overhead", "predicted"], rows, pad=False),
+            "Issue 36's checks, on these figures:",
+            md_table(["model", "check", "measured", "holds"], done_when(res), pad=False),
+        ]
+    )
