@@ -101,6 +101,18 @@ def test_the_verdict_says_the_plan_holds_and_when_only_the_time_differs():
     assert not off.time_agrees and "Only the time differs: the step took" in verdict(off)
     wrong = dataclasses.replace(report, measured_recompute_flops=report.measured_recompute_flops + 1)
     assert verdict(wrong) == "Verdict: the plan does NOT hold: see the rows marked MISMATCH or OVER above."
+    # a compiled step over the eager step the plan was priced on (docs/compile.md: GPT-2's least plan, +18%)
+    over = dataclasses.replace(
+        report, compiled=True, measured_peak_bytes=317 * 2**20, independent_peak_bytes=374 * 2**20, budget_bytes=None
+    )
+    assert not over.ok and not over.counters_agree
+    assert verdict(over).endswith(
+        "The compiled step peaked at 374.0 MiB, above the eager step's 317.0 MiB that the plan was priced on: Inductor "
+        "can hold more in its backward (a tied weight's gradient summed at the end, a recomputation fused into the "
+        "next block's backward; docs/compile.md). Fix: remat.auto(compiled_model, inputs, budget) compiles and "
+        "measures its candidates and applies one whose compiled step fits."
+    )
+    assert "compiled step peaked" not in verdict(dataclasses.replace(over, independent_peak_bytes=317 * 2**20))
 
 
 # -- noise ---------------------------------------------------------------------------------------------------------

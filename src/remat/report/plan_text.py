@@ -290,11 +290,26 @@ def render_verify(report) -> str:
     return out.getvalue().rstrip() + "\n" + _cuda_verdict(report)
 
 
+def _compiled_kept_more(report) -> str:
+    """Why a compiled step can peak above the eager step a plan was priced on, and what measures it instead."""
+    if not report.compiled or report.counters_agree:
+        return ""
+    return (
+        f" The compiled step peaked at {fmt_bytes(report.independent_peak_bytes, 'auto')}, above the eager step's"
+        f" {fmt_bytes(report.measured_peak_bytes, 'auto')} that the plan was priced on: Inductor can hold more in"
+        " its backward (a tied weight's gradient summed at the end, a recomputation fused into the next block's"
+        " backward; docs/compile.md). Fix: remat.auto(compiled_model, inputs, budget) compiles and measures its"
+        " candidates and applies one whose compiled step fits."
+    )
+
+
 def verdict(report) -> str:
     """One line under a verify table, in words: whether the plan holds, and what its time did against the
     prediction (a guide: seconds are not part of `report.ok`)."""
     if not report.ok:
-        return "Verdict: the plan does NOT hold: see the rows marked MISMATCH or OVER above."
+        return "Verdict: the plan does NOT hold: see the rows marked MISMATCH or OVER above." + _compiled_kept_more(
+            report
+        )
     holds = (
         "Verdict: the plan holds: the same gradients, the recomputation predicted, the peak within the budget"
         f" ({fmt_bytes(report.measured_peak_bytes, 'auto')} of {fmt_bytes(report.budget_bytes, 'auto')})"
