@@ -105,6 +105,7 @@ def test_a_compiled_model_is_profiled_by_the_names_of_the_model_inside():
     assert [b.name for b in prof.blocks] == [b.name for b in bare.blocks] and prof.blocks[0].name == "0"
     assert prof.peak_bytes == bare.peak_bytes and prof.forward_flops == bare.forward_flops
     assert COMPILED_NOTE in prof.notes and COMPILED_NOTE not in bare.notes
+    assert not any("shares its weight" in n for n in prof.notes)  # no tied weights here
     plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
     assert remat.apply(compiled, plan) is compiled and applied(model) is plan
     remat.remove(compiled)
@@ -174,6 +175,7 @@ def test_a_model_compiled_in_place_is_verified_and_profiled_as_compiled():
     model.compile(backend="aot_eager")
     prof = remat.profile(model, x)
     assert COMPILED_NOTE in prof.notes and COMPILED_NOTE not in bare.notes
+    assert not any("shares its weight" in n for n in prof.notes)  # no tied weights here
     plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
     report = remat.verify(model, x, plan, time_rounds=0)
     assert report.compiled and report.independent_counter == "process's high-water mark (compiled)"
@@ -190,6 +192,13 @@ def test_a_budget_the_compiled_step_meets_needs_no_checkpoint():
     prof = remat.profile(compiled, x)
     assert 0 < prof.compiled_peak_bytes < prof.peak_bytes, (prof.compiled_peak_bytes, prof.peak_bytes)
     assert prof.compiled_counter == "process's high-water mark (compiled)"
+    # GPT-2 ties `lm_head` to `wte`: the gradient of the logits, 16 x 128 x 512 float32, can live through the
+    # compiled backward (docs/compile.md)
+    assert any(
+        n.startswith("compiled step: `lm_head` shares its weight with `transformer.wte`;")
+        and "keeps the gradient of `lm_head`'s output (4.0 MiB) alive" in n
+        for n in prof.notes
+    ), prof.notes
     plan = remat.plan(prof, math.ceil(prof.compiled_peak_bytes * (1 + COMPILED_PEAK_MARGIN)))
     assert not plan.segments and not plan.selective and "the compiled step measured" in plan.notes[0]
     assert remat.plan(prof, prof.compiled_peak_bytes).segments  # within the counter's noise: planned

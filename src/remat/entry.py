@@ -34,7 +34,7 @@ from typing import Any
 
 import torch.nn as nn
 
-from remat._torch_compat.distributed import is_compiled
+from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.applier.apply import replace_plan, taken_off
 from remat.compiled_plans import SEARCH_TRIALS, TIMED_STEPS, plan_for
 from remat.errors import RematError
@@ -92,8 +92,40 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
         compiled_peak_bytes=peak,
         compiled_counter=counter,
         compiled_step_s=measured.step_s,
-        notes=[*prof.notes, note],
+        notes=[*prof.notes, note, *_tied_head_notes(uncompiled(model), prof)],
     )
+
+
+def _tied_head_notes(model: nn.Module, prof: StepProfile) -> list[str]:
+    """A Linear head sharing its weight with an Embedding: what the compiled backward can hold that the eager step
+    does not (docs/compile.md: Inductor sums the weight's two gradients in one `addmm` at the end of the
+    backward, so the gradient of the head's output lives through it), in the figure of the block that returns it."""
+    owners: dict[int, list[tuple[str, nn.Module]]] = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        for param in module.parameters(recurse=False):
+            owners.setdefault(id(param), []).append((name, module))
+    blocks = {b.name: b for b in prof.blocks}
+    notes = []
+    for shared in owners.values():
+        embedding = next((n for n, m in shared if isinstance(m, nn.Embedding)), None)
+        head = next((n for n, m in shared if isinstance(m, nn.Linear)), None)
+        returned = next((b for b in _self_and_ancestors(head) if b in blocks), None) if head else None
+        if embedding is None or returned is None:
+            continue
+        notes.append(
+            f"compiled step: `{head}` shares its weight with `{embedding}`; Inductor can sum that weight's two "
+            f"gradients at the end of the backward, which keeps the gradient of `{returned}`'s output "
+            f"({fmt_bytes(blocks[returned].output_bytes, 'auto')}) alive through it where the eager step frees it at "
+            "once: a plan below the compiled step's peak, priced on the eager step, can peak that much higher "
+            "compiled; remat.auto measures the compiled step instead (docs/compile.md)."
+        )
+    return notes
+
+
+def _self_and_ancestors(name: str) -> list[str]:
+    """`cls.predictions.decoder` -> itself, `cls.predictions`, `cls`: the deepest block first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts), 0, -1)]
 
 
 profile.__signature__ = inspect.signature(measure_profile)  # type: ignore[attr-defined]  # its options, for `help`
