@@ -108,10 +108,12 @@ def _tied_head_notes(model: nn.Module, prof: StepProfile) -> list[str]:
     notes = []
     for shared in owners.values():
         embedding = next((n for n, m in shared if isinstance(m, nn.Embedding)), None)
-        head = next((n for n, m in shared if isinstance(m, nn.Linear)), None)
-        returned = next((b for b in _self_and_ancestors(head) if b in blocks), None) if head else None
-        if embedding is None or returned is None:
+        head, linear = next(((n, m) for n, m in shared if isinstance(m, nn.Linear)), ("", None))
+        if embedding is None or linear is None:
             continue
+        returned = next((b for b in _self_and_ancestors(head) if b in blocks), None)
+        if returned is None or blocks[returned].output_bytes % linear.out_features:
+            continue  # the head's block returns something else than the head's rows
         notes.append(
             f"compiled step: `{head}` shares its weight with `{embedding}`; Inductor can sum that weight's two "
             f"gradients at the end of the backward, which keeps the gradient of `{returned}`'s output "
