@@ -9,7 +9,7 @@ from .bugs import bugs_section
 from .fmt import grads_differ, grads_text, gflop, mib, table
 from .model_section import model_section
 from .planning_section import planning_section
-from .time_section import in_time_section
+from .time_section import in_time_section, time_headline
 from .time_verdicts import at_oneflow_memory
 from .verdicts import configs_by_key, oneflow_headline, verdicts
 
@@ -72,17 +72,13 @@ def render(data: dict, img_prefix: str | None) -> str:
     L = (texts.INTRO_LARGE if large else texts.INTRO) + _run_line(data) + peers
     if any("remat_compiled" in (R.get("compile") or {}) for R in data["models"].values()):
         L += texts.REMAT_COMPILED + _remat_compiled_planner(data["models"])
-    if large:  # issue 15's criterion first; the FLOPs verdict (eager remat only) after it
-        L += in_time_section(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
-    else:
-        L += ["## Headline", ""]
+    # issue 15's criterion first; the FLOPs verdict (eager remat only) after it
+    L += in_time_section(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
     L += _headline(all_v, per_model)
-    if not large:
-        L += in_time_section(data, models)
     if _oneflow(data):
         L += texts.ONEFLOW + _oneflow(data)
     L += ["## Planning time", ""] + planning_section(data, models)
-    L += ["## Where remat loses in FLOPs, and why" if large else "## Where remat loses, and why", ""]
+    L += ["## Where remat loses in FLOPs, and why", ""]
     L += _losses(all_v, large)
     L += _checks(data, models)
     L += bugs_section(data)
@@ -111,6 +107,7 @@ def benchmarks_span(data: dict) -> str:
         "Full write-up, per-model tables and frontier plots: [docs/peers.md](peers.md).",
         "",
     ]
+    L += time_headline(data, models) + ["In extra FLOPs (remat's eager plans at each peer's peak):", ""]
     L += _headline(all_v, per_model)
     if _oneflow(data):
         L += ["Report 004 (OneFlow on BERT: −35% memory, +33% time) restated on our BERT:", ""]

@@ -20,6 +20,12 @@ HEADERS = [
 ]
 
 
+def time_headline(data: dict, models: list[str]) -> list[str]:
+    """The counts of `in_time_section` alone (docs/benchmarks.md's span), or nothing where no point was timed."""
+    section = in_time_section(data, models)
+    return section[2:4] if section else []
+
+
 def in_time_section(data: dict, models: list[str]) -> list[str]:
     """Issue 15's criterion: the same or a lower process peak for no more measured time, remat + compile included."""
     rows, pairs, oneflow = [], [], []
@@ -40,7 +46,7 @@ def in_time_section(data: dict, models: list[str]) -> list[str]:
     return [
         "## In measured time (issue 15's criterion)",
         "",
-        _counts_line(pairs),
+        _counts_line(pairs, any("remat_compiled" in (data["models"][m].get("compile") or {}) for m in models)),
         "",
         table(HEADERS, rows),
         "",
@@ -65,8 +71,9 @@ def _row(m: str, v: dict, r: dict | None) -> list:
     ]
 
 
-def _counts_line(pairs: list[tuple[dict, dict | None]]) -> str:
-    """Wins, ties and losses over (verdict, verdict measured again or None) pairs, before and after the recheck."""
+def _counts_line(pairs: list[tuple[dict, dict | None]], compiled: bool = True) -> str:
+    """Wins, ties and losses over (verdict, verdict measured again or None) pairs, before and after the recheck;
+    `compiled`: the run measured remat + torch.compile points."""
     counts, after = {"wins": 0, "ties": 0, "loses": 0}, {"wins": 0, "ties": 0, "loses": 0}
     for v, r in pairs:
         counts[v["verdict"]] += 1
@@ -74,8 +81,13 @@ def _counts_line(pairs: list[tuple[dict, dict | None]]) -> str:
     noisy = sum(v["verdict"] == "loses" and bool(v.get("noise")) for v, _ in pairs)
     again = [r for _, r in pairs if r]
     return (
-        f"At each peer point, remat's fastest measured point (an eager plan, or remat + torch.compile) whose "
-        f"process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
+        "At each peer point, remat's fastest measured point "
+        + (
+            "(an eager plan, or remat + torch.compile) "
+            if compiled
+            else "(an eager plan: this run measured no remat + torch.compile) "
+        )
+        + f"whose process peak is no higher than the peer's (+ max(1 MiB, 1%)): remat **wins {counts['wins']}**, "
         f"**ties {counts['ties']}**, **loses {counts['loses']}** of {len(pairs)}"
         + (f" ({noisy} of the losses within the rounds' noise: the per-round ratios overlap)" if noisy else "")
         + (

@@ -9,7 +9,7 @@ ONEFLOW_TIME, ONEFLOW_MEM = 1.33, 0.65  # user report 004: +33% time, -35% memor
 PEERS_FAMILIES = ("every_block", "checkpoint_sequential", "chen", "sac")
 TOL_TRACKER = 64 * 1024  # as worker_eager.TOL_TRACKER
 
-# why remat loses, by cause (docs/peers.md "Where remat loses, and why")
+# why remat loses, by cause (docs/peers.md "Where remat loses in FLOPs, and why")
 WHY = {
     "fusion": "op level: Inductor's fused kernels never store the pointwise intermediates that eager keeps, "
     "a saving at 0 counted FLOPs that no choice of eager modules reproduces",
