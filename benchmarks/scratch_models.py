@@ -25,11 +25,12 @@ from remat.measure.loop import Loop, lead_in, micro_batch, storage_bytes
 from remat.measure.step import normalize_inputs
 
 OUT = Path(__file__).resolve().parents[1] / "src" / "remat" / "measure" / "scratch_models.json"
-OPS = {"convolution": "output", "convolution_backward": "input", "bernoulli_": "output", "_safe_softmax": "output"}
+OPS = {"convolution": "output", "convolution_backward": "input", "_safe_softmax": "output"}
 """The ops with scratch on this machine's CPU (seen: nothing else over 1 MiB in the zoo's conv nets, GPT-2, BERT,
 SkipNet and chain), and what it follows: oneDNN writes a convolution's output in a blocked layout and reorders
-it, and its backward reorders its inputs; dropout's `bernoulli_` draws into a temporary the size of its tensor;
-attention's `_safe_softmax` keeps a one-byte-per-element mask of the rows that are all -inf."""
+it, and its backward reorders its inputs; attention's `_safe_softmax` keeps a one-byte-per-element mask of the rows
+that are all -inf.  Dropout's `bernoulli_` seemed to draw into a temporary the size of its mask until the copy
+committed the mask's pages where `empty_like` made them (NOTE [Kernel scratch], Rule 6): it has none."""
 STEPS = [
     *(
         (f"cnn_bn(batch={b}, size={s})", lambda b=b, s=s: zoo.cnn_bn(batch=b, size=s))

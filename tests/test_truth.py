@@ -192,3 +192,23 @@ def test_the_forked_copy_counts_the_same_step_when_its_parent_left_tensors_on_th
     clean, *polluted = json.loads(done.stdout.strip().splitlines()[-1])
     for peak in polluted:  # before the fix: 4.2 MiB under or 2.1 MiB over, of 76 MiB
         assert abs(peak - clean) <= 0.005 * clean, (clean, polluted)
+
+
+def test_dropouts_mask_is_counted_where_it_is_made_not_as_bernoullis_scratch(monkeypatch):
+    """NOTE [Kernel scratch], Rule 6: `empty_like` leaves its mask's pages uncommitted and `bernoulli_` writes them;
+    measured by the mark alone, that was 1.0x the mask as `bernoulli_`'s scratch, on top of the mask itself (the
+    Encoder's recomputed dropout: tracked 4 MiB over the allocator's own events)."""
+    from remat.measure import scratch
+    from remat.measure.loop import Loop
+    from remat.measure.step import normalize_inputs
+
+    monkeypatch.setattr(scratch, "MEASURED", {})
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512), torch.nn.Dropout(0.1))
+    x = torch.randn(8192, 512)  # the mask: 16 MiB
+    ops, measured = scratch.measure_scratch(model, normalize_inputs(x), None, None, Loop())
+    by_op = {}
+    for sig, b in zip(ops, measured):
+        by_op[sig[0]] = max(by_op.get(sig[0], 0), b)
+    assert "bernoulli_" in by_op and "empty_like" in by_op, sorted(by_op)
+    assert by_op["bernoulli_"] == 0 and by_op["empty_like"] == 0, by_op
+    assert ("cpu", "bernoulli_") not in scratch.SCRATCH_MODELS  # the shipped estimate, fitted the same way

@@ -34,6 +34,12 @@ NOTE [Kernel scratch]
   Rule 5. Measurements are kept for the life of the process (`MEASURED`).  A later step
           whose ops all have one (verify's steps with and without the plan, explain's runs)
           takes them from there and forks no copy, so it counts the same scratch.
+  Rule 6. An op that returns memory it does not write (`empty_like`, ...: UNINITIALIZED) leaves
+          its pages uncommitted, and the process's mark rises when the next op writes them:
+          measured so, dropout's `bernoulli_` seemed to draw into a temporary the size of its
+          mask, counted on top of the mask itself (a recomputed dropout was the Encoder's peak in
+          `tests/test_selective.py`, 4 MiB over the allocator's own events).  The copy writes
+          such an op's new storages at once, so their pages rise with the op that made them.
 """
 
 from __future__ import annotations
@@ -52,6 +58,9 @@ from remat.measure.step import StepInputs, run_user_code
 
 SCRATCH_FLOOR = 1 << 20
 """Rule 2: a rise of the high-water mark under 1 MiB is not counted as an op's scratch."""
+
+UNINITIALIZED = frozenset({"empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided"})
+"""Rule 6: ops whose outputs are allocated, not written."""
 
 SCRATCH_GRAIN = 1 << 20
 """Rule 4: measured scratch is rounded to the nearest MiB."""
@@ -132,8 +141,12 @@ class ScratchMeter(TorchDispatchMode):
         if procmem.high_water_mark_bytes() - before > SCRATCH_FLOOR // 4:  # else the mark is already near enough
             procmem.reset_high_water_mark()
         out = func(*args, **kwargs)
+        made = made_by(args, kwargs, out)
+        if op_name(func) in UNINITIALIZED:  # Rule 6: its pages are the process's from here, not the next writer's
+            for t in made:
+                t.untyped_storage().fill_(0)
         rise = procmem.high_water_mark_bytes() - before
-        extra = rise - storage_bytes(made_by(args, kwargs, out))
+        extra = rise - storage_bytes(made)
         self.scratch.append(round(extra / SCRATCH_GRAIN) * SCRATCH_GRAIN if extra >= SCRATCH_FLOOR else 0)
         return out
 
