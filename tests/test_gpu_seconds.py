@@ -79,18 +79,23 @@ def test_the_committed_plans_apply_to_the_models_the_gpu_run_builds():
             assert made["models"][name][kind]["recompute"]
 
 
+def _gpu_smoke(out_dir, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """`gpu_seconds.py --gpu --smoke` with `flags`, its results written into `out_dir`."""
+    command = [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--out-dir", str(out_dir), *flags]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+
+
+def _smoke_run(out_dir, *flags: str) -> tuple[subprocess.CompletedProcess, dict]:
+    """A smoke run that must succeed, and the results it wrote."""
+    proc = _gpu_smoke(out_dir, *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc, json.loads(next(out_dir.glob("gpu_cpu_*.json")).read_text())
+
+
 def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
     """`--gpu --smoke`: plans made for the tiny models, applied to them, every variant trained and timed (nothing
     here asserts a time)."""
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--out-dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(next(tmp_path.glob("gpu_cpu_*.json")).read_text())
+    proc, res = _smoke_run(tmp_path)
     for name in bench.MODELS:
         assert set(res["models"][name]) == set(bench.VARIANTS)
         assert all(r.get("step_s", 0) > 0 for r in res["models"][name].values()), res["models"][name]
@@ -160,16 +165,9 @@ def test_the_issues_checks_judged_on_the_issues_own_tables():
 def test_the_gpu_runs_compiled_variants_run_on_the_cpu_at_a_tiny_size(tmp_path):
     """`--gpu --smoke --compile`, a part of it: torch.compile at a budget of its own and a plan of remat's compiled
     (a run that crashed there would lose the GPU's minutes), in the tiers' order whatever the order asked."""
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--compile", "--out-dir", str(tmp_path)]
-        + ["--models", "bert_base_mlm", "--variants", "plan65+compile,compile 0.3,eager"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
+    proc, res = _smoke_run(
+        tmp_path, "--compile", "--models", "bert_base_mlm", "--variants", "plan65+compile,compile 0.3,eager"
     )
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    res = json.loads(next(tmp_path.glob("gpu_cpu_*.json")).read_text())
     assert list(res["models"]) == ["bert_base_mlm"]
     variants = res["models"]["bert_base_mlm"]
     assert list(variants) == ["eager", "plan65+compile", "compile 0.3"]
@@ -178,13 +176,7 @@ def test_the_gpu_runs_compiled_variants_run_on_the_cpu_at_a_tiny_size(tmp_path):
 
 
 def test_the_gpu_run_names_what_it_cannot_run_before_it_writes_anything(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--gpu", "--smoke", "--variants", "compile 0.4", "--out-dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = _gpu_smoke(tmp_path, "--variants", "compile 0.4", timeout=120)
     assert proc.returncode == 1
     assert "remat: --variants takes" in proc.stderr and "got ['compile 0.4']" in proc.stderr
     assert not list(tmp_path.iterdir())  # the smoke run's plans were made before the check once

@@ -9,7 +9,7 @@ from .bugs import bugs_section
 from .fmt import grads_differ, grads_text, gflop, mib, table
 from .model_section import model_section
 from .planning_section import planning_section
-from .time_section import in_time_section, time_headline
+from .time_section import in_time_section, measured_remat_compiled, time_headline
 from .time_verdicts import at_oneflow_memory
 from .verdicts import configs_by_key, oneflow_headline, verdicts
 
@@ -70,7 +70,7 @@ def render(data: dict, img_prefix: str | None) -> str:
     large = data["profile"]["size"] == "large"
     peers = [ln.format(solvers=", ".join(data["profile"]["solvers"])) for ln in texts.PEERS]
     L = (texts.INTRO_LARGE if large else texts.INTRO) + _run_line(data) + peers
-    if any("remat_compiled" in (R.get("compile") or {}) for R in data["models"].values()):
+    if measured_remat_compiled(data):
         L += texts.REMAT_COMPILED + _remat_compiled_planner(data["models"])
     # issue 15's criterion first; the FLOPs verdict (eager remat only) after it
     L += in_time_section(data, models) + ["## In extra FLOPs (eager remat at each peer's peak)", ""]
