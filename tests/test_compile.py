@@ -274,6 +274,28 @@ def test_a_compiled_step_is_measured_after_this_process_compiled_on_its_thread_p
     assert done.stdout.strip().endswith("measured True"), done.stderr[-3000:]
 
 
+def test_a_compiled_step_is_measured_compiled_however_often_this_process_compiled_it():
+    """Dynamo runs a code object uncompiled once this process compiled it `recompile_limit` times (8; transformers'
+    `wrapper` is one code object for every Hugging Face model), and the copy that measures a compiled step compiles it
+    once more: at the limit the copy measured the eager step as the compiled one (the peers' search chose a plan 1.3x
+    slower so).  Here the limit is 1, after one compiled step in this process."""
+    torch._dynamo.reset()
+    model, x = zoo.gpt2(n_layer=2, n_embd=128, n_head=2, seq=128, batch=16, vocab=512)
+    compiled = torch.compile(model)
+    fresh = remat.profile(compiled, x).compiled_peak_bytes
+    threads = torch.get_num_threads()
+    torch.set_num_threads(threads + 1)  # a user's step, on more threads than the copy's one: the copy compiles again
+    try:
+        compiled(**x).logits.sum().backward()  # this process compiles the model's code: one entry in Dynamo's cache
+    finally:
+        torch.set_num_threads(threads)
+    with torch._dynamo.config.patch(recompile_limit=1):
+        prof = remat.profile(compiled, x)
+    assert prof.compiled_peak_bytes == pytest.approx(fresh, rel=0.02), (prof.compiled_peak_bytes, fresh)
+    assert fresh < 0.8 * prof.peak_bytes  # the compiled step, not the eager one (62.0 MB against 97.4 MB eager)
+    assert torch._dynamo.config.recompile_limit == 8  # as it was
+
+
 class _Wide(torch.nn.Module):
     """A residual block whose pointwise middle Inductor fuses and, under a budget, recomputes."""
 

@@ -89,13 +89,17 @@ def compiled_at_peers(m: str, prof: dict, args: argparse.Namespace, eager: dict,
     comp["at_peers_pass"] = {k: more.get(k) for k in ("elapsed_s", "eager_step_s", "eager_rss_peak")}
 
 
-def at_peers_of(args: argparse.Namespace) -> int:
+def at_peers_of(args: argparse.Namespace, profiles: dict) -> int:
     """Only the second compile pass (`compiled_at_peers`) on an earlier run's results, spliced into them and
     written back (results/<name>.md and .json; docs only with --docs): for a run made before the pass existed.
-    With --recompile, the compile worker is run again first and its results replace the earlier run's (the eager
-    worker's figures stay, and with them its remat plans matched to the earlier compile points' peaks)."""
+    With --recompile, the compile worker is run again first, with remat + torch.compile where this version's
+    profile of the run's size (`profiles`: run.py's) measures it, and its results replace the earlier run's (the
+    eager worker's figures stay, and with them its remat plans matched to the earlier compile points' peaks)."""
     data = json.loads(Path(args.at_peers_of).read_text())
     models = args.models.split(",") if args.models else list(data["models"])
+    if args.recompile:
+        now = next((p for p in profiles.values() if p["size"] == data["profile"]["size"]), {})
+        data["profile"].update({k: now[k] for k in ("remat_compiled", "remat_compiled_at_peers") if k in now})
     for m in models:
         R = data["models"][m]
         if args.recompile:

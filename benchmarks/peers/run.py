@@ -59,6 +59,8 @@ PROFILES = {
         compile_budgets=[1.0, 0.9, 0.5, 0.1],
         frontier_points=2,
         sweep_max=None,
+        remat_compiled=[0.65],
+        remat_compiled_at_peers=True,
     ),
     # issue 15: steps of 3-7 s, so fewer budgets; remat + torch.compile at every torch.compile point and at
     # 65% of the eager peak (report 004's -35%)
@@ -285,7 +287,7 @@ def main(argv=None) -> int:
     if args.from_json:
         return from_json(args)
     if args.at_peers_of:
-        return at_peers_of(args)
+        return at_peers_of(args, PROFILES)
     if args.recheck:
         return recheck(args)
     prof = run_profile(args)

@@ -4,7 +4,7 @@ one model, in one fresh interpreter (run by run.py).
     run_fresh("peers/worker_compile.py:run", spec)   (benchmarks/_worker.py, under remat.verifier.process.PROCESS_ENV)
 
 For each budget the whole step function (model + loss) is compiled afresh: a distinct code
-object per budget (so Dynamo's cache never hands one budget's graph to another), the FX graph
+object per budget (so Dynamo's cache never hands one budget's graph to another; no recompile limit), the FX graph
 cache and the AOTAutograd cache off (so the partitioner really runs at each budget; Inductor's
 on-disk kernel cache is left as found).  Figures per budget:
   compile_s      the first call (forward + backward) minus the median compiled step afterwards
@@ -42,6 +42,12 @@ import remat_compiled  # noqa: E402
 warnings.filterwarnings("ignore")
 inductor_config.fx_graph_cache = False
 functorch_config.enable_autograd_cache = False
+# Every point compiles its own step, and each compilation adds one to the count of the code objects they share (the
+# bench's `call`, the model's forward, transformers' `wrapper`): past Dynamo's recompile limit (8) those would run
+# uncompiled, with a warning (seen 2026-11-28: the default GPT-2's ninth compiled point ran eager, 1.29x).
+torch._dynamo.config.recompile_limit = 10_000
+torch._dynamo.config.accumulated_recompile_limit = 10_000
+torch._dynamo.config.fail_on_recompile_limit_hit = True  # and never silently
 
 _partition_s = [0.0]
 _original_partition = compile_fx_mod.min_cut_rematerialization_partition

@@ -6,6 +6,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, NamedTuple
 
+import torch
+
 from remat.applier import apply, remove
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.measure.loop import Loop
@@ -54,6 +56,11 @@ from remat.verifier.verify import independent_step
 #         saving still needed over the one measured, kept strictly between the largest eager peak whose hybrid
 #         fitted and the smallest whose hybrid did not (as in Rule 4).  A fit within CLOSE_ENOUGH, a hybrid
 #         measured before, or a miss already slower than the fits ends it.  Rule 5 chooses among all kinds.
+# Rule 7: a candidate compiles however often this process compiled the model's code before (`compiled_as_compiled`):
+#         past Dynamo's `recompile_limit` a code object runs uncompiled, and the eager step would be measured as
+#         the compiled one.  On CPU each candidate compiles in a forked copy; on CUDA in this process, so the search's
+#         compiled code is dropped after it (`torch.compiler.reset()`): the plan applied compiles afresh at the
+#         model's next step, and whatever else this process compiled compiles again at its next call.
 # Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
 
 SEARCH_TRIALS = 4
@@ -84,13 +91,14 @@ def plan_for(
     compiled = prof.compiled_peak_bytes
     if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
         return plan(prof, budget, **plan_options)
-    tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
-    tried += _compiler_candidates(model, step, prof, budget, trials)
-    return _fastest_fit(
-        tried + _hybrid_candidates(model, step, prof, budget, tried, trials=trials, plan_options=plan_options),
-        budget,
-        prof,
-    )
+    try:
+        tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
+        tried += _compiler_candidates(model, step, prof, budget, trials)
+        tried += _hybrid_candidates(model, step, prof, budget, tried, trials=trials, plan_options=plan_options)
+    finally:
+        if any(p.is_cuda for p in model.parameters()):  # Rule 7: the candidates compiled in this process
+            torch.compiler.reset()
+    return _fastest_fit(tried, budget, prof)
 
 
 def _remat_candidates(

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from remat._torch_compat import compile_on_this_thread
+from remat._torch_compat.compiler import compiled_as_compiled
 
 MMAP_THRESHOLD_BYTES = 65536
 PROCESS_ENV = {"MALLOC_MMAP_THRESHOLD_": str(MMAP_THRESHOLD_BYTES), "MKL_DISABLE_FAST_MM": "1"}
@@ -105,7 +106,8 @@ def in_forked_copy(fn: Callable[[], dict]) -> dict:
             torch.set_num_threads(1)
             compile_on_this_thread()  # a compiled step compiles again here, with no thread pool of the parent's
             map_large_allocations()
-            message: dict[str, Any] = {"result": fn()}
+            with compiled_as_compiled():  # the copy compiles the step again, whatever this process compiled before
+                message: dict[str, Any] = {"result": fn()}
         except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
             message = {"error": f"{type(e).__name__}: {e}"}
         with os.fdopen(write_end, "w") as f:

@@ -15,6 +15,7 @@ import torch.nn as nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from remat._torch_compat import flop_formulas
+from remat._torch_compat.compiler import compiled_as_compiled
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.applier.apply import applied, apply, remove, taken_off
 from remat.applier.wrapping import offloaded_bytes
@@ -260,7 +261,8 @@ def independent_step(
         opt = make_optimizer(optimizer, model)
         snapshot = StateSnapshot(model, opt, normalize_inputs(inputs).tensors())
         try:
-            return cuda_peak_bytes(model, inputs, loss_fn, opt, loop, timed_steps), CUDA_COUNTER + compiled
+            with compiled_as_compiled():  # however often this process compiled the model before
+                return cuda_peak_bytes(model, inputs, loss_fn, opt, loop, timed_steps), CUDA_COUNTER + compiled
         finally:
             snapshot.restore()
     if device.type == "cpu" and os.path.exists("/proc/self/clear_refs") and hasattr(os, "fork"):
