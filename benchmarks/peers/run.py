@@ -1,6 +1,7 @@
 """remat side by side with every peer, in one run: memory, recomputation, time, planning time.
 
-    python benchmarks/peers/run.py            # the default zoo (< 30 min on 2 cores); writes
+    python benchmarks/peers/run.py            # the default zoo, remat + torch.compile included (about
+                                              # 1 h 45 min on 2 cores; --no-compile ~20 min); writes
                                               # benchmarks/results/peers.{md,json}, docs/peers.md,
                                               # docs/peers_<model>.png and the span between
                                               # <!-- peers:begin/end --> in docs/benchmarks.md

@@ -31,15 +31,18 @@ def judged(data: dict) -> dict[str, list[dict]]:
 
 def _remat_compiled_planner(models: dict) -> list[str]:
     """Which models' remat + compile points were planned by measuring the compiled step (their rows have
-    `search_s`), and which on the eager profile."""
-    searched, eager = [], []
+    `search_s`), which on the eager profile, and which models' compile worker measured none (a run spliced model
+    by model, `run.py --at-peers-of ... --recompile`, before every model was)."""
+    searched, eager, unmeasured = [], [], []
     for m, R in models.items():
-        rows = (R.get("compile") or {}).get("remat_compiled", [])
-        if rows:
+        if "remat_compiled" not in (R.get("compile") or {"remat_compiled": 0}):
+            unmeasured.append(m)
+        elif rows := R["compile"]["remat_compiled"]:
             (searched if any("search_s" in r for r in rows) else eager).append(m)
+    none = f" No remat + torch.compile measured for {', '.join(unmeasured)}." if unmeasured else ""
     return [
         f"Planned for the compiled step: {', '.join(searched) or 'none'}; on the eager profile: "
-        f"{', '.join(eager) or 'none'}.",
+        f"{', '.join(eager) or 'none'}.{none}",
         "",
     ]
 

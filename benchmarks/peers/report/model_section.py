@@ -162,7 +162,7 @@ def _compile_rows(E: dict, C: dict | None) -> list[list]:
                 mib(r["rss_peak"]) + f" ({pct(r['rss_peak'], none['rss_peak'])})",
                 gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})",
                 ratio(r.get("time_ratio")),
-                secs(r["compile_s"]),
+                secs(r["compile_s"]) + (f" (remat.auto's search {secs(r['search_s'])})" if r.get("search_s") else ""),
                 f"vs eager {grads_text(r['grads_vs_eager'])}",
             ]
         )
