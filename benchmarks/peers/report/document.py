@@ -35,9 +35,12 @@ def _remat_compiled_planner(models: dict) -> list[str]:
     by model, `run.py --at-peers-of ... --recompile`, before every model was)."""
     searched, eager, unmeasured = [], [], []
     for m, R in models.items():
-        if "remat_compiled" not in (R.get("compile") or {"remat_compiled": 0}):
+        C = R.get("compile")
+        if not C:  # no compile worker for this model (--quick: one model compiles)
+            continue
+        if "remat_compiled" not in C:
             unmeasured.append(m)
-        elif rows := R["compile"]["remat_compiled"]:
+        elif rows := C["remat_compiled"]:
             (searched if any("search_s" in r for r in rows) else eager).append(m)
     none = f" No remat + torch.compile measured for {', '.join(unmeasured)}." if unmeasured else ""
     return [
