@@ -20,6 +20,7 @@ import warnings
 import torch
 
 import remat
+from remat._torch_compat.compiler import compiled_as_compiled
 
 import remat_compiled  # noqa: E402
 import worker_compile  # noqa: E402  (its Inductor settings: no FX graph or AOTAutograd cache)
@@ -37,6 +38,7 @@ def plan_of(prof, key: str):
     )
 
 
+@compiled_as_compiled()  # as worker_compile.run: no recompile limit, and never uncompiled silently
 def run(spec: dict) -> dict:
     t_start = time.perf_counter()
     bench, eager = worker_compile.warmed(spec)
