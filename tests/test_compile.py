@@ -437,3 +437,36 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
     fast = Measured(fast.plan, ProcessPeak(alone, 0, 1.26), counter)
     assert not _hybrid_candidates(model, (x, None, None), prof, budget, [ours, fast, slow], trials=4, plan_options={})
     assert not seen
+
+
+@pytest.mark.parametrize(
+    "peaks, tried, chosen",
+    [  # MiB by fraction (the first is the linear estimate); the budget is 100 MiB
+        ({0.674: 103, 0.9: 99}, [0.674, 0.9], 0.9),  # the peers' ViT: a larger fraction fits where the estimate missed
+        ({0.585: 108, 0.9: 106, 0.7: 106, 0.5: 101}, [0.585, 0.9, 0.7, 0.5], None),  # four compilations, none fits
+        ({0.585: 108, 0.9: 106, 0.7: 106, 0.5: 99}, [0.585, 0.9, 0.7, 0.5], 0.5),
+        ({0.3: 80, 0.9: 102, 0.7: 98}, [0.3, 0.9, 0.7], 0.7),  # fits far below: a larger fraction that fits too
+        ({0.5: 97}, [0.5], 0.5),  # fits within CLOSE_ENOUGH: nothing more compiled
+    ],
+)
+def test_the_compilers_fractions_are_searched_from_the_top_where_the_estimate_missed(monkeypatch, peaks, tried, chosen):
+    """NOTE [Plans for a compiled step], Rule 4, on stubbed measurements: the compiled step's peak is not monotone
+    in torch.compile's fraction, so after the estimate the search measures GRID from the top, above any fraction
+    that fitted, and stops at the first that fits; never more than `trials` compilations."""
+    model, x = zoo.chain_report001(width=32, blocks=4, batch=16)
+    prof = remat.profile(model, x)
+    resident = prof.param_bytes + prof.optimizer_bytes
+    budget = 100 << 20
+    first = next(iter(peaks))  # the estimate: the fraction of the compiled step's activations the budget leaves
+    prof = dataclasses.replace(prof, compiled_peak_bytes=resident + round((budget - resident) / first))
+    seen = []
+
+    def measured(_model, plan, _step):
+        seen.append(plan.compiler_budget)
+        return ProcessPeak(peaks[plan.compiler_budget] << 20, 0, 1.0 - plan.compiler_budget / 10), "counter"
+
+    monkeypatch.setattr(compiled_mod, "_measured", measured)
+    got = compiled_mod._compiler_candidates(model, (x, None, None), prof, budget, trials=4)
+    assert seen == tried and [c.compiler_budget for c, _, _ in got] == tried
+    fitting = [c.compiler_budget for c, m, _ in got if m.peak_bytes <= budget]
+    assert (max(fitting) if fitting else None) == chosen

@@ -38,10 +38,14 @@ from remat.verifier.verify import independent_step
 #         seconds of a step, and removed.
 # Rule 4: the next remat candidate scales the last one's target by budget / measured, kept strictly between the
 #         largest eager peak whose plan fitted and the smallest whose plan did not (their middle otherwise).  The
-#         next compiler candidate is the middle of the largest fraction that fitted and the smallest that did
-#         not: the compiled step's peak is neither linear nor monotone in the fraction (a 6-block MLP: 128 MiB
-#         at every fraction from 0.52 to 0.95, 136 MiB at 0.47, 126 MiB at 0.39).  A fit within CLOSE_ENOUGH
-#         of the budget, a candidate measured before, or `trials` compilations end the search of that kind.
+#         compiled step's peak is neither linear nor monotone in the compiler's fraction (a 6-block MLP: 128 MiB
+#         at every fraction from 0.52 to 0.95, 136 MiB at 0.47, 126 MiB at 0.39; the peers' ViT: 51.3 MiB at
+#         0.674, 54.3 at 0.337, 46.2 at 0.085, and 40.0 at 0.9 where the peers measured compile's own budget), so
+#         after the first the compiler candidates are GRID, from the top: the largest fraction of it above the
+#         largest that fitted, not within GRID_NEAR of one measured (a larger fraction recomputes less, and
+#         mostly runs faster).  A fit within CLOSE_ENOUGH of the budget, a candidate measured before, or
+#         `trials` compilations end the search of remat's candidates; a grid fraction that fits, none left, or
+#         `trials` end the compiler's.
 # Rule 5: of the candidates measured to fit, the fastest measured is applied; those within TIME_NOISE of it
 #         count as equal, and the one of them with the lower measured peak wins.  It carries its measured peak,
 #         counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`, `measured_step_s`).  None fitting
@@ -67,6 +71,9 @@ SEARCH_TRIALS = 4
 CLOSE_ENOUGH = 0.05
 TIMED_STEPS = 2
 """Steps a measuring copy runs after the measured one, for the seconds of a step: the fastest of steps 2 to 5."""
+GRID = (0.9, 0.7, 0.5, 0.3, 0.1)
+"""Rule 4: the compiler's fractions tried after the first, from the top (torch.compile's budgets in the peers)."""
+GRID_NEAR = 0.05
 TIME_NOISE = 0.05
 """Candidates within this fraction of the fastest count as equal.  Six copies timing one compiled plan by the
 faster of steps 2 and 3 spread over 10% (one thread, CPU); the fastest of four steps is steadier, by how much
@@ -128,12 +135,12 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
     base = keep_all(dataclasses.replace(prof, compiled_peak_bytes=0), budget, "")
     resident = prof.param_bytes + prof.optimizer_bytes
     tried: list[Measured] = []
-    fit, miss = 0.0, 1.0  # fractions: the largest whose step fitted, the smallest whose step did not
-    fraction = min(max((budget - resident) / max(prof.compiled_peak_bytes - resident, 1), 0.0), 0.95)
+    fit = 0.0  # the largest fraction whose step fitted
+    fraction: float | None = min(max((budget - resident) / max(prof.compiled_peak_bytes - resident, 1), 0.0), 0.95)
     for _ in range(trials):
-        fraction = round(fraction, 3)
-        if any(c.compiler_budget == fraction for c, _, _ in tried):
+        if fraction is None:
             break
+        fraction = round(fraction, 3)
         note = (
             f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
             "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
@@ -145,14 +152,18 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
         except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
             break
         tried.append(Measured(candidate, measured, counter))
-        if measured.peak_bytes <= budget:
-            fit = max(fit, fraction)
-            if measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH):
-                break
-        else:
-            miss = min(miss, fraction)
-        fraction = (fit + miss) / 2
+        fits = measured.peak_bytes <= budget
+        if fits and (len(tried) > 1 or measured.peak_bytes >= budget * (1 - CLOSE_ENOUGH)):
+            break  # a grid fraction, the largest left that fits; or the first, close enough
+        fit = max(fit, fraction) if fits else fit
+        fraction = _next_fraction(fit, [c.compiler_budget for c, _, _ in tried])
     return tried
+
+
+def _next_fraction(fit: float, measured: list[float]) -> float | None:
+    """Rule 4: the largest of GRID above `fit` and not within GRID_NEAR of a fraction `measured`, or None."""
+    left = [f for f in GRID if f > fit and all(abs(f - m) >= GRID_NEAR for m in measured)]
+    return max(left, default=None)
 
 
 def _hybrid_candidates(
