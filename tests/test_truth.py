@@ -212,3 +212,23 @@ def test_dropouts_mask_is_counted_where_it_is_made_not_as_bernoullis_scratch(mon
     assert "bernoulli_" in by_op and "empty_like" in by_op, sorted(by_op)
     assert by_op["bernoulli_"] == 0 and by_op["empty_like"] == 0, by_op
     assert ("cpu", "bernoulli_") not in scratch.SCRATCH_MODELS  # the shipped estimate, fitted the same way
+
+
+FORKED_FAILS = """
+from remat.procmem import CopyFailed, in_forked_copy
+try:
+    in_forked_copy(lambda: {"not json": object()})
+except CopyFailed as e:
+    print("parent:", e)
+"""
+
+
+def test_a_forked_copy_that_cannot_report_says_why_and_never_goes_on_as_its_parent():
+    """The copy reports through a pipe and leaves; its report failing (a result that is not JSON, or a parent
+    killed while it ran, which closes the pipe) once let the copy unwind into its parent's code and run on as a second
+    parent.  In a subprocess, so such a copy could not run on as this test session."""
+    done = subprocess.run([sys.executable, "-c", FORKED_FAILS], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == ["parent: TypeError: Object of type object is not JSON serializable"], (
+        done.stdout + done.stderr[-2000:]
+    )

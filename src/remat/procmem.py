@@ -7,7 +7,6 @@ import ctypes
 import json
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
@@ -107,12 +106,14 @@ def in_forked_copy(fn: Callable[[], dict]) -> dict:
             compile_on_this_thread()  # a compiled step compiles again here, with no thread pool of the parent's
             map_large_allocations()
             with compiled_as_compiled():  # the copy compiles the step again, whatever this process compiled before
-                message: dict[str, Any] = {"result": fn()}
+                text = json.dumps({"result": fn()})
         except BaseException as e:  # noqa: BLE001 - everything goes back to the parent as text
-            message = {"error": f"{type(e).__name__}: {e}"}
-        with os.fdopen(write_end, "w") as f:
-            f.write(json.dumps(message))
-        os._exit(0)
+            text = json.dumps({"error": f"{type(e).__name__}: {e}"})
+        try:  # never past here: a copy whose parent is gone (killed) must not go on as the parent
+            with os.fdopen(write_end, "w") as f:
+                f.write(text)
+        finally:
+            os._exit(0)
     os.close(write_end)
     with os.fdopen(read_end) as f:
         text = f.read()

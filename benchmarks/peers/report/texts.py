@@ -52,7 +52,11 @@ REMAT_COMPILED = [
     "eager peer's process peak (every block, selective op checkpointing, ...), a second compile worker measures "
     "remat + torch.compile at that peak the same way, with its own unplanned compiled step for the offset and its "
     "own interleaved rounds against eager (`pass: at eager peers` in the results; `run.py --at-peers-of` adds it "
-    "to a run made before it existed).",
+    "to a run made before it existed). From 2026-11-28, where the plan's process peak measured here is over the "
+    "peer's (+ tolerance), or more than 3 tolerances under it with remat's checkpoints in the plan, remat.auto is "
+    "given that budget once more, converted by this plan's own offset between remat's counter and this process's "
+    "(they differ by more than the unplanned step's offset once a plan checkpoints), and that plan is measured too "
+    "(\"(re-aimed)\" in the tables); the verdict takes the fastest of remat's points within the peer's peak.",
     "",
 ]
 
