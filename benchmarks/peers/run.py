@@ -1,7 +1,7 @@
 """remat side by side with every peer, in one run: memory, recomputation, time, planning time.
 
     python benchmarks/peers/run.py            # the default zoo, remat + torch.compile included (about
-                                              # 1 h 45 min on 2 cores; --no-compile ~20 min); writes
+                                              # 3 h on 2 cores; --no-compile ~20 min); writes
                                               # benchmarks/results/peers.{md,json}, docs/peers.md,
                                               # docs/peers_<model>.png and the span between
                                               # <!-- peers:begin/end --> in docs/benchmarks.md
@@ -179,7 +179,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         "torch.compile peer point an earlier run's remat + compile lost within the rounds' noise, "
         "and the remat plan it lost with; added to that run",
     )
-    ap.add_argument("--timeout", type=int, default=1200, help="seconds per worker")
+    ap.add_argument("--timeout", type=int, default=3600, help="seconds per worker (BERT's compile worker: 34 min)")
     args = ap.parse_args(argv)
     if args.recompile and not args.at_peers_of:
         ap.error("--recompile re-runs the compile worker of an earlier run; give that run with --at-peers-of PATH")

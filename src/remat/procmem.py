@@ -7,6 +7,7 @@ import ctypes
 import json
 import os
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -118,7 +119,7 @@ def in_forked_copy(fn: Callable[[], dict]) -> dict:
     with os.fdopen(read_end) as f:
         text = f.read()
     os.waitpid(pid, 0)
-    message = json.loads(text) if text else {"error": "the copy of this process died without a word"}
+    message: dict[str, Any] = json.loads(text) if text else {"error": "the copy of this process died without a word"}
     if "error" in message:
         raise CopyFailed(message["error"])
     return message["result"]

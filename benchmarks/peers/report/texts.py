@@ -8,7 +8,7 @@ INTRO = [
     "One run, one machine, the same models and inputs for every strategy: the measured peak (remat's tracker and "
     "the process itself), the extra FLOPs, the step time against no checkpointing, the planning or compile time, "
     "and whether the gradients are the unplanned model's. Reproduce with `python benchmarks/peers/run.py` "
-    "(default zoo, about 1 h 45 min on 2 cores, most of it remat + torch.compile's search at each compile point; "
+    "(default zoo, about 3 h on 2 cores, most of it remat + torch.compile's search at each compile point; "
     "`--no-compile` ~20 min; `--quick` is the CI smoke test, `--models gpt2,bert` a subset, "
     "`--compile-budgets 1,0.9,0.7,0.5,0.3,0.1` a finer compile sweep); the code is in `benchmarks/peers/`, the raw "
     "figures in `benchmarks/results/peers.json`.",
