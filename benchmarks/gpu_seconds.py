@@ -3,7 +3,7 @@
 usage:
   python benchmarks/gpu_seconds.py                  on the CPU: predictions against the H100's figures
   python benchmarks/gpu_seconds.py --make-plans     on the CPU: plans for the two models, fake mode for an H100
-  python benchmarks/gpu_seconds.py --gpu [--compile] [--out-dir D] [--budget-s S]
+  python benchmarks/gpu_seconds.py --gpu [--compile] [--out-dir D] [--budget-s S] [--auto-trials N]
                                                     on a GPU: the plans run, timed; `--smoke`: tiny, on the CPU
 
 The default run needs no GPU: fake-mode profiles for hardware="H100" against the repository's copy of the H100's
@@ -13,8 +13,10 @@ same cases to 25% per op and 5 points per step.  Writes benchmarks/results/gpu_s
 `--gpu` is issue 36's two tables measured again: for a bf16 Llama-style decoder and BERT-base (random weights,
 nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, remat's every-block, its plans at
 65% of the peak and at the least memory (made by `--make-plans`, committed in results/gpu_seconds/plans/), and with
-`--compile` torch.compile alone, at its activation memory budgets 0.7, 0.5 and 0.3, and remat's two plans
-compiled.  Each variant in a model built afresh, AdamW, the output held through backward, the third step's
+`--compile` torch.compile alone, at its activation memory budgets 0.7, 0.5 and 0.3, remat's two plans compiled, and
+`remat.auto` on the compiled model for the peak each of those budgets measured in the same run (`auto 0.5+compile`:
+the search as a user runs it on a GPU, in this process, at most `--auto-trials` compilations of each kind; its
+budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output held through backward, the third step's
 max_memory_allocated, the median of TIMED synchronised steps.  Variants run in TIERS, both models a tier, so that
 `--budget-s` skips the least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
 Prints predicted against measured overhead and the issue's checks on the figures (gpu_seconds_report.py); writes
@@ -215,8 +217,10 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def run_variant(name: str, variant: str, size: str, device: str, plans: Path) -> dict:
-    """One variant of one model, built afresh: the third step's peak, the median of TIMED steps."""
+def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *, aim: float = 0, trials=2) -> dict:
+    """One variant of one model, built afresh: the third step's peak, the median of TIMED steps.  An `auto`
+    variant first runs `remat.auto` on the compiled model for `aim` (bytes, or SMOKE_AIM on the CPU), in at most
+    `trials` compilations of each kind."""
     model, batch = build(name, size, device, autocast=device)
     inner = model.inner if isinstance(model, Autocast) else model
     if variant == "hf":
@@ -228,7 +232,7 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path) ->
     budget = float(variant.split()[1]) if variant.startswith("compile ") else 1.0
     runner = torch.compile(model) if "compile" in variant else model
     opt = torch.optim.AdamW(model.parameters())
-    seconds, out = [], {}
+    seconds, out = [], searched(runner, batch, opt, aim, trials) if variant.startswith("auto ") else {}
     with activation_memory_budget(budget):
         for i in range(WARM + 1 + TIMED):
             if i == WARM and device == "cuda":
@@ -249,24 +253,62 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path) ->
     return out
 
 
+def searched(runner, batch: dict, opt, aim: int | float, trials: int) -> dict:
+    """`remat.auto` on the compiled model for `aim`, as a user on a GPU calls it: the plan it applied and what its
+    search measured (on CUDA in this process; NOTE [Plans for a compiled step], Rule 7)."""
+    t0 = time.perf_counter()
+    if isinstance(aim, float):  # the smoke run's: a share of the compiled step's peak, as remat.profile measures it
+        aim = int(aim * remat.profile(runner, batch, optimizer=opt).compiled_peak_bytes)
+    plan = remat.auto(runner, batch, budget=aim, optimizer=opt, trials=trials)
+    checkpoints = f"{len(plan.segments)} ckpt + {len(plan.selective)} selective"
+    knob = f"compile budget {plan.compiler_budget:g}" if plan.compiler_budget < 1.0 else ""
+    return {
+        "budget": aim,
+        "plan": f"{knob} + {checkpoints}" if knob and (plan.segments or plan.selective) else knob or checkpoints,
+        "search_s": time.perf_counter() - t0,
+        "search_peak_bytes": plan.measured_peak_bytes,
+        "search_step_s": plan.measured_step_s,
+        "search": plan.notes[1] if plan.measured_peak_bytes else plan.notes[0],
+    }
+
+
 VARIANTS = ["eager", "hf", "every-block", "plan65", "least"]
 COMPILED = ["compile", "least+compile", "compile 0.5", "plan65+compile", "compile 0.3", "compile 0.7"]
-TIERS = [VARIANTS, COMPILED[:2], COMPILED[2:4], COMPILED[4:]]
+AUTO = ["auto 0.5+compile", "auto 0.3+compile", "auto 0.7+compile"]
+"""`remat.auto` on the compiled model, for the peak torch.compile's budget measured in the same run."""
+SMOKE_AIM = 0.95
+"""The smoke run's budget for remat.auto on the CPU, where the loop reads no peak: this share of the compiled
+step's peak by remat.profile, so that the search compiles candidates, and can meet it."""
+TIERS = [VARIANTS, COMPILED[:2], COMPILED[2:4], AUTO[:1], COMPILED[4:], AUTO[1:]]
 """The order of a run, each tier for both models: without compile, then the points the issue's table had, then
-the rest of torch.compile's budgets."""
+remat.auto at compile 0.5's point, then the rest of torch.compile's budgets and remat.auto at them."""
 
 
 def chosen(args) -> list[tuple[str, str]]:
     """(model, variant) in the order they run."""
-    wanted = args.variants.split(",") if args.variants else VARIANTS + (COMPILED if args.compile else [])
+    wanted = args.variants.split(",") if args.variants else VARIANTS + (COMPILED + AUTO if args.compile else [])
     models = args.models.split(",") if args.models else list(MODELS)
-    unknown = sorted(set(wanted) - set(VARIANTS + COMPILED)) + sorted(set(models) - set(MODELS))
+    unknown = sorted(set(wanted) - set(VARIANTS + COMPILED + AUTO)) + sorted(set(models) - set(MODELS))
     if unknown:
         sys.exit(
-            f"remat: --variants takes {VARIANTS + COMPILED} and --models {list(MODELS)}; got {unknown}. "
+            f"remat: --variants takes {VARIANTS + COMPILED + AUTO} and --models {list(MODELS)}; got {unknown}. "
             "Fix: name them from those lists, comma-separated."
         )
     return [(m, v) for tier in TIERS for m in models for v in tier if v in wanted]
+
+
+SKIP_AUTO = "its torch.compile point was not measured in this run (name both in --variants)"
+
+
+def aimed(variant: str, measured: dict, device: str) -> int | float | None:
+    """What an `auto` variant's search aims at: the peak of torch.compile at the same budget in this run (on the
+    CPU, where the loop reads no peak, SMOKE_AIM); None if that was not measured; 0 for the other variants."""
+    if not variant.startswith("auto "):
+        return 0
+    point = measured.get(f"compile {variant.split()[1].removesuffix('+compile')}", {})
+    if "step_s" not in point:
+        return None
+    return point["peak_bytes"] if device == "cuda" else SMOKE_AIM
 
 
 def on_the_gpu(args) -> dict:
@@ -287,8 +329,13 @@ def on_the_gpu(args) -> dict:
         if time.monotonic() > deadline:
             res["models"][name][variant] = {"skipped": "over --budget-s"}
             continue
+        aim = aimed(variant, res["models"][name], device)
         try:
-            r = run_variant(name, variant, size, device, plans)
+            r = (
+                run_variant(name, variant, size, device, plans, aim=aim, trials=args.auto_trials)
+                if aim is not None
+                else {"skipped": SKIP_AUTO}
+            )
         except Exception as e:  # noqa: BLE001 -- a variant that fails is a result, the others still run
             r = {"error": f"{type(e).__name__}: {e}"[:300]}
         res["models"][name][variant] = r
@@ -310,6 +357,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300.0, help="with --gpu: skip variants after this")
     parser.add_argument("--models", default="", help="with --gpu: these models only (comma-separated)")
     parser.add_argument("--variants", default="", help="with --gpu: these variants only (comma-separated)")
+    parser.add_argument("--auto-trials", type=int, default=2, help="with --gpu: remat.auto's trials (each kind)")
     args = parser.parse_args()
     if args.make_plans:
         print(json.dumps(make_plans("issue", PLANS), indent=1))

@@ -2,7 +2,7 @@
 judged on those figures alone.
 
 A point is a variant's third-step `max_memory_allocated` and its median step time.  remat's points are its plans
-(`plan65`, `least`) and those plans compiled (`...+compile`); the peers' are the eager step, Hugging Face's and
+(`plan65`, `least`), those plans compiled and `remat.auto`'s on the compiled model (`...+compile`); the peers' are the eager step, Hugging Face's and
 every-layer checkpointing and torch.compile at its activation memory budgets (`compile`, `compile 0.7`, ...).
 """
 
@@ -85,6 +85,16 @@ def _said(pts: dict, made: dict, eager_s: float) -> list[list[str]]:
     return rows
 
 
+def _within_budget(pts: dict, eager_s: float) -> list[list[str]]:
+    """remat.auto's plans on the compiled model: each within the budget it was given (a peak in bytes)."""
+    rows = []
+    for variant, r in pts.items():
+        if isinstance(r.get("budget"), int):
+            check = f"`{variant}`: within its budget ({r['budget'] / MiB:,.0f} MiB)"
+            rows.append([check, _at(r, eager_s), "yes" if r["peak_bytes"] <= r["budget"] else "no: over"])
+    return rows
+
+
 def done_when(res: dict) -> list[list[str]]:
     """The issue's checks, a row each: [model, check, what was measured, verdict]."""
     rows = []
@@ -96,7 +106,7 @@ def done_when(res: dict) -> list[list[str]]:
         eager = pts["eager"]
         made = res["made"]["models"].get(name, {})
         checks = _against_compile(pts, eager["step_s"]) + _least_memory(pts, eager["step_s"])
-        checks += _at_35(pts, eager) + _said(pts, made, eager["step_s"])
+        checks += _at_35(pts, eager) + _said(pts, made, eager["step_s"]) + _within_budget(pts, eager["step_s"])
         rows += [[name, *c] for c in checks]
     return rows
 
@@ -114,6 +124,8 @@ def render(res: dict) -> str:
             said = f"+{plan['extra_fraction']:.1%}" if "extra_fraction" in plan and not ours(variant) else ""
             overhead = f"{r['step_s'] / eager - 1:+.1%}" if eager else ""
             peak = f"{r['peak_bytes'] / MiB:,.0f}" if "peak_bytes" in r else "-"
+            if "plan" in r:  # remat.auto's: what it chose, and what its search cost
+                variant = f"{variant} ({r['plan']}; searched {r['search_s']:.0f} s)"
             rows.append([name, variant, peak, f"{r['step_s'] * 1e3:.1f}", overhead, said])
     return "\n\n".join(
         [

@@ -446,13 +446,16 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
         ({0.585: 108, 0.9: 106, 0.7: 106, 0.5: 101}, [0.585, 0.9, 0.7, 0.5], None),  # four compilations, none fits
         ({0.585: 108, 0.9: 106, 0.7: 106, 0.5: 99}, [0.585, 0.9, 0.7, 0.5], 0.5),
         ({0.3: 80, 0.9: 102, 0.7: 98}, [0.3, 0.9, 0.7], 0.7),  # fits far below: a larger fraction that fits too
-        ({0.5: 97}, [0.5], 0.5),  # fits within CLOSE_ENOUGH: nothing more compiled
+        ({0.718: 96, 0.9: 99}, [0.718, 0.9], 0.9),  # the peers' ViT at 0.9's peak: the top fits where the estimate did
+        ({0.3: 97, 0.9: 103}, [0.3, 0.9], 0.3),  # fits within CLOSE_ENOUGH: only the top of the grid tried above it
+        ({0.95: 97}, [0.95], 0.95),  # no grid fraction above the estimate: nothing more compiled
     ],
 )
 def test_the_compilers_fractions_are_searched_from_the_top_where_the_estimate_missed(monkeypatch, peaks, tried, chosen):
     """NOTE [Plans for a compiled step], Rule 4, on stubbed measurements: the compiled step's peak is not monotone
     in torch.compile's fraction, so after the estimate the search measures GRID from the top, above any fraction
-    that fitted, and stops at the first that fits; never more than `trials` compilations."""
+    that fitted, and stops at the first that fits (above a close fit, after the top one); never more than `trials`
+    compilations."""
     model, x = zoo.chain_report001(width=32, blocks=4, batch=16)
     prof = remat.profile(model, x)
     resident = prof.param_bytes + prof.optimizer_bytes

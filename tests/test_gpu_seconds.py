@@ -162,16 +162,55 @@ def test_the_issues_checks_judged_on_the_issues_own_tables():
     assert "| llama_style_decoder | compile 0.3 | over --budget-s |" in report.render(_issue_tables())
 
 
+def test_remat_autos_points_on_the_compiled_model_are_judged_against_compiles_and_their_own_budget():
+    """An `auto X+compile` variant is remat + compile: it can hold torch.compile's point that remat's made plans
+    lost, and a search's plan over the budget it was given (its compile point's peak) is a failure shown."""
+    res = _issue_tables()
+    eager_s = res["models"]["llama_style_decoder"]["eager"]["step_s"]
+
+    def searched(mib, ratio, budget_mib):
+        plan = {"plan": "compile budget 0.9 + 2 ckpt + 0 selective", "search_s": 95.4, "budget": int(budget_mib * MiB)}
+        return {"peak_bytes": int(mib * MiB), "step_s": ratio * eager_s, **plan}
+
+    res["models"]["llama_style_decoder"]["auto 0.5+compile"] = searched(7300, 0.70, 7453)
+    res["models"]["llama_style_decoder"]["auto 0.7+compile"] = searched(9000, 0.69, 8800)
+    rows = {(m, c.split(" (")[0]): (measured, verdict) for m, c, measured, verdict in report.done_when(res)}
+    llama = "llama_style_decoder"
+    assert rows[(llama, "at `compile 0.5`'s point")] == ("`auto 0.5+compile`: 7,300 MiB at 0.70x", "yes")
+    assert rows[(llama, "at `compile`'s point")] == ("`auto 0.7+compile`: 9,000 MiB at 0.69x", "yes")
+    assert rows[(llama, "`auto 0.5+compile`: within its budget")] == ("7,300 MiB at 0.70x", "yes")
+    assert rows[(llama, "`auto 0.7+compile`: within its budget")] == ("9,000 MiB at 0.69x", "no: over")
+    shown = report.render(res)
+    assert (
+        "| llama_style_decoder | auto 0.5+compile (compile budget 0.9 + 2 ckpt + 0 selective; searched 95 s) |" in shown
+    )
+
+
+def test_remat_auto_aims_at_the_peak_its_compile_point_measured_in_the_same_run():
+    measured = {"compile 0.5": {"peak_bytes": 7_814_000_000, "step_s": 0.056}, "compile 0.3": {"error": "OOM"}}
+    assert bench.aimed("auto 0.5+compile", measured, "cuda") == 7_814_000_000
+    assert bench.aimed("auto 0.5+compile", measured, "cpu") == bench.SMOKE_AIM  # the CPU's loop reads no peak
+    assert bench.aimed("auto 0.3+compile", measured, "cuda") is None  # failed: skipped, with SKIP_AUTO
+    assert bench.aimed("auto 0.7+compile", measured, "cuda") is None  # not run
+    assert bench.aimed("plan65+compile", measured, "cuda") == 0
+
+
 def test_the_gpu_runs_compiled_variants_run_on_the_cpu_at_a_tiny_size(tmp_path):
-    """`--gpu --smoke --compile`, a part of it: torch.compile at a budget of its own and a plan of remat's compiled
-    (a run that crashed there would lose the GPU's minutes), in the tiers' order whatever the order asked."""
+    """`--gpu --smoke --compile`, a part of it: torch.compile at a budget of its own, a plan of remat's compiled and
+    remat.auto's search on the compiled model (a run that crashed there would lose the GPU's minutes), in the tiers'
+    order whatever the order asked."""
+    variants = "auto 0.3+compile,plan65+compile,compile 0.3,eager"
     proc, res = _smoke_run(
-        tmp_path, "--compile", "--models", "bert_base_mlm", "--variants", "plan65+compile,compile 0.3,eager"
+        tmp_path, "--compile", "--models", "bert_base_mlm", "--variants", variants, "--auto-trials", "1"
     )
     assert list(res["models"]) == ["bert_base_mlm"]
     variants = res["models"]["bert_base_mlm"]
-    assert list(variants) == ["eager", "plan65+compile", "compile 0.3"]
+    assert list(variants) == ["eager", "plan65+compile", "compile 0.3", "auto 0.3+compile"]
     assert all(r.get("step_s", 0) > 0 for r in variants.values()), variants
+    auto = variants["auto 0.3+compile"]  # its budget: 95% of the compiled step's peak, on the CPU
+    assert auto["budget"] > 0 and 0 < auto["search_peak_bytes"] <= auto["budget"], auto
+    assert auto["search"].startswith("measured: ") and "compiler budget" in auto["search"], auto["search"]
+    assert "| bert_base_mlm | auto 0.3+compile (" in proc.stdout
     assert "Issue 36's checks, on these figures:" in proc.stdout
 
 
