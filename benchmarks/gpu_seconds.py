@@ -311,7 +311,9 @@ def aimed(variant: str, measured: dict, device: str) -> int | float | None:
     return point["peak_bytes"] if device == "cuda" else SMOKE_AIM
 
 
-def on_the_gpu(args) -> dict:
+def on_the_gpu(args) -> tuple[dict, Path]:
+    """Every variant chosen, run; the results, written again after each variant (a run stopped by the device's
+    time limit keeps what it measured), and where."""
     runs = chosen(args)  # before anything is written
     device = "cpu" if args.smoke else "cuda"
     size = "smoke" if args.smoke else "issue"
@@ -325,6 +327,9 @@ def on_the_gpu(args) -> dict:
         "made": made,
         "models": {m: {} for m in dict.fromkeys(m for m, _ in runs)},
     }
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")
+    path = args.out_dir / f"gpu_{res['device'].replace(' ', '_')}_{stamp}.json"
+    args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, variant in runs:
         if time.monotonic() > deadline:
             res["models"][name][variant] = {"skipped": "over --budget-s"}
@@ -339,12 +344,13 @@ def on_the_gpu(args) -> dict:
         except Exception as e:  # noqa: BLE001 -- a variant that fails is a result, the others still run
             r = {"error": f"{type(e).__name__}: {e}"[:300]}
         res["models"][name][variant] = r
+        path.write_text(json.dumps(res, indent=1))
         print(name, variant, r, flush=True)
         if "compile" in variant:
             torch.compiler.reset()  # the compiled graphs hold the variant's model
         if device == "cuda":
             torch.cuda.empty_cache()
-    return res
+    return res, path
 
 
 def main() -> None:
@@ -367,11 +373,8 @@ def main() -> None:
                 "remat: --gpu runs the plans on a CUDA GPU, and this machine has none. Fix: run it where one is, "
                 "or add --smoke for the tiny run on the CPU."
             )
-        res = on_the_gpu(args)
-        args.out_dir.mkdir(parents=True, exist_ok=True)
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")
-        path = args.out_dir / f"gpu_{res['device'].replace(' ', '_')}_{stamp}.json"
-        path.write_text(json.dumps(res, indent=1))
+        res, path = on_the_gpu(args)
+        path.write_text(json.dumps(res, indent=1))  # with nothing run (every variant skipped) too
         print(render(res), f"wrote {path}", sep="\n")
     else:
         against_the_h100()

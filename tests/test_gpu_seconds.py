@@ -186,6 +186,26 @@ def test_remat_autos_points_on_the_compiled_model_are_judged_against_compiles_an
     )
 
 
+def test_a_gpu_run_stopped_midway_keeps_every_variant_it_measured(tmp_path, monkeypatch):
+    """The device's time limit kills a run that overruns: each variant's result is on disk before the next runs."""
+    done = []
+
+    def run_variant(name, variant, *_args, **_kw):
+        if done:
+            raise KeyboardInterrupt  # as the device's limit stops the run: not a variant's error
+        done.append(variant)
+        return {"step_s": 0.25}
+
+    monkeypatch.setattr(bench, "run_variant", run_variant)
+    args = bench.argparse.Namespace(
+        smoke=True, out_dir=tmp_path, budget_s=300.0, auto_trials=1, compile=False, models="", variants="eager,hf"
+    )
+    with pytest.raises(KeyboardInterrupt):
+        bench.on_the_gpu(args)
+    (written,) = tmp_path.glob("gpu_cpu_*.json")
+    assert json.loads(written.read_text())["models"]["llama_style_decoder"] == {"eager": {"step_s": 0.25}}
+
+
 def test_remat_auto_aims_at_the_peak_its_compile_point_measured_in_the_same_run():
     measured = {"compile 0.5": {"peak_bytes": 7_814_000_000, "step_s": 0.056}, "compile 0.3": {"error": "OOM"}}
     assert bench.aimed("auto 0.5+compile", measured, "cuda") == 7_814_000_000
