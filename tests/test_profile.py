@@ -1,6 +1,7 @@
 """remat.profile: exact bytes on hand-checked models, real vs fake, user checkpoints, errors."""
 
 import json
+import warnings
 from pathlib import Path
 
 import pytest
@@ -405,3 +406,16 @@ def test_an_error_mid_step_leaves_no_hook_and_no_fake_parameter():
     assert type(model.lin.weight).__name__ == "Parameter"
     out = model(torch.ones(2, 4))  # still a working real model
     assert isinstance(out, torch.Tensor) and F.relu(out).item() >= 0
+
+
+def test_profiling_leaves_no_global_module_hook_behind():
+    """`torch.compile(module)` warns at every call while any global module hook is registered, as remat.profile's
+    are while it runs: none may be left after it.  torch's handle for a with_kwargs hook left its flag behind, and
+    the user's compiled model warned of hooks that were gone (`_torch_compat.global_forward_hook_with_kwargs`)."""
+    model, x = zoo.bert(n_layer=1, hidden=32, heads=2, seq=16, batch=2, vocab=64)
+    remat.profile(model, x)
+    compiled = torch.compile(model, backend="eager")
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        compiled(**x)
+    assert not [str(w.message) for w in seen if "global hooks" in str(w.message)]

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # private module, pu
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # private: pytree (un)flattening
 
 from remat._torch_compat.flops import flop_formulas, flops_of  # torch's formulas, attention's GQA-aware
+from remat._torch_compat.hooks import global_forward_hook_with_kwargs  # torch's handle leaves a flag
 
 __all__ = [
     "BatchNormBase",
@@ -46,6 +47,7 @@ __all__ = [
     "cuda_autocast_runs_on_cpu",
     "backward_in_mode",
     "compile_on_this_thread",
+    "global_forward_hook_with_kwargs",
 ]
 
 BatchNormBase = _BatchNorm

@@ -13,9 +13,15 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
+from torch.nn.modules.module import register_module_forward_pre_hook
 
-from remat._torch_compat import BatchNormBase, checkpoint_wrapper_type, in_backward, tree_flatten
+from remat._torch_compat import (
+    BatchNormBase,
+    checkpoint_wrapper_type,
+    global_forward_hook_with_kwargs,
+    in_backward,
+    tree_flatten,
+)
 from remat.measure.chains import uncalled_chains, with_chains
 from remat.measure.selective import BlockOps, cache_facts, selective_variants
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
@@ -52,7 +58,7 @@ class BlockIO:
     @contextlib.contextmanager
     def hooks(self):
         h1 = register_module_forward_pre_hook(self._pre)
-        h2 = register_module_forward_hook(self._post, with_kwargs=True)  # T5 passes position_bias by keyword
+        h2 = global_forward_hook_with_kwargs(self._post)  # T5 passes position_bias by keyword
         try:
             yield
         finally:
