@@ -482,3 +482,55 @@ def test_the_plan_printed_is_in_the_frontier_table_even_between_its_points(capsy
     cheapest = [line.split() for line in out.splitlines() if line.rstrip().endswith(" cheapest")]
     assert len(cheapest) == 1
     assert cheapest[0][1:3] == re.search(r"predicted peak ([\d.]+ MiB)", out).group(1).split()
+
+
+# -- remat plan --compile --------------------------------------------------------------------
+
+
+def test_plan_compile_chooses_the_plan_by_measuring_the_compiled_step(capsys, target_file, tmp_path):
+    """`--compile`: the plan remat.auto would apply to torch.compile(model), chosen by compiling and measuring
+    candidates, printed with what the compiled step measured and written for `remat.apply(torch.compile(model),
+    plan)`; no hand recipes beside it (their peaks are the eager step's).  `--verify` judges the compiled step by the
+    counter that measures it: this step is too small for it, and the tracked peak (eager) does not judge it."""
+    out_path = tmp_path / "compiled_plan.json"
+    code, out, err = run(
+        capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.7", "--compile", "--trials", "1",
+        "--out", out_path, "--verify",
+    )  # fmt: skip
+    assert code == 0, err[-3000:]
+    assert "compiled step with this plan: " in out and "note: chosen for the compiled step: " in out
+    assert "hand recipes" not in out
+    plan = remat.load_plan(out_path)
+    assert 0 < plan.measured_peak_bytes <= plan.budget_bytes < plan.peak_bytes  # its eager prediction: over
+    budget_row = next(line for line in out.splitlines() if line.strip().startswith("budget"))
+    assert budget_row.rstrip().endswith("too small to judge"), budget_row
+
+
+@pytest.mark.parametrize(
+    "extra, said",
+    [
+        (["--budget", "0.7", "--mode", "fake"], "seen with --mode fake."),
+        (["--budget", "0.7", "--frontier"], "seen with --frontier."),
+        (["--budget", "0.7", "--accumulate", "2", "--loss-only"], "seen with --loss-only, --accumulate 2."),
+        ([], "remat: --compile chooses a plan for a memory budget; none was given."),
+        (["--budget", "0.7", "--trials", "0"], "saw 0. Fix: --trials 4"),
+    ],
+)
+def test_plan_compile_refuses_what_it_cannot_measure_before_the_step_runs(capsys, target_file, extra, said):
+    code, out, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--compile", *extra)
+    assert code == 2 and err.startswith("remat: ") and said in err, err
+    assert "running the step" not in err
+
+
+def test_plan_compile_says_what_no_candidate_reached_in_the_clis_words(capsys, target_file, monkeypatch):
+    import remat.cli.plan_cmd as plan_cmd
+    from remat.compiled_plans import MORE_TRIALS
+
+    def infeasible(model, step, prof, budget, trials, options):
+        raise remat.InfeasibleBudget(
+            f"remat: no plan tried fits. Fix: a budget of 2 MiB or more, or {MORE_TRIALS}.", 2 << 20, budget
+        )
+
+    monkeypatch.setattr(plan_cmd, "plan_for", infeasible)
+    code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.5", "--compile")
+    assert code == 2 and err.rstrip().endswith("or more candidates (--trials 8).") and "trials=" not in err, err

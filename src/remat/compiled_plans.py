@@ -73,6 +73,8 @@ SEARCH_TRIALS = 4
 CLOSE_ENOUGH = 0.05
 TIMED_STEPS = 2
 """Steps a measuring copy runs after the measured one, for the seconds of a step: the fastest of steps 2 to 5."""
+MORE_TRIALS = "more trials (trials=8)"
+"""The fix an infeasible search suggests besides a larger budget (the CLI says it with its flag)."""
 GRID = (0.9, 0.7, 0.5, 0.3, 0.1)
 """Rule 4: the compiler's fractions tried after the first, from the top (torch.compile's budgets in the peers)."""
 GRID_NEAR = 0.05
@@ -253,7 +255,7 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
             f"remat: no plan tried fits the compiled step in {fmt_bytes(budget, 'auto')}: {len(tried)} compiled and "
             f"measured by the {tried[0].counter} peaked at "
             f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
-            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or more trials (trials=8).",
+            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or {MORE_TRIALS}.",
             least,
             budget,
         )

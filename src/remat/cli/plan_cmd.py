@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import cast
+
+import torch
+import torch.nn as nn
 
 import remat
 from remat.cli.common import (
@@ -21,7 +25,8 @@ from remat.cli.common import (
     spinner,
     write,
 )
-from remat.errors import RematError
+from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, plan_for
+from remat.errors import InfeasibleBudget, RematError
 from remat.gpu_fit import fit_gpu
 from remat.planner import baseline_plans
 from remat.planner.api import SOLVERS
@@ -59,9 +64,29 @@ def register(verbs) -> None:
         "required unless --frontier or --plot",
     )
     _add_solver_options(p)
+    _add_compile_options(p)
     add_step_options(p)
     _add_plan_outputs(p)
     p.set_defaults(command=_cmd_plan)
+
+
+def _add_compile_options(p: argparse.ArgumentParser) -> None:
+    """`--compile`: the plan for the step torch.compile runs, chosen as `remat.auto` chooses it."""
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="plan for the step as torch.compile(model) runs it: where the compiled step is over --budget, "
+        "candidate plans (remat's checkpoints, torch.compile's own activation memory budget, and both) are "
+        "compiled and measured, and the fastest that fits is chosen, as remat.auto does (real mode; "
+        "docs/compile.md). Apply the plan written by --out to torch.compile(model)",
+    )
+    p.add_argument(
+        "--trials",
+        metavar="N",
+        type=int,
+        default=SEARCH_TRIALS,
+        help=f"with --compile: at most N candidates of each kind, one compilation each (default {SEARCH_TRIALS})",
+    )
 
 
 def _add_solver_options(p: argparse.ArgumentParser) -> None:
@@ -134,19 +159,9 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     baselines = chain_baselines(prof)
     plan = None
     if args.budget is not None:
-        with spinner("planning"):
-            plan = remat.plan(prof, args.budget, solver=args.solver, **_solver_options(args))
-        if built is not None and prof.gpu_reserve is not None:  # NOTE [A plan fits the GPU's reserve]
-            with spinner("replaying the planned step through the GPU's caching allocator"):
-                plan = fit_gpu(
-                    built.model,
-                    (built.inputs, built.loss_fn, OPTIMIZERS[args.optimizer]),
-                    prof,
-                    plan,
-                    {"solver": args.solver, **_solver_options(args)},
-                    profile_options(args),
-                )
-        print(render_plan(plan, baselines=report_baselines(baselines, plan.budget_bytes)), end="")
+        plan = _plan_for_budget(args, built, prof)
+        hand = {} if args.compile else report_baselines(baselines, plan.budget_bytes)  # eager: not comparable
+        print(render_plan(plan, baselines=hand), end="")
     if args.frontier or args.plot is not None:
         with spinner("computing the frontier"):
             plans = remat.frontier(prof, solver=args.solver, max_points=FRONTIER_MAX_POINTS, **_solver_options(args))
@@ -179,8 +194,48 @@ def _cmd_plan(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _plan_for_budget(args: argparse.Namespace, built: Target | None, prof: StepProfile) -> Plan:
+    """The plan `--budget` asks for: `remat.plan`'s, fitted to the GPU's reserve on a CUDA step, or with `--compile`
+    the one chosen by measuring the compiled step."""
+    plan = _compiled_plan(args, built, prof) if args.compile else None
+    if plan is None:
+        with spinner("planning"):
+            plan = remat.plan(prof, args.budget, solver=args.solver, **_solver_options(args))
+    # NOTE [A plan fits the GPU's reserve]; a plan measured on the compiled step was measured there already
+    if built is not None and prof.gpu_reserve is not None and not plan.measured_peak_bytes:
+        with spinner("replaying the planned step through the GPU's caching allocator"):
+            plan = fit_gpu(
+                built.model,
+                (built.inputs, built.loss_fn, OPTIMIZERS[args.optimizer]),
+                prof,
+                plan,
+                {"solver": args.solver, **_solver_options(args)},
+                profile_options(args),
+            )
+    return plan
+
+
+def _compiled_plan(args: argparse.Namespace, built: Target | None, prof: StepProfile) -> Plan | None:
+    """`--compile`: NOTE [Plans for a compiled step], as `remat.auto` runs it, not applied; None where the compiled
+    step was not measured (the plan is then remat.plan's)."""
+    if built is None or not prof.compiled_peak_bytes:
+        return None
+    step = (built.inputs, built.loss_fn, OPTIMIZERS[args.optimizer])
+    budget = parse_budget(args.budget, prof.peak_bytes)
+    options = {"solver": args.solver, **_solver_options(args)}
+    try:
+        with spinner(f"compiling and measuring candidate plans (at most {3 * args.trials})"):
+            return plan_for(built.model, step, prof, budget, args.trials, options)
+    except InfeasibleBudget as e:  # in the CLI's words
+        raise InfeasibleBudget(
+            str(e).replace(MORE_TRIALS, "more candidates (--trials 8)"), e.min_bytes, budget
+        ) from None
+
+
 def _check_plan_args(args: argparse.Namespace) -> None:
     """Errors in the arguments, found before the (possibly long) step runs."""
+    if args.compile:
+        _check_compile_args(args)
     if args.budget is None and not (args.frontier or args.plot is not None):
         raise RematError(
             "remat: `remat plan` needs a memory budget; none was given. "
@@ -200,11 +255,47 @@ def _check_plan_args(args: argparse.Namespace) -> None:
         )
 
 
+def _check_compile_args(args: argparse.Namespace) -> None:
+    """`--compile` measures the compiled step of the default loop, in real mode, for a budget."""
+    clash = [
+        flag
+        for flag, given in (
+            ("--mode fake", args.mode != Mode.REAL),
+            ("--frontier", args.frontier),
+            ("--plot", args.plot is not None),
+            ("--first-step", args.first_step),
+            ("--loss-only", args.loss_only),
+            (f"--accumulate {args.accumulate}", args.accumulate != 1),
+            (f"--world-size {args.world_size}", args.world_size != 1),
+            ("a profile JSON file", args.target.endswith(".json") and ":" not in args.target),
+        )
+        if given
+    ]
+    if clash:
+        raise RematError(
+            f"remat: --compile compiles and measures candidate plans on the real steady step (the output kept "
+            f"through backward, one pass per optimizer step), for --budget; seen with {', '.join(clash)}. "
+            "Fix: drop those, or drop --compile to plan the eager step."
+        )
+    if args.budget is None:
+        raise RematError(
+            "remat: --compile chooses a plan for a memory budget; none was given. Fix: add --budget 6GiB "
+            "(or 0.5 of the unplanned eager peak)."
+        )
+    if args.trials < 1:
+        raise RematError(
+            f"remat: --trials is how many candidate plans of each kind to compile, 1 or more; saw {args.trials}. "
+            f"Fix: --trials {SEARCH_TRIALS} (the default) or more."
+        )
+
+
 def _plan_input(args: argparse.Namespace) -> tuple[Target | None, StepProfile]:
     """The profile to plan: read from a JSON file, or measured by running TARGET's step (with the target)."""
     if args.target.endswith(".json") and ":" not in args.target:
         return None, _read_profile(Path(args.target))
     built = load(args.target, args.mode, args.device)
+    if args.compile:  # the step torch.compile runs: its peak measured too (NOTE [Plans for a compiled step])
+        built = built._replace(model=cast(nn.Module, torch.compile(built.model)))
     return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer], profile_options(args))
 
 

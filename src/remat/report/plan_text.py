@@ -273,7 +273,8 @@ def render_verify(report) -> str:
             ok(report.counters_agree) if report.independent_judged else "too small to judge",
         )
     if report.budget_bytes is not None:
-        table.add_row("budget", fmt_bytes(report.budget_bytes, "auto"), "", ok(report.fits_budget))
+        judged = ok(report.fits_budget) if report.budget_judged else "too small to judge"  # compiled, tiny
+        table.add_row("budget", fmt_bytes(report.budget_bytes, "auto"), "", judged)
     if report.cuda is not None:
         _cuda_rows(table, report.cuda)
     if report.predicted_offload_bytes or report.measured_offload_bytes:

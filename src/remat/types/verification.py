@@ -123,10 +123,18 @@ class VerifyReport:
         return abs(self.measured_peak_bytes - figure) <= COUNTERS_AGREE * figure
 
     @property
+    def budget_judged(self) -> bool:
+        """A budget to judge, and a counter of the step that runs to judge it: of a compiled model only the
+        independent counter measures the compiled step (the tracker measures the eager one), and not on a step
+        too small for it (`independent_judged`)."""
+        return self.budget_bytes is not None and (not self.compiled or self.independent_judged)
+
+    @property
     def fits_budget(self) -> bool:
         """The planned step's peak within the budget (+1%): by both counters where the independent one is judged;
-        of a compiled model, by the independent counter alone, which measures the compiled step the loop runs."""
-        if self.budget_bytes is None:
+        of a compiled model, by the independent counter alone, which measures the compiled step the loop runs
+        (True where that is not judged: `budget_judged`)."""
+        if self.budget_bytes is None or not self.budget_judged:
             return True
         allowed = (1 + BUDGET_SLACK) * self.budget_bytes
         figure = self.independent_peak_bytes if self.independent_judged else None
