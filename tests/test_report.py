@@ -297,3 +297,36 @@ def test_render_frontier_table():
     assert rows[3][-3:] == ["3", "1", "yes"] and rows[0][-1] == "no"
     assert all(line == line.rstrip() for line in lines)
     assert "fits" not in render_frontier(_frontier())
+
+
+def test_a_compiled_steps_budget_is_judged_only_by_the_counter_of_the_compiled_step():
+    """Of a compiled model the tracker measures the eager step, which a plan chosen for the compiled step may be over
+    by design: the budget is judged by the independent counter alone, and not at all on a step too small for it
+    (the row says so instead of MISMATCH)."""
+    from remat.types.verification import VerifyReport
+
+    mib = 1 << 20
+    small = VerifyReport(
+        grad_max_abs_diff={"w": 0.0},
+        tolerance=0.0,
+        buffers_equal=True,
+        unplanned_peak_bytes=3 * mib,
+        measured_peak_bytes=2 * mib,  # tracked: the eager step, over the budget
+        predicted_peak_bytes=2 * mib,
+        measured_recompute_flops=7,
+        predicted_recompute_flops=7,
+        budget_bytes=3 * mib // 2,
+        independent_peak_bytes=mib,
+        independent_counter="process's high-water mark (compiled)",
+        compiled=True,
+    )
+    assert not small.budget_judged and small.fits_budget and small.ok
+    row = next(line for line in str(small).splitlines() if line.strip().startswith("budget"))
+    assert row.rstrip().endswith("too small to judge"), row
+    eager = dataclasses.replace(small, compiled=False)  # the tracker measures the step that runs: judged, over
+    assert eager.budget_judged and not eager.fits_budget and not eager.ok
+    large = dataclasses.replace(
+        small, measured_peak_bytes=200 * mib, predicted_peak_bytes=200 * mib, budget_bytes=150 * mib
+    )
+    assert dataclasses.replace(large, independent_peak_bytes=140 * mib).fits_budget  # the compiled step fits
+    assert not dataclasses.replace(large, independent_peak_bytes=160 * mib).fits_budget  # over 150 MiB + 1%
