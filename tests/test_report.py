@@ -323,6 +323,9 @@ def test_a_compiled_steps_budget_is_judged_only_by_the_counter_of_the_compiled_s
     assert not small.budget_judged and small.fits_budget and small.ok
     row = next(line for line in str(small).splitlines() if line.strip().startswith("budget"))
     assert row.rstrip().endswith("too small to judge"), row
+    unmeasured = dataclasses.replace(small, independent_peak_bytes=None)  # no counter of the compiled step here
+    row = next(line for line in str(unmeasured).splitlines() if line.strip().startswith("budget"))
+    assert row.rstrip().endswith("compiled step not measured") and unmeasured.fits_budget, row
     eager = dataclasses.replace(small, compiled=False)  # the tracker measures the step that runs: judged, over
     assert eager.budget_judged and not eager.fits_budget and not eager.ok
     large = dataclasses.replace(

@@ -273,7 +273,8 @@ def render_verify(report) -> str:
             ok(report.counters_agree) if report.independent_judged else "too small to judge",
         )
     if report.budget_bytes is not None:
-        judged = ok(report.fits_budget) if report.budget_judged else "too small to judge"  # compiled, tiny
+        unjudged = "too small to judge" if report.independent_peak_bytes is not None else "compiled step not measured"
+        judged = ok(report.fits_budget) if report.budget_judged else unjudged  # compiled: the tracker's is eager
         table.add_row("budget", fmt_bytes(report.budget_bytes, "auto"), "", judged)
     if report.cuda is not None:
         _cuda_rows(table, report.cuda)
