@@ -182,3 +182,12 @@ def cumulative_by_phase(timeline) -> dict[str, int]:
         mx = max(mx, max(timeline.live_bytes[a:b]))
         out[ph] = mx
     return out
+
+
+def describe_plan(plan) -> str:
+    """A plan in a few words: "2 ckpt + 1 selective", "compile budget 0.9", "compile budget 0.9 + 4 ckpt"."""
+    sel = len(getattr(plan, "selective", []))
+    ours = f"{len(plan.segments)} ckpt" + (f" + {sel} selective" if sel else "")
+    if getattr(plan, "compiler_budget", 1.0) < 1.0:  # the compiler's budget, alone or over remat's checkpoints
+        return f"compile budget {plan.compiler_budget:g}" + (f" + {ours}" if plan.segments or sel else "")
+    return ours

@@ -43,6 +43,7 @@ if (ROOT / "src").is_dir():
 
 import remat  # noqa: E402
 from _catalog import ISSUE36, SIZES  # noqa: E402
+from _common import describe_plan  # noqa: E402
 from _models import Autocast, build_sized  # noqa: E402
 from gpu_seconds_report import render  # noqa: E402
 
@@ -260,11 +261,9 @@ def searched(runner, batch: dict, opt, aim: int | float, trials: int) -> dict:
     if isinstance(aim, float):  # the smoke run's: a share of the compiled step's peak, as remat.profile measures it
         aim = int(aim * remat.profile(runner, batch, optimizer=opt).compiled_peak_bytes)
     plan = remat.auto(runner, batch, budget=aim, optimizer=opt, trials=trials)
-    checkpoints = f"{len(plan.segments)} ckpt + {len(plan.selective)} selective"
-    knob = f"compile budget {plan.compiler_budget:g}" if plan.compiler_budget < 1.0 else ""
     return {
         "budget": aim,
-        "plan": f"{knob} + {checkpoints}" if knob and (plan.segments or plan.selective) else knob or checkpoints,
+        "plan": describe_plan(plan),
         "search_s": time.perf_counter() - t0,
         "search_peak_bytes": plan.measured_peak_bytes,
         "search_step_s": plan.measured_step_s,
@@ -331,20 +330,20 @@ def on_the_gpu(args) -> tuple[dict, Path]:
     path = args.out_dir / f"gpu_{res['device'].replace(' ', '_')}_{stamp}.json"
     args.out_dir.mkdir(parents=True, exist_ok=True)
     for name, variant in runs:
-        if time.monotonic() > deadline:
-            res["models"][name][variant] = {"skipped": "over --budget-s"}
-            continue
         aim = aimed(variant, res["models"][name], device)
         try:
-            r = (
-                run_variant(name, variant, size, device, plans, aim=aim, trials=args.auto_trials)
-                if aim is not None
-                else {"skipped": SKIP_AUTO}
-            )
+            if time.monotonic() > deadline:
+                r = {"skipped": "over --budget-s"}
+            elif aim is None:
+                r = {"skipped": SKIP_AUTO}
+            else:
+                r = run_variant(name, variant, size, device, plans, aim=aim, trials=args.auto_trials)
         except Exception as e:  # noqa: BLE001 -- a variant that fails is a result, the others still run
             r = {"error": f"{type(e).__name__}: {e}"[:300]}
         res["models"][name][variant] = r
         path.write_text(json.dumps(res, indent=1))
+        if "skipped" in r:
+            continue
         print(name, variant, r, flush=True)
         if "compile" in variant:
             torch.compiler.reset()  # the compiled graphs hold the variant's model
@@ -373,8 +372,7 @@ def main() -> None:
                 "remat: --gpu runs the plans on a CUDA GPU, and this machine has none. Fix: run it where one is, "
                 "or add --smoke for the tiny run on the CPU."
             )
-        res, path = on_the_gpu(args)
-        path.write_text(json.dumps(res, indent=1))  # with nothing run (every variant skipped) too
+        res, path = on_the_gpu(args)  # written after each variant
         print(render(res), f"wrote {path}", sep="\n")
     else:
         against_the_h100()

@@ -31,7 +31,7 @@ import torch._functorch.config as functorch_config
 import remat
 from remat.compiled_plans import plan_for
 
-from _common import timed
+from _common import describe_plan, timed
 from measure import adam_params, compare_grads, grads_of, rss_step_peak, zero_grads
 
 
@@ -68,14 +68,6 @@ def targets(
         allowed = int(p["rss_peak"] + tol_process(p["rss_peak"]))
         pts.append((p["label"], int(allowed - offset), allowed))
     return pts + [(f"{f:.0%} of the eager peak", int(f * prof.peak_bytes), 0) for f in fractions]
-
-
-def describe(plan) -> str:
-    sel = len(getattr(plan, "selective", []))
-    ours = f"{len(plan.segments)} ckpt" + (f" + {sel} selective" if sel else "")
-    if getattr(plan, "compiler_budget", 1.0) < 1.0:  # the compiler's budget, alone or over remat's checkpoints
-        return f"compile budget {plan.compiler_budget:g}" + (f" + {ours}" if plan.segments or sel else "")
-    return ours
 
 
 def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, *, backend_for, fresh_function) -> dict:
@@ -142,7 +134,7 @@ def _searched(cmodel, bench, cprof, where: str, budget: int) -> dict:
         row,
         status="ok",
         key=key,
-        plan=describe(plan),
+        plan=describe_plan(plan),
         plan_obj=plan,
         predicted_peak=plan.peak_bytes,
         predicted_flops=plan.recompute_flops,

@@ -23,6 +23,7 @@ import remat
 from remat._torch_compat.compiler import compiled_as_compiled
 
 import remat_compiled  # noqa: E402
+from _common import describe_plan  # noqa: E402
 import worker_compile  # noqa: E402  (its Inductor settings: no FX graph or AOTAutograd cache)
 from measure import flops_and_grads  # noqa: E402
 
@@ -56,11 +57,11 @@ def run(spec: dict) -> dict:
         fig, pair = remat_compiled._one(
             bench, plan, ref_grads, worker_compile.counting_backend, worker_compile.fresh_function, f"recheck_{i}"
         )
-        out["remat_compiled"].append(dict(fig, key=key, plan=remat_compiled.describe(plan)))
+        out["remat_compiled"].append(dict(fig, key=key, plan=describe_plan(plan)))
         if pair is not None:
             variants[key] = pair
         worker_compile.log(
-            f"  remat + compile ({remat_compiled.describe(plan)}): "
+            f"  remat + compile ({describe_plan(plan)}): "
             f"rss {fig.get('rss_peak', 0) / 2**20:.1f} MiB {fig.get('error', '')}"
         )
     worker_compile.time_interleaved(bench, eager, variants, out, spec["rounds"])

@@ -267,7 +267,7 @@ def _check_compile_args(args: argparse.Namespace) -> None:
             ("--loss-only", args.loss_only),
             (f"--accumulate {args.accumulate}", args.accumulate != 1),
             (f"--world-size {args.world_size}", args.world_size != 1),
-            ("a profile JSON file", args.target.endswith(".json") and ":" not in args.target),
+            ("a profile JSON file", _is_profile_file(args.target)),
         )
         if given
     ]
@@ -291,12 +291,17 @@ def _check_compile_args(args: argparse.Namespace) -> None:
 
 def _plan_input(args: argparse.Namespace) -> tuple[Target | None, StepProfile]:
     """The profile to plan: read from a JSON file, or measured by running TARGET's step (with the target)."""
-    if args.target.endswith(".json") and ":" not in args.target:
+    if _is_profile_file(args.target):
         return None, _read_profile(Path(args.target))
     built = load(args.target, args.mode, args.device)
     if args.compile:  # the step torch.compile runs: its peak measured too (NOTE [Plans for a compiled step])
         built = built._replace(model=cast(nn.Module, torch.compile(built.model)))
     return built, profile_built(built, args.mode, args.device, OPTIMIZERS[args.optimizer], profile_options(args))
+
+
+def _is_profile_file(target: str) -> bool:
+    """TARGET names a profile saved by `remat profile --json F`, not a factory (`file.py:make`)."""
+    return target.endswith(".json") and ":" not in target
 
 
 def _read_profile(path: Path) -> StepProfile:
