@@ -68,9 +68,11 @@ def trees(draw):
     blocks = []
     for _ in range(n):
         hidden = WIDTH * draw(st.sampled_from([1, 2, 4]))
-        kind = draw(st.sampled_from(["plain", "residual", "nested"]))
+        kind = draw(st.sampled_from(["plain", "residual", "nested", "dropout"]))
         if kind == "plain":
             blocks.append(_mlp(WIDTH, hidden))
+        elif kind == "dropout":  # the ReLU saves the output the Dropout reads (kept inputs, Rule 2)
+            blocks.append(nn.Sequential(nn.Linear(WIDTH, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, WIDTH)))
         elif kind == "residual":
             blocks.append(Residual(_mlp(WIDTH, hidden)))
         else:

@@ -266,6 +266,8 @@ class _Block:
             output_kept_by=_kept_by(saved_outputs, self.siblings),
             input_unsaved_bytes=_sum(unsaved_inputs),
             held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
+            kept_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in self._kept_inputs()],
+            output_keys=[self.keys[id(r)] for r in saved_outputs],
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
             selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
@@ -298,6 +300,17 @@ class _Block:
     def _unsaved_inputs(self) -> list[StorageRecord]:
         """Inputs (positional and keyword) that autograd does not keep: a checkpoint holds them (Rule 2)."""
         return [r for r in self.inputs if not r.saved and r.category in ("activations", "temporaries")]
+
+    def _kept_inputs(self) -> list[StorageRecord]:
+        """Inputs that autograd keeps only for ops outside the block (`BlockProfile.kept_inputs`)."""
+        return [
+            r
+            for r in self.inputs
+            if r.saved
+            and r.category in ("activations", "temporaries")
+            and r.packers
+            and not any(within(m, self.name) for m in r.packers)
+        ]
 
     def _costs(self) -> dict[str, Any]:
         return dict(

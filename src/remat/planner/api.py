@@ -289,7 +289,9 @@ def _solve(problem: Problem, solver: Solver, budget: int, time_limit_s: float) -
 def _chain_plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
     """dp's segmentation of the chain; where its one number of bytes freed so far was too hopeful (an output
     freed only from a read after its segment: a long skip connection, `dp`'s docstring), the ilp over the same
-    chain's units, which evaluates every interval exactly."""
+    chain's units, which evaluates every interval exactly; and that ilp where `dp` is not exact (`_dp_is_exact`)."""
+    if not _dp_is_exact(problem, groups):
+        return ilp.solve(problem.within(groups), budget, time_limit_s)
     chosen = dp.solve(problem, budget, groups)
     if chosen is None or problem.peak(chosen) <= budget:
         return chosen
@@ -306,10 +308,18 @@ def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
         if solver == Solver.CHEN:
             return problem.peak(chen_units(problem, chain_group(problem)))
         groups = dp.planned_groups(problem)
+        if not _dp_is_exact(problem, groups):
+            return ilp.min_peak(problem.within(groups), time_limit_s)
         least = dp.min_peak(problem, groups)
         if _chain_plan(problem, least, groups, time_limit_s) is not None:
             return least
         return ilp.min_peak(problem.within(groups), time_limit_s)  # dp's least was too hopeful: `_chain_plan`
+
+
+def _dp_is_exact(problem: Problem, groups: list[Group]) -> bool:
+    """`dp` counts a kept hold (NOTE [The memory model of a plan], Rule 2) as always held: safe, not always the
+    cheapest plan nor the least peak, so a chain with one is planned by the ilp over its units."""
+    return not any(u.kept for u in problem.units if u.group in groups)
 
 
 @contextlib.contextmanager

@@ -66,7 +66,7 @@ def min_peak(problem: Problem, time_limit_s: float = 60.0) -> int:
     n = len(problem.units)
 
     def program(scale: float) -> _Program:
-        objective = np.append(np.zeros(n + _n_or(problem)), 1.0)
+        objective = np.append(np.zeros(n + _n_held(problem)), 1.0)
         return _Program(objective, _peak_rows(problem, scale), _upper_bounds(problem) + [np.inf])
 
     x = _milp(problem, program, time_limit_s)
@@ -85,7 +85,7 @@ def _solve(problem: Problem, budget_bytes: int, time_limit_s: float) -> list[Uni
     rows = {_scale(problem): _budget_rows(problem, budget_bytes, _scale(problem))}  # the first form _milp tries
     if rows[_scale(problem)] is None:
         return None  # an interval over budget that no unit acts on
-    costs = np.append([float(problem.cost_of(u)[0]) for u in problem.units], np.zeros(_n_or(problem)))
+    costs = np.append([float(problem.cost_of(u)[0]) for u in problem.units], np.zeros(_n_held(problem)))
 
     def program(scale: float) -> _Program:
         if scale not in rows:
@@ -106,11 +106,11 @@ def _least_tie_then_peak(problem: Problem, budget_bytes: int, cost_bound: int, t
     """Among plans of at most `cost_bound` cost under the budget, the one of least tie-break, then the one of
     least peak: the min-peak program with the peak column bounded by the budget and one more row."""
     n = len(problem.units)
-    n_or = _n_or(problem)
-    cost_row = np.array([float(problem.cost_of(u)[0]) for u in problem.units] + [0.0] * (n_or + 1)) / max(
+    n_held = _n_held(problem)
+    cost_row = np.array([float(problem.cost_of(u)[0]) for u in problem.units] + [0.0] * (n_held + 1)) / max(
         1.0, cost_bound
     )
-    ties = np.append(_whole_ties(problem), np.zeros(n_or))
+    ties = np.append(_whole_ties(problem), np.zeros(n_held))
 
     def solve_at(bound: int) -> list[Unit] | None:  # the peak column bounded by `bound`
 
@@ -216,19 +216,20 @@ def _peak_rows(problem: Problem, scale: float) -> _Rows:
 
 
 def _memory_matrix(problem: Problem) -> np.ndarray:
-    """Bytes freed per interval (row) by each unit, then by each OR column of the shared holds (negative:
-    `remat.planner.holds.or_columns`)."""
-    matrix, _ = problem.or_columns
-    return np.hstack([problem.coefficient_matrix, -matrix]) if matrix.shape[1] else problem.coefficient_matrix
+    """Bytes freed per interval (row) by each unit, then by each OR column of the shared holds and each AND column
+    of the kept holds (negative: `remat.planner.holds.or_columns`, `and_columns`)."""
+    held = [m for m in (problem.or_columns[0], problem.and_columns[0]) if m.shape[1]]
+    return np.hstack([problem.coefficient_matrix, *(-m for m in held)]) if held else problem.coefficient_matrix
 
 
-def _n_or(problem: Problem) -> int:
-    return problem.or_columns[0].shape[1]
+def _n_held(problem: Problem) -> int:
+    """The columns after the units': the shared holds' OR columns, then the kept holds' AND columns."""
+    return problem.or_columns[0].shape[1] + problem.and_columns[0].shape[1]
 
 
 def _upper_bounds(problem: Problem) -> list[float]:
     """A unit may be chosen only if it is useful (Rule 5); an OR column is a share in [0, 1]."""
-    return [1.0 if ok else 0.0 for ok in problem.useful] + [1.0] * _n_or(problem)
+    return [1.0 if ok else 0.0 for ok in problem.useful] + [1.0] * _n_held(problem)
 
 
 def _budget_rows(problem: Problem, budget_bytes: int, scale: float) -> _Rows | None:
@@ -248,12 +249,18 @@ def _budget_rows(problem: Problem, budget_bytes: int, scale: float) -> _Rows | N
 
 
 def _exclusivity(problem: Problem, rows: _Rows, extra_columns: int) -> None:
-    n, n_or = len(problem.units), _n_or(problem)
+    n, n_or, n_held = len(problem.units), problem.or_columns[0].shape[1], _n_held(problem)
     # [Constraint] exclusivity: a block is inside at most one chosen unit
     for row in problem.exclusive_sets:
-        rows.add(np.append(row, np.zeros(n_or + extra_columns)), -np.inf, 1.0)
+        rows.add(np.append(row, np.zeros(n_held + extra_columns)), -np.inf, 1.0)
     # [Constraint] OR: a shared hold's column is at least each of its holders (z_c - x_u >= 0)
     for column, unit in problem.or_columns[1]:
-        row = np.zeros(n + n_or + extra_columns)
+        row = np.zeros(n + n_held + extra_columns)
         row[n + column], row[unit] = 1.0, -1.0
         rows.add(row, 0.0, np.inf)
+    # [Constraint] AND: a kept hold's column is at least its holder and a freer together (w - x_b - sum x_a >= -1)
+    for column, holder, freers in problem.and_columns[1]:
+        row = np.zeros(n + n_held + extra_columns)
+        row[n + n_or + column], row[holder] = 1.0, -1.0
+        row[freers] = -1.0
+        rows.add(row, -1.0, np.inf)

@@ -16,7 +16,10 @@ NOTE [The memory model of a plan]
             not have kept (`held_inputs` of c_1) is held from the later of the end of c_1's
             forward and its own free until c_1's backward is over (the checkpoint releases
             its inputs last); a tensor several chosen units hold is held once, over the
-            union of their spans (`remat.planner.holds`).
+            union of their spans (`remat.planner.holds`).  An input autograd keeps only for ops
+            outside c_1 (`kept_inputs`: a ReLU's output a Dropout reads) costs nothing while they
+            keep it, and is held from c_1's forward end where a chosen unit frees it (Rule 1 of
+            a unit around those ops); solvers count it as always held (`holds.kept_holds`).
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
@@ -168,7 +171,7 @@ class Problem:
     # -- evaluation (Rule 3) ---------------------------------------------------------------
     @cached_property
     def breakpoints(self) -> list[int]:
-        return breakpoints((s for u in self.units for s in (*u.effects, *u.holds)), len(self.live))
+        return breakpoints((s for u in self.units for s in (*u.effects, *u.holds, *u.kept)), len(self.live))
 
     @cached_property
     def interval_max(self) -> list[int]:
@@ -188,14 +191,39 @@ class Problem:
 
     @cached_property
     def stacked_table(self) -> list[tuple[int, np.ndarray]]:
-        """coefficient_table with each unit's shared holds counted as its own: what `dp` plans with."""
-        if not any(u.holds for u in self.units):
+        """coefficient_table with each unit's shared and kept holds counted as its own: what `dp` plans with."""
+        if not any(u.holds or u.kept for u in self.units):
             return self.coefficient_table
-        return self._table([(*u.effects, *((h.start, h.end, -h.bytes) for h in u.holds)) for u in self.units])
+        return self._table(
+            [(*u.effects, *((h.start, h.end, -h.bytes) for h in (*u.holds, *u.kept))) for u in self.units]
+        )
 
     @cached_property
     def shared_holds(self) -> list[tuple[int, list[tuple[int, int, int]]]]:
         return held.shared(self.units, self.breakpoints)
+
+    @cached_property
+    def kept_holds(self) -> list[tuple[int, list[tuple[int, int, int]], list[tuple[int, int, int]]]]:
+        """Per tensor a unit holds as a kept input (`Unit.kept`, Rule 2): its bytes, and (unit index, first
+        interval, end interval) of each holder and of each unit that frees it (`Unit.frees`)."""
+        bp = np.array(self.breakpoints, dtype=np.int64)
+        found: dict = {}
+        for pos, u in enumerate(self.units):
+            for h in u.kept:
+                found.setdefault(h.key, (h.bytes, [], []))[1].append((pos, *self._intervals(bp, h)))
+        for pos, u in enumerate(self.units):
+            for f in u.frees:
+                if f.key in found:
+                    found[f.key][2].append((pos, *self._intervals(bp, f)))
+        return list(found.values())
+
+    @staticmethod
+    def _intervals(bp: np.ndarray, span) -> tuple[int, int]:
+        return int(np.searchsorted(bp, span.start)), int(np.searchsorted(bp, span.end))
+
+    @cached_property
+    def and_columns(self) -> tuple[np.ndarray, list[tuple[int, int, list[int]]]]:
+        return held.and_columns(self.kept_holds, [u.covers for u in self.units], len(self.interval_max))
 
     @cached_property
     def or_columns(self) -> tuple[np.ndarray, list[tuple[int, int]]]:
@@ -262,6 +290,8 @@ class Problem:
             mem[k0 : k0 + len(a)] -= a
         if self.shared_holds:
             mem += held.covered(self.shared_holds, {self.position(u) for u in chosen}, len(mem))
+        if self.kept_holds:
+            mem += held.held_on(self.kept_holds, {self.position(u) for u in chosen}, len(mem))
         return mem.tolist()
 
     def peak(self, chosen: list[Unit]) -> int:

@@ -21,7 +21,7 @@ from remat.planner.effects import (
     run_columns,
     shared_outputs,
 )
-from remat.planner.holds import Hold, unit_holds
+from remat.planner.holds import Hold, freeable_outputs, freed_outputs, kept_holds, unit_holds
 from remat.planner.rerun import Rerun, rerun_effect, widen
 from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
 
@@ -72,6 +72,11 @@ class Unit:
     cache, Rule 4): `rerun.widen` spreads them over the elementary intervals of the others into `effects`."""
     spread_bytes: int = 0
     """What spreading `narrow` added to the sum of `effects` beyond their own bytes: not in `reduction_bytes`."""
+    kept: tuple[Hold, ...] = ()
+    """Inputs autograd keeps for ops outside the unit, which it holds on where a chosen unit frees them
+    (`holds.kept_holds`, `frees`): not in `holds`; `dp` counts them as always held (`reduction_bytes` too)."""
+    frees: tuple[Hold, ...] = ()
+    """The saved outputs the unit frees that another unit may hold as a kept input (`holds.freed_outputs`; bytes 0)."""
 
     @property
     def key(self) -> tuple:
@@ -91,7 +96,7 @@ class Unit:
     recomputation (Rule 3)."""
 
     def __post_init__(self) -> None:
-        freed = sum(e.bytes for e in (*self.effects, *self.narrow)) - sum(h.bytes for h in self.holds)
+        freed = sum(e.bytes for e in (*self.effects, *self.narrow)) - sum(h.bytes for h in (*self.holds, *self.kept))
         freed += self.moment_bytes + self.spread_bytes
         object.__setattr__(self, "reduction_bytes", freed)
 
@@ -122,16 +127,19 @@ def build_units(
     live = np.asarray(prof.timeline.live_bytes, dtype=np.int64)
     moments = live[:0] if prof.parallel == ParallelKind.FSDP else live  # Rule 3: not under FSDP (its NOTE)
     uncalled = set(called_directly(prof))  # Rule 5: recomputed only
+    wanted = freeable_outputs(blocks)  # Rule 2: what kept inputs a chosen checkpoint may free
     for group, names in groups.items():
         for i in range(len(names)):
-            units += _runs_from(names, i, max_segment, by_name, group, nested, per_op=per_op, live=moments)
+            units += _runs_from(
+                names, i, max_segment, by_name, group, nested, per_op=per_op, live=moments, wanted=wanted
+            )
             if names[i] in uncalled:
                 continue
             units += _make_selective_units(
-                by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed, live=moments
+                by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed, live=moments, wanted=wanted
             )
             if offload is not None:
-                units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload)
+                units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload, wanted=wanted)
     units = widen([u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))], live)  # Rule 3
     return units, groups, blocks
 
@@ -169,10 +177,11 @@ def _runs_from(
     *,
     per_op: tuple[float, float] = (0.0, 0.0),
     live: np.ndarray = np.zeros(0, dtype=np.int64),
+    wanted: frozenset = frozenset(),
 ) -> list[Unit]:
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-3); also those
     that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
-    `per_op` = (checkpoint_op_s, selective_op_s) of the profile (Rule 7); `live` its timeline's live bytes."""
+    `per_op` = (checkpoint_op_s, selective_op_s) (Rule 7); `live` the live bytes; `wanted`: `freeable_outputs`."""
     first, stop = by_name[names[i]], min(len(names), i + max_segment)
     columns = run_columns(names, i, stop, by_name)
     rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]))
@@ -188,6 +197,7 @@ def _runs_from(
         effects = _run_effects(columns, j - i + 1, j, end)
         moment = rerun_effect(live, effects, last, rerun.held(last, shared_outputs(columns, j - i + 1, j)))  # Rule 3
         rerun_ops = ops + last.checkpoint_recompute_ops
+        frees = freed_outputs([by_name[n] for n in names[i : j + 1]], columns, j, end, wanted)  # Rule 2
         units.append(
             Unit(
                 tuple(names[i : j + 1]),
@@ -200,14 +210,19 @@ def _runs_from(
                 j == i or (first.container in RUN_CONTAINERS and joined),
                 Action.RECOMPUTE,
                 rerun_ops,
-                holds=unit_holds(first, max(end, first.backward_end_op + 1)),  # Rule 2: until its backward is over
                 moment_bytes=-sum(e.bytes for e in moment),
+                **_run_holds(first, end, wanted, frees),
             )
         )
-        flops += last.forward_flops
-        seconds += last.forward_s
-        ops += _forward_ops(last)
+        flops, seconds, ops = flops + last.forward_flops, seconds + last.forward_s, ops + _forward_ops(last)
     return units
+
+
+def _run_holds(first: BlockProfile, end: int, wanted: frozenset, frees: tuple) -> dict:
+    """Rule 2: what a run whose first block is `first`, recomputed at `end`, holds until its backward is over (its
+    `holds` and `kept`), with the outputs it `frees` that other units may keep."""
+    held_end = max(end, first.backward_end_op + 1)
+    return dict(holds=unit_holds(first, held_end), kept=kept_holds(first, held_end, wanted), frees=frees)
 
 
 def _follows(previous: str, block: BlockProfile) -> bool:
@@ -233,6 +248,7 @@ def _make_selective_units(
     per_op: tuple[float, float] = (0.0, 0.0),
     timed: bool = False,
     live: np.ndarray = np.zeros(0, dtype=np.int64),
+    wanted: frozenset = frozenset(),
 ) -> list[Unit]:
     """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
     [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
@@ -242,6 +258,7 @@ def _make_selective_units(
     if b.has_batchnorm:
         return []  # BatchNorm: remat restores its statistics only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
+    kept = kept_holds(b, held_end, wanted)
     units, rerun = [], Rerun(live, b, b.forward_end_op)
     for v in (_matmul_policy(b), *b.selective_variants):
         if v.free_bytes <= 0:
@@ -266,6 +283,7 @@ def _make_selective_units(
                 keeps=tuple(v.keeps),
                 moment_bytes=-sum(e.bytes for e in moment),
                 narrow=tuple(narrow),
+                kept=kept,
             )
         )
     return _cheapest_apart(units, max(4096, b.internal_bytes // 1000), timed)
@@ -318,10 +336,18 @@ def _selective_held(rerun: Rerun, b: BlockProfile, v: SelectiveVariant) -> int |
 
 
 def _make_offload_unit(
-    b: BlockProfile, group: Group, position: int, nested: dict[str, frozenset], bandwidth: float, flops_per_s: float
+    b: BlockProfile,
+    group: Group,
+    position: int,
+    nested: dict[str, frozenset],
+    bandwidth: float,
+    flops_per_s: float,
+    *,
+    wanted: frozenset = frozenset(),
 ) -> list[Unit]:
     """Offloading one block's saved tensors to CPU memory (Rule 6); none if it would free nothing."""
-    freed = b.internal_bytes + (output_freeable(b) if b.output_kept_by == [b.name] else 0)
+    output = output_freeable(b) if b.output_kept_by == [b.name] else 0
+    freed = b.internal_bytes + output
     if freed <= 0 or b.offload_bytes <= 0 or b.forward_end_op + 1 >= b.backward_start_op:
         return []
     seconds = 2 * b.offload_bytes / bandwidth
@@ -339,6 +365,11 @@ def _make_offload_unit(
             Action.OFFLOAD,
             0,
             b.offload_bytes,
+            frees=tuple(
+                Hold(key, b.forward_end_op + 1, b.backward_start_op, 0)
+                for key in b.output_keys
+                if output and key in wanted
+            ),
         )
     ]
 

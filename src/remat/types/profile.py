@@ -18,7 +18,7 @@ from remat.types.profile_versions import UPGRADES
 from remat.types.reserve import GpuReserve
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 9
+PROFILE_VERSION = 10
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -202,6 +202,10 @@ class BlockProfile:
     positional or keyword; `tensor` is the same number wherever the step passes the same tensor (T5's
     position bias goes to every layer): a checkpoint holds it from its free until the checkpoint's backward
     is over, and several checkpoints hold it once (`remat.planner.holds`)."""
+    kept_inputs: list[list[int]] = field(default_factory=list)
+    """As `held_inputs`, for inputs autograd keeps for ops outside it only (NOTE [The memory model of a plan], Rule 2)."""
+    output_keys: list[int] = field(default_factory=list)
+    """The tensor numbers (as in `held_inputs`) of its saved outputs."""
     grad_ops_before: int = 0
     """Forward ops that ran between the previous sibling's forward and this one's and read a tensor that
     requires grad (loop code between nn.ModuleList entries, another module): one checkpoint cannot run both
@@ -288,8 +292,7 @@ class StepProfile:
     recompute_flops: int
     """Forward FLOPs re-run in backward by checkpointing already in the model."""
     step_s: float
-    """Wall seconds of the tracked step (includes tracking overhead; 0.0 in fake mode): what profiling cost.
-    The step's own seconds are `step_time_s`."""
+    """Wall seconds of the tracked step, tracking included (0.0 in fake mode); the step's own are `step_time_s`."""
     blocks: list[BlockProfile]
     timeline: Timeline
     torch_version: str = ""
@@ -325,14 +328,12 @@ class StepProfile:
     steps after a warm-up), "tracked" (the tracked step's clock), "roofline <device>" (predicted), or "" (not
     timed: plans minimise FLOPs)."""
     step_time_s: float = 0.0
-    """Seconds of one step of the loop without remat: the median of timed steps (real mode), or the sum of
-    the roofline's op seconds (fake mode); 0.0 when not timed."""
+    """Seconds of a step of the loop without remat: median of timed steps (real), roofline's op sum (fake), or 0.0."""
     checkpoint_op_s: float = 0.0
     """What a checkpoint costs per op it re-runs beyond the op itself (its hooks and frames): a constant of the
     device, the reference machine's on a CPU (NOTE [The seconds of a step], Rule 5); 0.0 when not timed."""
     selective_op_s: float = 0.0
-    """What selective checkpointing's policy costs per op of the module, in forward and again in the
-    recomputation (Rule 5); 0.0 when not timed."""
+    """Selective checkpointing's policy's cost per op of the module, in forward and in its recomputation (Rule 5)."""
     compiled_peak_bytes: int = 0
     """Of a compiled model (`torch.compile(model)`, `model.compile()`), the compiled step's own peak by a counter
     that is not remat's tracker (`compiled_counter`), measured by `remat.profile`; 0 otherwise.  Every other
@@ -340,8 +341,7 @@ class StepProfile:
     compiled_counter: str = ""
     """The counter that measured `compiled_peak_bytes` (as `VerifyReport.independent_counter` names it)."""
     compiled_step_s: float = 0.0
-    """Seconds of one compiled step, as the copy that measured `compiled_peak_bytes` timed it (on CPU a forked
-    copy on one thread); 0.0 otherwise."""
+    """Seconds of one compiled step, timed by the copy that measured `compiled_peak_bytes` (CPU: one thread)."""
     gpu_reserve: GpuReserve | None = None
     """Of a CUDA step, what the caching allocator would allocate and reserve for it, replayed
     (NOTE [The caching allocator's reserve] in `remat.measure.device.cuda_allocator`); None on CPU."""
