@@ -537,6 +537,36 @@ def test_blocks_in_a_module_dict_are_the_chain_every_block_checkpoints():
     assert remat.verify(model, x, plan).ok
 
 
+class _DictLayers(nn.Module):
+    """Layers kept as an nn.ModuleDict each, called entry by entry from the model's own loop: a ModuleDict has no
+    forward, so the layers are no candidates, their entries are."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(dict(up=nn.Linear(64, 256), act=nn.GELU(), down=nn.Linear(256, 64))) for _ in range(2)
+        )
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer["down"](layer["act"](layer["up"](x)))
+        return x
+
+
+def test_a_plan_for_layers_kept_in_module_dicts_applies_to_the_model_it_was_made_for():
+    """It was refused: "the plan was made for a different model: layers.0 (here, not in the plan)" (found
+    2026-11-28 on a gated MLP whose layers are ModuleDicts)."""
+    model, x = _DictLayers(), torch.randn(512, 64)
+    prof = remat.profile(model, x)
+    assert [b.name for b in prof.blocks][:3] == ["layers.0.up", "layers.0.act", "layers.0.down"]
+    for budget in (1.0, remat.frontier(prof)[-1].peak_bytes):
+        plan = remat.plan(prof, budget)
+        remat.apply(model, plan)
+        assert applied(model) is plan
+        assert remat.verify(model, x, plan).ok
+        remat.remove(model)
+
+
 def test_verify_needs_bit_equal_gradients_on_cpu_and_allows_a_cuda_steps_own_noise():
     """On CPU the unplanned step is not run twice: no noise, the bound is the tolerance (0: bit-equal).  A report
     with a run-to-run difference (measured on CUDA, whose attention backward is not deterministic) accepts

@@ -34,7 +34,7 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
     """Dotted names of candidate modules, in registration order.
 
     Candidates are the children of every `nn.Sequential` / `nn.ModuleList` /
-    `nn.ModuleDict` (this covers transformer layers: `transformer.h.N`, `encoder.layer.N`,
+    `nn.ModuleDict` that have a forward (this covers transformer layers: `transformer.h.N`, `encoder.layer.N`,
     `model.layers.N`, and blocks kept by name),
     modules wrapped by `checkpoint_wrapper`, and the modules the user names.  A model
     with none of these gets its direct children.
@@ -43,8 +43,10 @@ def find_candidates(model: nn.Module, named: list[str] | None = None) -> list[st
     found: list[str] = []
     wrapper = checkpoint_wrapper_type()
     for name, mod in modules.items():
-        if isinstance(mod, CONTAINERS):
-            found += [join(name, child) for child, _ in mod.named_children()]
+        if isinstance(mod, CONTAINERS):  # not a child that has no forward (an nn.ModuleDict per layer): its children
+            found += [
+                join(name, child) for child, c in mod.named_children() if type(c).forward is not nn.Module.forward
+            ]
         if wrapper is not None and isinstance(mod, wrapper) and name:
             found.append(name)
     if not found:
