@@ -302,6 +302,37 @@ def test_infeasible_when_weights_dominate_says_checkpointing_cannot_help():
         remat.plan(prof, 0.3)
 
 
+class _GatedLayers(nn.Module):
+    """Each layer's gate and product in the model's own loop: every module's output is saved by code around it."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(
+            nn.ModuleDict(
+                dict(up=nn.Linear(64, 256), gate=nn.Linear(64, 256), act=nn.Sigmoid(), down=nn.Linear(256, 64))
+            )
+            for _ in range(3)
+        )
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = x + layer["down"](layer["act"](layer["gate"](x)) * layer["up"](x))
+        return x
+
+
+def test_infeasible_where_no_checkpoint_lowers_the_peak_says_why_and_how_to_make_one():
+    prof = remat.profile(_GatedLayers(), torch.randn(512, 64), mode="fake")
+    with pytest.raises(remat.InfeasibleBudget) as info:
+        remat.plan(prof, 0.5)
+    assert info.value.min_bytes == prof.peak_bytes
+    assert (
+        "no checkpoint of a candidate module lowers the peak: a checkpoint frees what the ops inside a module "
+        "save, not what the code around it (the forward of _GatedLayers, or the next module) saves of its output. "
+        "Fix: put each layer's code in the forward of one module (remat checkpoints modules), or give a budget of "
+        f"at least {prof.peak_bytes} bytes"
+    ) in str(info.value)
+
+
 def test_budget_above_the_peak_keeps_everything_and_says_so(chain_profile):
     _, _, prof = chain_profile
     p = remat.plan(prof, 1.0)

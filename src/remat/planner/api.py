@@ -346,11 +346,19 @@ def _infeasible(
     fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes + workspaces
     share = fixed / least if least else 0.0
     parts = "parameters + gradients + optimizer state" + (" + cuBLAS's workspaces" if workspaces else "")
+    fix = ""
     if share >= FIXED_DOMINATES:
         why = (
             f"{parts} are {fixed / MIB:,.1f} MiB of it ({share:.0%}): "
             "checkpointing cannot go lower; see sharding, mixed precision or a smaller optimizer"
         )
+    elif least >= profile.peak_bytes and profile.peak_phase != "optimizer":
+        why = (
+            f"{parts} are {fixed / MIB:,.1f} MiB of it ({share:.0%}), and no checkpoint of a candidate module lowers "
+            "the peak: a checkpoint frees what the ops inside a module save, not what the code around it "
+            f"(the forward of {profile.model}, or the next module) saves of its output"
+        )
+        fix = "put each layer's code in the forward of one module (remat checkpoints modules), or "
     else:
         why = (
             f"{parts} are {fixed / MIB:,.1f} MiB of it ({share:.0%}); the rest is "
@@ -361,7 +369,7 @@ def _infeasible(
         f"remat: no plan fits the budget of {budget / MIB:,.1f} MiB ({budget} bytes); the least any "
         f"plan{_by(solver)} reaches is {least / MIB:,.1f} MiB ({least} bytes) — {why}. "
         + (f"Note: {already}. " if already else "")
-        + f"Fix: give a budget of at least {least} bytes, or a smaller batch.",
+        + f"Fix: {fix}give a budget of at least {least} bytes, or a smaller batch.",
         min_bytes=least,
         budget_bytes=budget,
     )
