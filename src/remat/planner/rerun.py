@@ -90,7 +90,7 @@ def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
     interval of a moment that raises its most, of another narrow effect of its unit, or of another block's: two
     added there apart can sum to more, or less, than the two at once."""
     own = [u.effects[:-1] if u.moment_bytes else u.effects for u in units]
-    spans = [s for u, effects in zip(units, own) for s in (*effects, *u.holds)]
+    spans = [s for u, effects in zip(units, own) for s in (*effects, *u.holds, *u.kept)]
     spans += [Effect(n.end, n.end, 0) for u in units for n in u.narrow]  # where the cache lets go: kept as bounds
     bounds = np.array(breakpoints(spans, len(live)), dtype=np.int64)
     widened = {k: _moment(u, bounds, live) for k, u in enumerate(units) if u.moment_bytes}
