@@ -19,7 +19,8 @@ NOTE [The memory model of a plan]
             union of their spans (`remat.planner.holds`).  An input autograd keeps only for ops
             outside c_1 (`kept_inputs`: a ReLU's output a Dropout reads) costs nothing while they
             keep it, and is held from c_1's forward end where a chosen unit frees it (Rule 1 of
-            a unit around those ops); solvers count it as always held (`holds.kept_holds`).
+            a unit around those ops): the ilp has a column for it, `dp` counts it as always held
+            (`holds.kept_holds`).
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
