@@ -10,6 +10,7 @@ import torch
 import torch.nn as nn
 
 import remat
+from test_random_trees import _compatible_sets  # every set of units no two of which touch one block
 from remat.planner.problem import Problem
 from remat.planner.result import make_plan
 from remat.types import Action
@@ -18,21 +19,6 @@ from remat.types import Action
 def _stack(blocks: int, width: int, hidden: int) -> nn.Sequential:
     layers = [nn.Sequential(nn.Linear(width, hidden), nn.ReLU(), nn.Dropout(0.1)) for _ in range(blocks)]
     return nn.Sequential(*layers, nn.Linear(hidden, 8) if blocks == 1 else nn.Identity())
-
-
-def _compatible_sets(units):
-    out = []
-
-    def walk(i, chosen, covered):
-        if i == len(units):
-            out.append(list(chosen))
-            return
-        walk(i + 1, chosen, covered)
-        if not (units[i].covers & covered):
-            walk(i + 1, chosen + [units[i]], covered | units[i].covers)
-
-    walk(0, [], frozenset())
-    return out
 
 
 def test_every_plan_of_a_relu_then_dropout_is_predicted_to_the_byte_of_its_step():
