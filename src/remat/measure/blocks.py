@@ -7,114 +7,42 @@ See NOTE [When a saved tensor is attributed to a module] and NOTE [Recomputation
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.nn as nn
-from torch.nn.modules.module import register_module_forward_pre_hook
 
 from remat._torch_compat import (
     BatchNormBase,
     checkpoint_wrapper_type,
-    global_forward_hook_with_kwargs,
-    in_backward,
-    tree_flatten,
 )
+from remat.measure.block_io import BlockIO
+from remat.measure.calls import call_profiles
 from remat.measure.chains import uncalled_chains, with_chains
 from remat.measure.selective import BlockOps, cache_facts, selective_variants
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
 from remat.hf import checkpointed_by_hf
-from remat.module_tree import WRAPPED_MARK, class_name, enclosing, find_extras, parent_name, runs_children_in_order
+from remat.module_tree import class_name, enclosing, parent_name, runs_children_in_order
 from remat.module_tree import CALLED_DIRECTLY, within
 from remat.ops import RANDOM_OPS, SAVE_OPS
 from remat.types import BlockProfile, SelectiveVariant
 
 
-class BlockIO:
-    """Forward hooks that record each candidate's order, calls, input and output storages."""
-
-    def __init__(self, model: nn.Module, candidates: list[str], tracker: Tracker):
-        self.tracker = tracker
-        mods = dict(model.named_modules(remove_duplicate=True))
-        extras = find_extras(model, candidates)
-        self.extras = frozenset(extras)
-        candidates = [*candidates, *extras]
-        self.by_module = {id(mods[n]): n for n in candidates}
-        self.modules = {n: mods[n] for n in candidates}
-        self.containers = {n: mods.get(parent_name(n)) for n in candidates}
-        self.remat_checkpointed = [n for n, m in mods.items() if _remat_checkpoints(m)]
-        """Modules remat.apply or remat.checkpoint wrapped in a checkpoint (not those it offloads)."""
-        self.forward_ran: set[int] = set()
-        """id() of every module whose forward ran in forward (NOTE [An nn.Sequential the model never calls])."""
-        self.order: list[str] = []
-        self.calls: dict[str, int] = {}
-        self.inputs: dict[str, list[StorageRecord]] = {}
-        self.outputs: dict[str, list[StorageRecord]] = {}
-        self.grad_inputs: dict[str, list[StorageRecord]] = {}
-        """Of each block's inputs, those that require grad."""
-
-    @contextlib.contextmanager
-    def hooks(self):
-        h1 = register_module_forward_pre_hook(self._pre)
-        h2 = global_forward_hook_with_kwargs(self._post)  # T5 passes position_bias by keyword
-        try:
-            yield
-        finally:
-            h1.remove()
-            h2.remove()
-
-    def _records(self, obj) -> list[StorageRecord]:
-        recs = {}
-        for t in tree_flatten(obj)[0]:
-            if isinstance(t, torch.Tensor):
-                rec = self.tracker.record_of(t)
-                if rec is not None:
-                    recs[id(rec)] = rec
-        return list(recs.values())
-
-    def _pre(self, mod, args):
-        if in_backward():
-            return
-        self.forward_ran.add(id(mod))
-        name = self.by_module.get(id(mod))
-        if name is None:
-            return
-        if name not in self.calls:
-            self.order.append(name)
-        self.calls[name] = self.calls.get(name, 0) + 1
-
-    def _post(self, mod, args, kwargs, out):
-        name = self.by_module.get(id(mod))
-        if name is None or in_backward():
-            return
-        self.inputs[name] = self._records((args, kwargs))
-        self.grad_inputs[name] = self._records(
-            [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-        )
-        self.outputs[name] = self._records(_flatten_output(out))
-
-
-def _flatten_output(out):
-    if hasattr(out, "to_tuple"):  # Hugging Face ModelOutput
-        return out.to_tuple()
-    if hasattr(out, "__dataclass_fields__"):
-        return [getattr(out, f) for f in out.__dataclass_fields__]
-    return out
-
-
-def block_profiles(tracker: Tracker, io: BlockIO, live: list[int], freed_before: list[int]) -> list[BlockProfile]:
+def block_profiles(
+    tracker: Tracker, io: BlockIO, live: list[int], freed_before: list[int]
+) -> tuple[list[BlockProfile], list[BlockProfile]]:
     """One BlockProfile per candidate that ran, in the order their forwards first started; an nn.Sequential the
     model never called whose children ran in turn counts as run by them
     (NOTE [An nn.Sequential the model never calls]).  `freed_before[k]`: what `live[k - 1]` counts that is gone
-    when op k starts."""
+    when op k starts.  Then one per call of those that ran more than once (`calls.call_profiles`)."""
     ran = with_chains(io.order, uncalled_chains(tracker, io), io)
     parents = {n: enclosing(n, ran) for n in ran}
     siblings = {n: [m for m in ran if parents[m] == parents[n]] for n in ran}
     keys = {id(r): k for k, r in enumerate(tracker.records)}
     blocks = {name: _Block(tracker, io, name, parents, siblings[name], keys) for name in ran}
-    return [b.profile(i, (live, freed_before), _previous(b, blocks)) for i, b in enumerate(blocks.values())]
+    profiles = [b.profile(i, (live, freed_before), _previous(b, blocks)) for i, b in enumerate(blocks.values())]
+    return profiles, call_profiles(blocks, profiles, (live, freed_before))
 
 
 def _previous(block: "_Block", blocks: dict[str, "_Block"]) -> "_Block | None":
@@ -122,12 +50,6 @@ def _previous(block: "_Block", blocks: dict[str, "_Block"]) -> "_Block | None":
     same = [m for m in block.siblings if parent_name(m) == parent_name(block.name)]
     k = same.index(block.name)
     return blocks[same[k - 1]] if k > 0 else None
-
-
-def _remat_checkpoints(module: nn.Module) -> bool:
-    """remat.apply or remat.checkpoint wrapped `module` in a checkpoint (its undo record, `WrapInfo`, says how)."""
-    info = module.__dict__.get(WRAPPED_MARK)
-    return info is not None and getattr(info, "role", "") != "offload"
 
 
 @dataclass
@@ -141,10 +63,30 @@ class _Block:
     siblings: list[str]
     keys: dict[int, int]
     """Position of each storage record in the tracker's list, by id: the same tensor's number everywhere."""
+    call: int = -1
+    """The one forward call it describes (NOTE [A module called more than once] in `remat.measure.calls`), -1: all."""
+    ranges: tuple[range, ...] = ()
+    """The timeline's ops of that call, its forward and its backward; () for all its calls."""
+
+    def one_call(self, call: int, ranges: tuple[range, ...]) -> "_Block":
+        """This module's `call`-th forward call alone, whose ops are `ranges` (NOTE [A module called more than once])."""
+        return _Block(self.tracker, self.io, self.name, self.parents, self.siblings, self.keys, call, ranges)
+
+    def _in(self, k: int) -> bool:
+        return not self.ranges or any(k in r for r in self.ranges)
+
+    def _here(self, step: int, module: str) -> bool:
+        """A pack by `module` at op `step` was inside the block (inside this call of it)."""
+        return within(module, self.name) and self._in(step)
+
+    def _kept_only_here(self, rec: StorageRecord) -> bool:
+        """Every op that saved `rec` for backward ran inside the block (inside this call of it)."""
+        return bool(rec.packs) and all(self._here(step, m) for step, m in rec.packs)
 
     def __post_init__(self) -> None:
         ops = self.tracker.ops
-        self.mine = [k for k, op in enumerate(ops) if within(op.module, self.name)]
+        steps = itertools.chain.from_iterable(self.ranges) if self.ranges else range(len(ops))  # in order
+        self.mine = [k for k in steps if within(ops[k].module, self.name)]
         self.fwd_k = [k for k in self.mine if ops[k].phase in ("forward", "loss")]
         self.bwd_k = [k for k in self.mine if ops[k].phase == "backward"]
         self.fwd = [ops[k] for k in self.fwd_k]
@@ -152,12 +94,14 @@ class _Block:
         self.recomputed = [ops[k] for k in self.bwd_k if ops[k].recompute]
         self.checkpoint_ops = _recomputed_ops(self.fwd, self.name)
         self.selective_ops = _recomputed_ops(self.fwd, self.name, selective=True)
-        self.outputs = self.io.outputs.get(self.name, [])
-        self.inputs = self.io.inputs.get(self.name, [])
+        io = self.io.call_io[self.name][self.call] if self.call >= 0 else None
+        self.outputs = io[2] if io else self.io.outputs.get(self.name, [])
+        self.inputs = io[0] if io else self.io.inputs.get(self.name, [])
+        self.grad_inputs = io[1] if io else self.io.grad_inputs.get(self.name, [])
         out_ids = {id(r) for r in self.outputs}
-        mine_records = [r for r in self.tracker.records if within(r.module, self.name)]
+        mine_records = [r for r in self.tracker.records if within(r.module, self.name) and self._in(r.alloc_step)]
         self.acts = [r for r in mine_records if r.category == "activations"]
-        self.internal = [r for r in self.acts if id(r) not in out_ids and _kept_only_in(r, self.name)]
+        self.internal = [r for r in self.acts if id(r) not in out_ids and self._kept_only_here(r)]
         self.cached = [
             r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"
         ]
@@ -190,6 +134,7 @@ class _Block:
             grad_ops_before=self._grad_ops_before(previous_end),
             selective_variants=self.variants,
             foreign_grad_inputs=self._foreign_grad_inputs(previous),
+            call=self.call,
         )
 
     def _foreign_grad_inputs(self, previous: "_Block | None") -> int:
@@ -197,7 +142,7 @@ class _Block:
         if previous is None:
             return 0
         theirs = {id(r) for r in (*previous.inputs, *previous.outputs)}
-        return sum(id(r) not in theirs for r in self.io.grad_inputs.get(self.name, []))
+        return sum(id(r) not in theirs for r in self.grad_inputs)
 
     def _last_rerun(self) -> int:
         """Timeline index of the last op a checkpoint around the block re-runs (-1: none)."""
@@ -206,7 +151,7 @@ class _Block:
     def _block_ops(self, mine_records: list[StorageRecord]) -> BlockOps:
         """What a checkpoint of the block runs and its cache holds (NOTE [Which outputs a selective checkpoint keeps])."""
         ops, n = self.tracker.ops, len(self.checkpoint_ops)
-        outside = {id(r) for r in mine_records if r.category == "activations" and not _kept_only_in(r, self.name)}
+        outside = {id(r) for r in mine_records if r.category == "activations" and not self._kept_only_here(r)}
         start, end = (self.bwd_k[0], self.bwd_k[-1]) if self.bwd_k else (-1, -1)
         return BlockOps(
             [(k, ops[k]) for k in self.fwd_k[:n]],
@@ -263,7 +208,7 @@ class _Block:
             output_free_op=max((_freed_at(r, n_ops) for r in saved_outputs), default=-1),
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
-            output_kept_by=_kept_by(saved_outputs, self.siblings),
+            output_kept_by=_kept_by(saved_outputs, self.siblings, self.name, self._here),
             input_unsaved_bytes=_sum(unsaved_inputs),
             held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
             kept_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in self._kept_inputs()],
@@ -273,7 +218,9 @@ class _Block:
             selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
             selective_kept_made=made,
             selective_kept_outside=outside,
-            offload_bytes=_sum(
+            offload_bytes=0  # NOTE [A module called more than once], Rule 4
+            if self.ranges
+            else _sum(
                 r
                 for r in self.tracker.records
                 if r.saved
@@ -309,7 +256,7 @@ class _Block:
             if r.saved
             and r.category in ("activations", "temporaries")
             and r.packers
-            and not any(within(m, self.name) for m in r.packers)
+            and not any(self._here(step, m) for step, m in r.packs)
         ]
 
     def _costs(self) -> dict[str, Any]:
@@ -362,12 +309,14 @@ def _recomputed_ops(fwd_ops: list[OpRecord], block: str, selective: bool = False
     return [op for op in fwd_ops[: last + 1] if not (selective and op.name in SAVE_OPS)]
 
 
-def _kept_by(records: list[StorageRecord], siblings: list[str]) -> list[str]:
-    """The siblings whose ops pack any of `records`, "*" for a packer outside all of them."""
+def _kept_by(records: list[StorageRecord], siblings: list[str], name: str, here) -> list[str]:
+    """The siblings whose ops pack any of `records`, "*" for a packer outside all of them, or in another call of
+    block `name` (`here(step, module)`: the pack was in the call profiled; NOTE [A module called more than once])."""
     found: list[str] = []
     for rec in records:
-        for m in rec.packers:
+        for step, m in rec.packs:
             owner = next((s for s in siblings if within(m, s)), "*")
+            owner = "*" if owner == name and not here(step, m) else owner
             if owner not in found:
                 found.append(owner)
     return sorted(found)
@@ -381,8 +330,3 @@ def _container_kind(parent: nn.Module | None, forward_ran: set[int]) -> str:
     if runs_children_in_order(parent):
         return "Sequential" if id(parent) in forward_ran else CALLED_DIRECTLY
     return "ModuleList" if isinstance(parent, nn.ModuleList) else type(parent).__name__
-
-
-def _kept_only_in(rec: StorageRecord, block: str) -> bool:
-    """Every op that saved `rec` for backward ran inside `block`."""
-    return bool(rec.packers) and all(within(m, block) for m in rec.packers)

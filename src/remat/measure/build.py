@@ -14,7 +14,8 @@ import torch
 import torch.nn as nn
 
 from remat.errors import RematError, listing
-from remat.measure.blocks import BlockIO, block_profiles
+from remat.measure.block_io import BlockIO
+from remat.measure.blocks import block_profiles
 from remat.measure.device.cuda_allocator import gpu_reserve
 from remat._torch_compat.distributed import fsdp_gathered
 from remat.measure.loop import optimizer_state, tensors_in
@@ -69,6 +70,7 @@ def build_profile(
     k_fwd, k_bwd = _last_index(tracker, FORWARD), _last_index(tracker, ("backward",))
     at_peak, end_fwd = _breakdown(tracker, k_peak), _breakdown(tracker, k_fwd)
     end_bwd = _breakdown(tracker, k_bwd) if k_bwd >= 0 else end_fwd
+    blocks, call_blocks = block_profiles(tracker, io, live, _freed_before(tracker))
     return StepProfile(
         model=model_name,
         mode=setup.mode,
@@ -89,7 +91,8 @@ def build_profile(
         backward_flops=sum(op.flops for op in ops if op.phase == "backward" and not op.recompute),
         recompute_flops=sum(op.flops for op in ops if op.recompute),
         step_s=step_s,
-        blocks=(blocks := block_profiles(tracker, io, live, _freed_before(tracker))),
+        blocks=blocks,
+        call_blocks=call_blocks,
         timeline=_timeline(tracker, live),
         torch_version=torch.__version__,
         allocation_rounding_bytes=setup.rounding,

@@ -25,7 +25,7 @@ from remat.measure.tracker import Tracker
 from remat.module_tree import children_of, runs_children_in_order, within
 
 if TYPE_CHECKING:
-    from remat.measure.blocks import BlockIO
+    from remat.measure.block_io import BlockIO
 
 
 def uncalled_chains(tracker: Tracker, io: "BlockIO") -> dict[str, list[str]]:

@@ -18,7 +18,7 @@ from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_seq
 from remat import procmem
 from remat.measure import scratch
 from remat.measure.device import cuda_kernels, cuda_workspaces, fake, roofline
-from remat.measure.blocks import BlockIO
+from remat.measure.block_io import BlockIO
 from remat.measure.build import Setup, build_profile, classify, register_state
 from remat.measure.device.cuda_allocator import ROUND
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state

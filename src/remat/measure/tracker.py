@@ -115,6 +115,8 @@ class StorageRecord:
     """Packed by autograd for backward while forward or loss ran."""
     packers: set[str] = field(default_factory=set)
     """Innermost modules running when it was packed (who keeps it)."""
+    packs: list[tuple[int, str]] = field(default_factory=list)
+    """Each time it was packed: the index of the op that saved it, and that innermost module."""
     category: str = ""
     op: str = ""
     """The aten op (packet name) that returned it; "" if no op made it."""
@@ -229,7 +231,8 @@ class Tracker(_SeesResizes):
         rec = self.record_of(t)
         if rec is not None:
             rec.saved = True
-            rec.packers.add(self.current_module())
+            rec.packers.add(module := self.current_module())
+            rec.packs.append((len(self.ops) - 1, module))
         k = self._made_by.get(t)
         if k is not None:
             self.ops[k].packed_by.add(self.current_module())

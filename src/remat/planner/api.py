@@ -318,8 +318,10 @@ def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
 
 def _dp_is_exact(problem: Problem, groups: list[Group]) -> bool:
     """`dp` counts a kept hold (NOTE [The memory model of a plan], Rule 2) as always held: safe, not always the
-    cheapest plan nor the least peak, so a chain with one is planned by the ilp over its units."""
-    return not any(u.kept for u in problem.units if u.group in groups)
+    cheapest plan nor the least peak; and it takes each unit to free its bytes over one span, not one per call of
+    a module called more than once (NOTE [A module called more than once]).  A chain with either is planned by the
+    ilp over its units."""
+    return not any(u.kept or u.calls > 1 for u in problem.units if u.group in groups)
 
 
 @contextlib.contextmanager

@@ -6,8 +6,8 @@ evaluates a choice of them; `dp` and `ilp` make it."""
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -21,84 +21,15 @@ from remat.planner.effects import (
     run_columns,
     shared_outputs,
 )
+from remat.planner.calls import call_units, calls_of
 from remat.planner.holds import Hold, freeable_outputs, freed_outputs, kept_holds, unit_holds
 from remat.planner.rerun import Rerun, rerun_effect, widen
+from remat.planner.unit import Group, Unit
 from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
 
 MAX_SEGMENT = 64  # longest run of siblings considered as one checkpoint
 RUN_CONTAINERS = ("Sequential", "ModuleList", CALLED_DIRECTLY)
 """Containers in which remat.apply wraps a run of several siblings as one checkpoint (Rule 5)."""
-
-
-class Group(NamedTuple):
-    """Sibling candidates, the blocks a run of units is cut from."""
-
-    parent: str
-    """The candidate enclosing them ("" for blocks inside no other candidate)."""
-    container: str
-    """Dotted path of the module that holds them."""
-
-
-@dataclass(frozen=True, slots=True)
-class Unit:
-    """Consecutive sibling blocks wrapped in one checkpoint."""
-
-    blocks: tuple[str, ...]
-    group: Group
-    position: int
-    """Index of the first block in its group."""
-    covers: frozenset[str]
-    """The blocks and every candidate nested in them: no other unit may touch these."""
-    cost_flops: int
-    cost_s: float
-    effects: tuple[Effect, ...]
-    appliable: bool = True
-    """remat.apply can build it: one block, or a run of siblings inside an nn.Sequential or nn.ModuleList."""
-    action: Action = Action.RECOMPUTE
-    """RECOMPUTE (a checkpoint), SELECTIVE (keep some outputs, recompute the rest) or OFFLOAD."""
-    cost_ops: int = 0
-    """Ops re-run: among plans of equal FLOPs, solvers prefer fewer (elementwise ops count 0 FLOPs)."""
-    transfer_bytes: int = 0
-    """Offload: bytes copied to CPU memory and back (`cost_flops` is then a FLOP-equivalent, Rule 6)."""
-    holds: tuple[Hold, ...] = ()
-    """Inputs held that units starting at other blocks may hold too (Rule 2): not in `effects`."""
-    keeps: tuple[str, ...] = ()
-    """A selective unit's variant: the signatures of the ops whose outputs it keeps; () the matmul policy."""
-    moment_bytes: int = 0
-    """Bytes its recomputation adds, at its last block's first backward op, to the most of the elementary interval
-    that starts there (Rule 3, `remat.planner.rerun`): its last effect, of minus this, and not in `reduction_bytes`."""
-    narrow: tuple[Effect, ...] = ()
-    """Effects that would start where no other effect or hold starts or ends (a kept output's hold in a selective
-    cache, Rule 4): `rerun.widen` spreads them over the elementary intervals of the others into `effects`."""
-    spread_bytes: int = 0
-    """What spreading `narrow` added to the sum of `effects` beyond their own bytes: not in `reduction_bytes`."""
-    kept: tuple[Hold, ...] = ()
-    """Inputs autograd keeps for ops outside the unit, which it holds on where a chosen unit frees them
-    (`holds.kept_holds`, `frees`): not in `holds`; `dp` counts them as always held (`reduction_bytes` too)."""
-    frees: tuple[Hold, ...] = ()
-    """The saved outputs the unit frees that another unit may hold as a kept input (`holds.freed_outputs`; bytes 0)."""
-
-    @property
-    def key(self) -> tuple:
-        return (self.action, *self.blocks, *self.keeps)
-
-    @property
-    def cost_ns(self) -> int:
-        """Rule 7: `cost_s` in the whole nanoseconds solvers count (exact sums)."""
-        return round(self.cost_s * 1e9)
-
-    def cost(self, timed: bool) -> tuple[int, int]:
-        """Rule 7: (cost, tie-break): (nanoseconds, FLOPs) when the profile is timed, else (FLOPs, ops re-run)."""
-        return (self.cost_ns, self.cost_flops) if timed else (self.cost_flops, self.cost_ops)
-
-    reduction_bytes: int = field(init=False, compare=False)
-    """Bytes the unit frees while fully held (Rules 1 and 2): its effects less its holds, but for the moment of its
-    recomputation (Rule 3)."""
-
-    def __post_init__(self) -> None:
-        freed = sum(e.bytes for e in (*self.effects, *self.narrow)) - sum(h.bytes for h in (*self.holds, *self.kept))
-        freed += self.moment_bytes + self.spread_bytes
-        object.__setattr__(self, "reduction_bytes", freed)
 
 
 def build_units(
@@ -123,25 +54,70 @@ def build_units(
     by_name = {b.name: b for b in blocks}
     nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
     units: list[Unit] = []
-    per_op = (prof.checkpoint_op_s, prof.selective_op_s)
     live = np.asarray(prof.timeline.live_bytes, dtype=np.int64)
-    moments = live[:0] if prof.parallel == ParallelKind.FSDP else live  # Rule 3: not under FSDP (its NOTE)
     uncalled = set(called_directly(prof))  # Rule 5: recomputed only
-    wanted = freeable_outputs(blocks)  # Rule 2: what kept inputs a chosen checkpoint may free
+    per_call = calls_of(prof, blocks, uncalled)  # NOTE [A module called more than once]
+    build = functools.partial(
+        _group_units,
+        context=_Context(
+            nested,
+            (prof.checkpoint_op_s, prof.selective_op_s),
+            prof.timed,
+            live[:0] if prof.parallel == ParallelKind.FSDP else live,  # Rule 3: not under FSDP (its NOTE)
+            freeable_outputs([*blocks, *(c for calls in per_call.values() for c in calls)]),  # Rule 2
+            uncalled,
+            offload,
+        ),
+    )
     for group, names in groups.items():
-        for i in range(len(names)):
-            units += _runs_from(
-                names, i, max_segment, by_name, group, nested, per_op=per_op, live=moments, wanted=wanted
-            )
-            if names[i] in uncalled:
-                continue
-            units += _make_selective_units(
-                by_name[names[i]], group, i, nested, per_op=per_op, timed=prof.timed, live=moments, wanted=wanted
-            )
-            if offload is not None:
-                units += _make_offload_unit(by_name[names[i]], group, i, nested, *offload, wanted=wanted)
+        if any(n in per_call for n in names):
+            units += call_units(names, per_call, by_name, functools.partial(build, group=group))
+        else:
+            units += build(names, by_name, group=group, max_segment=max_segment)
     units = widen([u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))], live)  # Rule 3
     return units, groups, blocks
+
+
+class _Context(NamedTuple):
+    """What every group's units are built with (`build_units`)."""
+
+    nested: dict[str, frozenset]
+    per_op: tuple[float, float]
+    """(checkpoint_op_s, selective_op_s) (Rule 7)."""
+    timed: bool
+    live: np.ndarray
+    """The live bytes, for Rule 3's moments (empty: none)."""
+    wanted: frozenset
+    """`holds.freeable_outputs`: what kept inputs a chosen checkpoint may free (Rule 2)."""
+    uncalled: set[str]
+    offload: tuple[float, float] | None
+
+
+def _group_units(
+    names: list[str],
+    by_name: dict[str, BlockProfile],
+    *,
+    group: Group,
+    context: _Context,
+    max_segment: int = MAX_SEGMENT,
+    first: int | None = None,
+) -> list[Unit]:
+    """The units of the sibling blocks `names` (`by_name`: their profiles), or only of names[first] alone."""
+    c, units = context, []
+    for i in range(len(names)) if first is None else [first]:
+        units += _runs_from(
+            names, i, 1 if first is not None else max_segment, by_name, group, c.nested,
+            per_op=c.per_op, live=c.live, wanted=c.wanted,
+        )  # fmt: skip
+        b = by_name[names[i]]
+        if names[i] in c.uncalled:
+            continue
+        units += _make_selective_units(
+            b, group, i, c.nested, per_op=c.per_op, timed=c.timed, live=c.live, wanted=c.wanted
+        )  # fmt: skip
+        if c.offload is not None and b.call < 0:  # NOTE [A module called more than once], Rule 4
+            units += _make_offload_unit(b, group, i, c.nested, *c.offload, wanted=c.wanted)
+    return units
 
 
 def _whole_uncalled(unit: Unit, groups: dict[Group, list[str]], blocks: set[str]) -> bool:

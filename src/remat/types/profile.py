@@ -16,9 +16,10 @@ from remat.types._text import render
 from remat.types.kinds import Mode, ParallelKind, Step
 from remat.types.profile_versions import UPGRADES
 from remat.types.reserve import GpuReserve
+from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 10
+PROFILE_VERSION = 11
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -229,33 +230,8 @@ class BlockProfile:
     selective_kept_made: list[list[int]] = field(default_factory=list)
     selective_kept_outside: list[list[int]] = field(default_factory=list)
     """`SelectiveVariant.kept_made` and `kept_outside` of the policy keeping matmul, convolution and attention outputs."""
-
-
-@dataclass(frozen=True, slots=True)
-class Timeline:
-    """Live tensor bytes after each tracked op, with the phase and module running then.
-
-    Columnar so that the JSON of a large step stays small; `modules` are indices
-    into `module_names`.
-    """
-
-    live_bytes: list[int] = field(default_factory=list)
-    phases: list[str] = field(default_factory=list)
-    modules: list[int] = field(default_factory=list)
-    module_names: list[str] = field(default_factory=list)
-
-    def __len__(self) -> int:
-        return len(self.live_bytes)
-
-    def phase_spans(self) -> list[tuple[str, int, int]]:
-        """[(phase, first index, last index + 1)] in order."""
-        spans: list[tuple[str, int, int]] = []
-        for i, ph in enumerate(self.phases):
-            if spans and spans[-1][0] == ph:
-                spans[-1] = (ph, spans[-1][1], i + 1)
-            else:
-                spans.append((ph, i, i + 1))
-        return spans
+    call: int = -1
+    """-1: all its calls (`StepProfile.blocks`); k >= 0: its k-th forward call alone (`StepProfile.call_blocks`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,6 +271,9 @@ class StepProfile:
     """Wall seconds of the tracked step, tracking included (0.0 in fake mode); the step's own are `step_time_s`."""
     blocks: list[BlockProfile]
     timeline: Timeline
+    call_blocks: list[BlockProfile] = field(default_factory=list)
+    """Each call of a candidate whose forward ran more than once (ALBERT's shared layer), as its own block
+    (NOTE [A module called more than once] in `remat.measure.calls`), in the order of `blocks` and of the calls."""
     torch_version: str = ""
     allocation_rounding_bytes: int = 1
     """Every storage counted rounded up to this (512 for the CUDA caching allocator)."""
@@ -388,6 +367,7 @@ class StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])
             data["end_of_forward"] = Breakdown(**data["end_of_forward"])
             data["blocks"] = [_block(b) for b in data["blocks"]]
+            data["call_blocks"] = [_block(b) for b in data.get("call_blocks", [])]
             data["timeline"] = Timeline(**data["timeline"])
             data["gpu_reserve"] = GpuReserve(**data["gpu_reserve"]) if data.get("gpu_reserve") else None
             return cls(**data)

@@ -15,6 +15,7 @@ for `remat.types._json.load`).  What each version added:
    (`SelectiveVariant.kept_made`, `kept_outside`; `BlockProfile.selective_kept_made`, `selective_kept_outside`).
 10: the inputs a checkpoint holds that autograd keeps for ops outside it, and the tensors a block outputs
    (`BlockProfile.kept_inputs`, `output_keys`).
+11: each call of a module called more than once, as its own block (`StepProfile.call_blocks`, `BlockProfile.call`).
 """
 
 from __future__ import annotations
@@ -51,9 +52,11 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     7: dict,
     8: dict,
     9: dict,
+    10: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
 timeline's figure there; version 8 as 9, without what a selective checkpoint's cache gives and holds: read as
 none, its recomputation's moment is not predicted; version 9 as 10, without kept inputs: read as none, a
-checkpoint holding an output another one frees is not predicted)."""
+checkpoint holding an output another one frees is not predicted; version 10 as 11, without the calls of a module
+called more than once: such a module is planned from all its calls at once, as before)."""

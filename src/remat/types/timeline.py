@@ -1,0 +1,32 @@
+"""The live bytes of a step, op by op (`StepProfile.timeline`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Timeline:
+    """Live tensor bytes after each tracked op, with the phase and module running then.
+
+    Columnar so that the JSON of a large step stays small; `modules` are indices
+    into `module_names`.
+    """
+
+    live_bytes: list[int] = field(default_factory=list)
+    phases: list[str] = field(default_factory=list)
+    modules: list[int] = field(default_factory=list)
+    module_names: list[str] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.live_bytes)
+
+    def phase_spans(self) -> list[tuple[str, int, int]]:
+        """[(phase, first index, last index + 1)] in order."""
+        spans: list[tuple[str, int, int]] = []
+        for i, ph in enumerate(self.phases):
+            if spans and spans[-1][0] == ph:
+                spans[-1] = (ph, spans[-1][1], i + 1)
+            else:
+                spans.append((ph, i, i + 1))
+        return spans
