@@ -1,7 +1,7 @@
 """The solvers against brute force on small random models (issue 13: "least means least").
 
-Hypothesis draws a module tree: a stem, 2-4 blocks (plain, residual, or an nn.Sequential of two
-sub-blocks), a head, and either an nn.Sequential of the blocks or an nn.ModuleList with skip
+Hypothesis draws a module tree: a stem, 2-4 blocks (plain, residual, an nn.Sequential of two
+sub-blocks, one with a Dropout after a ReLU, or one MLP applied twice), a head, and either an nn.Sequential of the blocks or an nn.ModuleList with skip
 connections from earlier blocks' outputs (U-Net style).  Each model is profiled for real, and over
 every compatible set of the problem's units:
 - the frontier ends at the least peak any set reaches;
@@ -40,6 +40,17 @@ class Residual(nn.Module):
         return x + torch.tanh(self.body(x))
 
 
+class Twice(nn.Module):
+    """One body applied twice: a module called more than once per step (NOTE [A module called more than once])."""
+
+    def __init__(self, body: nn.Module):
+        super().__init__()
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x + torch.tanh(self.body(x)))
+
+
 class Tree(nn.Module):
     """stem -> blocks -> head; with `skips` {to: from}, block `to` takes block `from`'s output added in."""
 
@@ -68,13 +79,15 @@ def trees(draw):
     blocks = []
     for _ in range(n):
         hidden = WIDTH * draw(st.sampled_from([1, 2, 4]))
-        kind = draw(st.sampled_from(["plain", "residual", "nested", "dropout"]))
+        kind = draw(st.sampled_from(["plain", "residual", "nested", "dropout", "twice"]))
         if kind == "plain":
             blocks.append(_mlp(WIDTH, hidden))
         elif kind == "dropout":  # the ReLU saves the output the Dropout reads (kept inputs, Rule 2)
             blocks.append(nn.Sequential(nn.Linear(WIDTH, hidden), nn.ReLU(), nn.Dropout(0.1), nn.Linear(hidden, WIDTH)))
         elif kind == "residual":
             blocks.append(Residual(_mlp(WIDTH, hidden)))
+        elif kind == "twice":
+            blocks.append(Twice(_mlp(WIDTH, hidden)))
         else:
             blocks.append(nn.Sequential(Residual(_mlp(WIDTH, hidden)), _mlp(WIDTH, hidden)))
     sequential = draw(st.booleans())
