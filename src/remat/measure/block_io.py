@@ -96,11 +96,17 @@ class BlockIO:
         span = spans[k]
         span[1] = len(self.tracker.ops)
         self.call_io.setdefault(name, {})[k] = (self.inputs[name], self.grad_inputs[name], self.outputs[name])
-        made = [t for t in tree_flatten(_flatten_output(out))[0] if isinstance(t, torch.Tensor) and t.requires_grad]
-        if made:
-            self._grad_hooks.append(register_multi_grad_hook(made, functools.partial(self._entered_backward, span)))
+        given = {id(t) for t in tensors}
+        made = [
+            t
+            for t in tree_flatten(_flatten_output(out))[0]
+            if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in given
+        ]
+        if made:  # "any": at the first gradient, holding none (mode "all" keeps each until the last one comes)
+            hook = functools.partial(self._entered_backward, span)
+            self._grad_hooks.append(register_multi_grad_hook(made, hook, mode="any"))
 
-    def _entered_backward(self, span: list[int], grads) -> None:
+    def _entered_backward(self, span: list[int], grad) -> None:
         if span[2] < 0:
             span[2] = len(self.tracker.ops)
 

@@ -89,11 +89,13 @@ def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
     Exact: no unit's other effects or holds change inside those intervals.  A narrow effect stays as it is in the
     interval of a moment that raises its most, of another narrow effect of its unit, or of another block's: two
     added there apart can sum to more, or less, than the two at once."""
-    own = [u.effects[:-1] if u.moment_bytes else u.effects for u in units]
+    single = [bool(u.moment_bytes) and u.calls == 1 for u in units]  # a unit of several calls (`planner.calls`) has
+    # one moment per call among its effects: they stay there, each over its one op (exact, a few more intervals)
+    own = [u.effects[:-1] if one else u.effects for u, one in zip(units, single)]
     spans = [s for u, effects in zip(units, own) for s in (*effects, *u.holds, *u.kept)]
     spans += [Effect(n.end, n.end, 0) for u in units for n in u.narrow]  # where the cache lets go: kept as bounds
     bounds = np.array(breakpoints(spans, len(live)), dtype=np.int64)
-    widened = {k: _moment(u, bounds, live) for k, u in enumerate(units) if u.moment_bytes}
+    widened = {k: _moment(u, bounds, live) for k, u in enumerate(units) if single[k]}
     moments = {units[k].effects[-1].start for k, (_, v) in widened.items() if v}
     inside: dict[int, list] = {}  # the blocks of each narrow effect starting inside each interval, per unit
     for u in units:
@@ -107,12 +109,12 @@ def widen(units: list["Unit"], live: np.ndarray) -> list["Unit"]:
         widened = {k: _moment(units[k], bounds, live) for k in widened}
     out = []
     for k, (u, effects, stay) in enumerate(zip(units, own, kept)):
-        if not (u.moment_bytes or u.narrow):
+        if not (single[k] or u.narrow):
             out.append(u)
             continue
         spread = tuple(e for n in u.narrow if n not in stay for e in _spread(n, bounds, live))
         extra = sum(n.bytes for n in u.narrow if n not in stay) - sum(e.bytes for e in spread)
-        moment, v = widened.get(k, ((), 0))
+        moment, v = widened[k] if single[k] else ((), -u.moment_bytes)
         u = dataclasses.replace(
             u, effects=(*effects, *stay, *spread, *moment), moment_bytes=-v, narrow=(), spread_bytes=extra
         )
