@@ -57,6 +57,7 @@ def test_every_plan_of_a_module_called_three_times_is_predicted_to_the_byte_of_i
     problem = Problem.from_profile(prof)
     units = [u for u in problem.units if u.appliable and u.action != Action.OFFLOAD]
     assert {u.blocks for u in units if u.calls == 3} >= {("block.0", "block.1"), ("block.1", "block.2")}
+    assert all(len(u.blocks) == 1 for u in Problem.from_profile(prof, max_segment=1).units)  # max_segment holds too
     for chosen in _compatible_sets(units):
         remat.apply(model, make_plan(prof, problem, chosen, "ilp", None))
         try:

@@ -71,7 +71,9 @@ def build_units(
     )
     for group, names in groups.items():
         if any(n in per_call for n in names):
-            units += call_units(names, per_call, by_name, functools.partial(build, group=group))
+            units += call_units(
+                names, per_call, by_name, functools.partial(build, group=group, max_segment=max_segment)
+            )
         else:
             units += build(names, by_name, group=group, max_segment=max_segment)
     units = widen([u for u in units if not _whole_uncalled(u, groups, uncalled & set(by_name))], live)  # Rule 3
