@@ -10,9 +10,8 @@ import torch
 import torch.nn as nn
 
 import remat
-from test_random_trees import _compatible_sets  # every set of units no two of which touch one block
+from test_random_trees import _compatible_sets, assert_predicted_to_the_byte
 from remat.planner.problem import Problem
-from remat.planner.result import make_plan
 from remat.types import Action
 
 
@@ -32,13 +31,7 @@ def test_every_plan_of_a_relu_then_dropout_is_predicted_to_the_byte_of_its_step(
     sets = _compatible_sets(units)
     both = [s for s in sets if any(u.kept for u in s) and any(u.frees for u in s)]
     assert both, "no plan checkpoints the ReLU and the Dropout apart"
-    for chosen in sets:
-        remat.apply(model, make_plan(prof, problem, chosen, "ilp", None))
-        try:
-            step = remat.profile(model, x, mode="fake").peak_bytes
-        finally:
-            remat.remove(model)
-        assert problem.peak(chosen) == step, [u.blocks for u in chosen]
+    assert_predicted_to_the_byte(model, x, prof, problem, sets)
 
 
 def test_the_least_plan_of_relu_dropout_blocks_fits_its_budget_by_the_process():

@@ -12,9 +12,9 @@ import torch
 import torch.nn as nn
 
 import remat
-from test_random_trees import _compatible_sets  # every set of units no two of which touch one block
+from remat import zoo
+from test_random_trees import _compatible_sets, assert_predicted_to_the_byte
 from remat.planner.problem import Problem
-from remat.planner.result import make_plan
 from remat.types import Action
 
 
@@ -58,33 +58,12 @@ def test_every_plan_of_a_module_called_three_times_is_predicted_to_the_byte_of_i
     units = [u for u in problem.units if u.appliable and u.action != Action.OFFLOAD]
     assert {u.blocks for u in units if u.calls == 3} >= {("block.0", "block.1"), ("block.1", "block.2")}
     assert all(len(u.blocks) == 1 for u in Problem.from_profile(prof, max_segment=1).units)  # max_segment holds too
-    for chosen in _compatible_sets(units):
-        remat.apply(model, make_plan(prof, problem, chosen, "ilp", None))
-        try:
-            step = remat.profile(model, x, mode="fake").peak_bytes
-        finally:
-            remat.remove(model)
-        assert problem.peak(chosen) == step, [u.blocks for u in chosen]
-
-
-def _albert():
-    transformers = pytest.importorskip("transformers")
-    config = transformers.AlbertConfig(
-        vocab_size=2000,
-        embedding_size=64,
-        hidden_size=128,
-        num_hidden_layers=6,
-        num_attention_heads=4,
-        intermediate_size=512,
-        max_position_embeddings=128,
-    )
-    torch.manual_seed(0)
-    ids = torch.randint(0, 2000, (8, 128))
-    return transformers.AlbertForMaskedLM(config), {"input_ids": ids, "labels": ids}
+    assert_predicted_to_the_byte(model, x, prof, problem, _compatible_sets(units))
 
 
 def test_albert_s_shared_layer_is_checkpointed_and_its_least_plan_fits_by_the_process_counter():
-    model, batch = _albert()
+    pytest.importorskip("transformers")
+    model, batch = zoo.albert(n_layer=6, hidden=128, seq=128, batch=8)
     adam = lambda ps: torch.optim.Adam(ps)  # noqa: E731
     prof = remat.profile(model, batch, optimizer=adam, timed=False)
     layer = "albert.encoder.albert_layer_groups.0.albert_layers.0"

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 import remat
 from remat.planner import dp
 from remat.planner.problem import Problem
+from remat.planner.result import make_plan
 
 WIDTH = 32
 BATCH = 64
@@ -114,6 +115,18 @@ def _compatible_sets(units):
 
     walk(0, [], frozenset())
     return out
+
+
+def assert_predicted_to_the_byte(model, x, prof, problem, sets) -> None:
+    """Each set of `problem`'s units, as a plan applied to `model`, peaks in its fake-mode step (input `x`) at exactly
+    the bytes `problem` predicts for it."""
+    for chosen in sets:
+        remat.apply(model, make_plan(prof, problem, chosen, "ilp", None))
+        try:
+            step = remat.profile(model, x, mode="fake").peak_bytes
+        finally:
+            remat.remove(model)
+        assert problem.peak(chosen) == step, [u.blocks for u in chosen]
 
 
 def _stated_min(prof, solver: str) -> int | None:

@@ -77,6 +77,34 @@ def bert(
     return model, {"input_ids": ids, "labels": ids}
 
 
+def albert(
+    n_layer: int = 6,
+    hidden: int = 128,
+    heads: int = 4,
+    seq: int = 128,
+    batch: int = 8,
+    vocab: int = 2000,
+    *,
+    embedding: int = 64,
+):
+    """ALBERT for masked LM (Hugging Face AlbertForMaskedLM) and labels: one layer whose weights all `n_layer` calls
+    share, its forward run `n_layer` times a step (NOTE [A module called more than once])."""
+    tf = _hf()
+    torch.manual_seed(0)
+    cfg = tf.AlbertConfig(
+        vocab_size=vocab,
+        embedding_size=embedding,
+        hidden_size=hidden,
+        num_hidden_layers=n_layer,
+        num_attention_heads=heads,
+        intermediate_size=4 * hidden,
+        max_position_embeddings=seq,
+    )
+    model = tf.AlbertForMaskedLM(cfg)
+    ids = torch.randint(0, vocab, (batch, seq))
+    return model, {"input_ids": ids, "labels": ids}
+
+
 def llama(
     n_layer: int = 4,
     hidden: int = 256,

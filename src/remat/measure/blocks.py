@@ -47,9 +47,8 @@ def block_profiles(
 
 def _previous(block: "_Block", blocks: dict[str, "_Block"]) -> "_Block | None":
     """The module of the same container that ran just before `block`, if any."""
-    same = [m for m in block.siblings if parent_name(m) == parent_name(block.name)]
-    k = same.index(block.name)
-    return blocks[same[k - 1]] if k > 0 else None
+    name = block.previous_name()
+    return blocks[name] if name is not None else None
 
 
 @dataclass
@@ -67,6 +66,12 @@ class _Block:
     """The one forward call it describes (NOTE [A module called more than once] in `remat.measure.calls`), -1: all."""
     ranges: tuple[range, ...] = ()
     """The timeline's ops of that call, its forward and its backward; () for all its calls."""
+
+    def previous_name(self) -> str | None:
+        """The module of the same container that ran just before this one, if any."""
+        same = [m for m in self.siblings if parent_name(m) == parent_name(self.name)]
+        k = same.index(self.name)
+        return same[k - 1] if k > 0 else None
 
     def one_call(self, call: int, ranges: tuple[range, ...]) -> "_Block":
         """This module's `call`-th forward call alone, whose ops are `ranges` (NOTE [A module called more than once])."""
@@ -225,7 +230,7 @@ class _Block:
                 for r in self.tracker.records
                 if r.saved
                 and r.category in ("inputs", "activations", "temporaries")
-                and any(within(m, self.name) for m in r.packers)
+                and any(within(m, self.name) for _, m in r.packs)
             ),
         )
 
@@ -255,7 +260,7 @@ class _Block:
             for r in self.inputs
             if r.saved
             and r.category in ("activations", "temporaries")
-            and r.packers
+            and r.packs
             and not any(self._here(step, m) for step, m in r.packs)
         ]
 

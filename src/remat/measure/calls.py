@@ -26,7 +26,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from remat.module_tree import parent_name
 from remat.types import BlockProfile
 
 if TYPE_CHECKING:
@@ -65,7 +64,6 @@ def call_profiles(blocks: dict[str, "_Block"], profiles: list[BlockProfile], tim
 
 def _previous_calls(block: "_Block", made: dict[str, list], n: int) -> list | None:
     """The calls of the module of the same container that ran just before `block`, if it ran as often."""
-    same = [m for m in block.siblings if parent_name(m) == parent_name(block.name)]
-    k = same.index(block.name)
-    before = made.get(same[k - 1]) if k > 0 else None
+    name = block.previous_name()
+    before = made.get(name) if name is not None else None
     return before if before is not None and len(before) == n else None

@@ -113,10 +113,9 @@ class StorageRecord:
     """First op index at which it is no longer live; None if alive at the end."""
     saved: bool = False
     """Packed by autograd for backward while forward or loss ran."""
-    packers: set[str] = field(default_factory=set)
-    """Innermost modules running when it was packed (who keeps it)."""
     packs: list[tuple[int, str]] = field(default_factory=list)
-    """Each time it was packed: the index of the op that saved it, and that innermost module."""
+    """Each time it was packed: the index of the op that saved it, and the innermost module running then (who keeps
+    it)."""
     category: str = ""
     op: str = ""
     """The aten op (packet name) that returned it; "" if no op made it."""
@@ -231,8 +230,7 @@ class Tracker(_SeesResizes):
         rec = self.record_of(t)
         if rec is not None:
             rec.saved = True
-            rec.packers.add(module := self.current_module())
-            rec.packs.append((len(self.ops) - 1, module))
+            rec.packs.append((len(self.ops) - 1, self.current_module()))
         k = self._made_by.get(t)
         if k is not None:
             self.ops[k].packed_by.add(self.current_module())
