@@ -10,7 +10,9 @@ import torch
 import torch.nn as nn
 
 import remat
-from test_random_trees import _compatible_sets, assert_predicted_to_the_byte
+from remat import zoo
+from test_random_trees import _compatible_sets, _stated_min, assert_predicted_to_the_byte
+from remat.planner import ilp
 from remat.planner.problem import Problem
 from remat.types import Action
 
@@ -47,3 +49,26 @@ def test_the_least_plan_of_relu_dropout_blocks_fits_its_budget_by_the_process():
     report = remat.verify(model, x, least, optimizer=adam)
     assert report.ok, str(report)
     assert report.independent_peak_bytes <= least.budget_bytes * 1.005, str(report)
+
+
+def test_dp_plans_a_chain_with_a_kept_input_at_the_cheapest_without_the_ilp(monkeypatch):
+    """Report 001's chain ends in a Sigmoid, whose input the last ReLU keeps: that one hold sent the whole chain
+    from dp to the ilp, 35 s and 184 s a plan at 50% and 70% on the chain of its benchmark (65 blocks; dp: 0.5 s;
+    found 2026-11-28).  dp plans it in two passes, without the hold and with it (`remat.planner.chain`): at every budget
+    a plan reaches, the cheapest plan, and the least peak of all."""
+    model, x = zoo.chain_report001(width=32, blocks=3, batch=256)
+    prof = remat.profile(model, x, mode="fake")
+    problem = Problem.from_profile(prof)
+    assert [u.blocks for u in problem.units if u.kept] == [("6",)]  # the Sigmoid, on its own
+    sets = _compatible_sets([u for u in problem.units if problem.is_useful(u)])
+    peaks = [problem.peak(s) for s in sets]
+    solved = []
+    monkeypatch.setattr(ilp, "solve", lambda *a, **k: solved.append(a) or [])
+    monkeypatch.setattr(ilp, "min_peak", lambda *a, **k: solved.append(a) or 0)
+    assert _stated_min(prof, "dp") == min(peaks)
+    for budget in sorted({p for p in peaks if p < prof.peak_bytes}):
+        chosen = remat.plan(prof, budget, solver="dp")
+        assert chosen.peak_bytes <= budget
+        cheapest = min(problem.cost(s) for s, p in zip(sets, peaks) if p <= budget)  # ns: the profile is timed
+        assert abs(round(chosen.recompute_s * 1e9) - cheapest) <= len(chosen.segments) + len(chosen.selective)
+    assert not solved, "the ilp was asked"

@@ -9,10 +9,10 @@ import gc
 from collections.abc import Iterator
 
 from remat.errors import InfeasibleBudget, RematError
-from remat.planner import dp, ilp
+from remat.planner import chain, dp, ilp
 from remat.planner.budget import parse_budget, parse_rate
 from remat.planner.order import in_stable_order
-from remat.planner.problem import MAX_SEGMENT, Group, NotAChain, Problem, Unit, chain_group
+from remat.planner.problem import MAX_SEGMENT, NotAChain, Problem, Unit, chain_group
 from remat.planner.recipes import chen_units
 from remat.planner.result import already_checkpointed_note, keep_all, make_plan
 from remat.types import Plan, Solver, StepProfile
@@ -283,19 +283,7 @@ def _solve(problem: Problem, solver: Solver, budget: int, time_limit_s: float) -
         if solver == Solver.CHEN:
             chosen = chen_units(problem, chain_group(problem))
             return chosen if problem.peak(chosen) <= budget else None
-        return _chain_plan(problem, budget, dp.planned_groups(problem), time_limit_s)
-
-
-def _chain_plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
-    """dp's segmentation of the chain; where its one number of bytes freed so far was too hopeful (an output
-    freed only from a read after its segment: a long skip connection, `dp`'s docstring), the ilp over the same
-    chain's units, which evaluates every interval exactly; and that ilp where `dp` is not exact (`_dp_is_exact`)."""
-    if not _dp_is_exact(problem, groups):
-        return ilp.solve(problem.within(groups), budget, time_limit_s)
-    chosen = dp.solve(problem, budget, groups)
-    if chosen is None or problem.peak(chosen) <= budget:
-        return chosen
-    return ilp.solve(problem.within(groups), budget, time_limit_s)
+        return chain.plan(problem, budget, dp.planned_groups(problem), time_limit_s)
 
 
 def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
@@ -307,21 +295,7 @@ def _min_bytes(problem: Problem, solver: Solver, time_limit_s: float) -> int:
     with _needs_a_chain(solver):
         if solver == Solver.CHEN:
             return problem.peak(chen_units(problem, chain_group(problem)))
-        groups = dp.planned_groups(problem)
-        if not _dp_is_exact(problem, groups):
-            return ilp.min_peak(problem.within(groups), time_limit_s)
-        least = dp.min_peak(problem, groups)
-        if _chain_plan(problem, least, groups, time_limit_s) is not None:
-            return least
-        return ilp.min_peak(problem.within(groups), time_limit_s)  # dp's least was too hopeful: `_chain_plan`
-
-
-def _dp_is_exact(problem: Problem, groups: list[Group]) -> bool:
-    """`dp` counts a kept hold (NOTE [The memory model of a plan], Rule 2) as always held: safe, not always the
-    cheapest plan nor the least peak; and it takes each unit to free its bytes over one span, not one per call of
-    a module called more than once (NOTE [A module called more than once]).  A chain with either is planned by the
-    ilp over its units."""
-    return not any(u.kept or u.calls > 1 for u in problem.units if u.group in groups)
+        return chain.min_peak(problem, dp.planned_groups(problem), time_limit_s)
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ bytes from its segment's end until its backward.  An output freed only from a la
 skip connection: Rule 1) frees less before that read, so there R is too hopeful and a plan can
 come out over budget (seen: 364 bytes over, by the exact evaluation); a shared hold counted as
 each holder's own (`Problem.stacked_table`) errs the other, safe way.  `remat.plan` checks every
-dp plan exactly and then plans that chain with the ilp over the same units (`api._chain_plan`).
+dp plan exactly and then plans that chain with the ilp over the same units (`remat.planner.chain.plan`).
 """
 
 from __future__ import annotations
@@ -41,13 +41,16 @@ class _Step(NamedTuple):
     tie: int
 
 
-def solve(problem: Problem, budget_bytes: int, groups: list[Group] | None = None) -> list[Unit] | None:
+def solve(
+    problem: Problem, budget_bytes: int, groups: list[Group] | None = None, *, kept: bool = True
+) -> list[Unit] | None:
     """The cheapest units of the chain (`groups`, by default `planned_groups`) that fit the budget, or None.
 
     fronts[i] holds the Pareto-optimal ways to settle blocks 0..i-1 as numpy columns: cost and its
     tie-break (`Problem.cost_of`), bytes freed, and a back link (position, row, unit).
-    Every choice shifts a suffix of a front at once: a 100-stage chain is ~4,400 choices."""
-    chain = _chain(problem, groups or planned_groups(problem))
+    Every choice shifts a suffix of a front at once: a 100-stage chain is ~4,400 choices.  With `kept` False, the
+    kept holds (NOTE [The memory model of a plan], Rule 2) are left out: a hopeful plan, to be checked exactly."""
+    chain = _chain(problem, groups or planned_groups(problem), kept)
     if not chain.feasible(budget_bytes):
         return None
     # No interval needs more than max(L) - budget freed; past that (plus what later units can take
@@ -122,12 +125,12 @@ class _Front:
         return cls(cost[rows], tie[rows], freed[keep], back_pos[rows], back_row[rows], unit[rows])
 
 
-def min_peak(problem: Problem, groups: list[Group] | None = None) -> int:
+def min_peak(problem: Problem, groups: list[Group] | None = None, *, kept: bool = True) -> int:
     """The least peak any segmentation of the chain reaches (binary search on feasibility).
 
     Feasibility alone needs no costs: the most bytes freed so far dominates, so each probe
-    is one pass over the chain's choices."""
-    chain = _chain(problem, groups or planned_groups(problem))
+    is one pass over the chain's choices.  `kept` as in `solve`."""
+    chain = _chain(problem, groups or planned_groups(problem), kept)
     hi = max(problem.interval_max)
     lo = min(0, min(problem.interval_max) - sum(max(0, u.reduction_bytes) for u in problem.units))
     while lo < hi:
@@ -142,7 +145,7 @@ def min_peak(problem: Problem, groups: list[Group] | None = None) -> int:
 class _Chain:
     """One chain of blocks: its units by start position, and what each choice needs (budget-free parts)."""
 
-    def __init__(self, problem: Problem, groups: list[Group]):
+    def __init__(self, problem: Problem, groups: list[Group], kept: bool):
         names, starting = _chain_units(problem, groups)
         self.n = len(names)
         slots = _slots(problem, names, starting)
@@ -154,6 +157,7 @@ class _Chain:
         self.offsets = np.cumsum([0] + [len(x) for x in per_block])
         flat = np.concatenate(per_block) if per_block else np.zeros(0, dtype=np.int64)
         keep_need = [int(mem[x].max()) if len(x) else -(2**62) for x in per_block]
+        table = problem.stacked_table if kept else problem.hopeful_table
         # (j, unit, need before the budget is subtracted), per start position
         self.options: list[list[tuple[int, Unit | None, int]]] = []
         self.problem = problem
@@ -166,7 +170,7 @@ class _Chain:
                 if len(idx) == 0:
                     opts.append((j, unit, -(2**62)))
                     continue
-                k0, a = problem.stacked_table[problem.position(unit)]  # shared holds once per holder: safe
+                k0, a = table[problem.position(unit)]  # shared holds once per holder: safe
                 inside = (idx >= k0) & (idx < k0 + len(a))
                 freed = np.zeros(len(idx), dtype=np.int64)
                 freed[inside] = a[idx[inside] - k0]
@@ -225,13 +229,13 @@ def planned_groups(problem: Problem) -> list[Group]:
     return line(problem) or [chain_group(problem)]
 
 
-def _chain(problem: Problem, groups: list[Group]) -> "_Chain":
+def _chain(problem: Problem, groups: list[Group], kept: bool) -> "_Chain":
     """The chain of `groups`, built once per problem (`Problem.solver_cache`): it does not depend on the budget, and
     a frontier solves the same problem at up to 64 budgets (~75 ms each on a 100-stage chain)."""
     built = problem.solver_cache
-    key = tuple(groups)
+    key = (*groups, kept)
     if key not in built:
-        built[key] = _Chain(problem, groups)
+        built[key] = _Chain(problem, groups, kept)
     return built[key]
 
 

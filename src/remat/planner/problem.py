@@ -74,7 +74,11 @@ NOTE [The memory model of a plan]
             edge and changed more with noise).  Predicted seconds are not noisy: no slack.
   Rule 9. Plans of one cost, tie-break and peak are put in a stable order (`remat.planner.order`).
   The model is conservative inside a checkpointed block's own forward (its
-  intermediate tensors are counted as if saved).  docs/benchmarks.md compares it with measurements.
+  intermediate tensors are counted as if saved), and in a recomputed block's backward by at most the bytes of a
+  gradient that autograd reduces to an input's shape (a Linear's bias): the unplanned step frees a node's saved
+  tensors after that reduction (`sum_to`, when the node's outputs are checked), a recomputed one is gone before it,
+  the node having held the only reference (found 2026-11-28 on a layer called twice: 256 bytes over, never under).
+  docs/benchmarks.md compares it with measurements.
 """
 
 from __future__ import annotations
@@ -193,10 +197,22 @@ class Problem:
     @cached_property
     def stacked_table(self) -> list[tuple[int, np.ndarray]]:
         """coefficient_table with each unit's shared and kept holds counted as its own: what `dp` plans with."""
-        if not any(u.holds or u.kept for u in self.units):
+        return self._stacked(kept=True)
+
+    @cached_property
+    def hopeful_table(self) -> list[tuple[int, np.ndarray]]:
+        """stacked_table without the kept holds (Rule 2), which only add bytes: what `dp`'s hopeful pass plans with
+        (`remat.planner.chain.plan`)."""
+        return self._stacked(kept=False)
+
+    def _stacked(self, kept: bool) -> list[tuple[int, np.ndarray]]:
+        if not any(u.holds or (kept and u.kept) for u in self.units):
             return self.coefficient_table
         return self._table(
-            [(*u.effects, *((h.start, h.end, -h.bytes) for h in (*u.holds, *u.kept))) for u in self.units]
+            [
+                (*u.effects, *((h.start, h.end, -h.bytes) for h in (*u.holds, *(u.kept if kept else ()))))
+                for u in self.units
+            ]
         )
 
     @cached_property

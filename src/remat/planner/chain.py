@@ -1,0 +1,66 @@
+"""A chain's plan (the groups `dp.planned_groups` finds): dp's, checked by the exact evaluation, and the ilp over
+the chain's units where dp's model is not the plan's."""
+
+from __future__ import annotations
+
+from remat.planner import dp, ilp
+from remat.planner.problem import Group, Problem, Unit
+
+
+def plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
+    """dp's segmentation of the chain; where its one number of bytes freed so far was too hopeful (an output
+    freed only from a read after its segment: a long skip connection, `dp`'s docstring), the ilp over the same
+    chain's units, which evaluates every interval exactly.  The ilp too where dp's model is not the plan's: a module
+    called more than once (dp takes each unit to free its bytes over one span, not one per call:
+    NOTE [A module called more than once]), and inputs autograd keeps for others' ops that dp's two passes do not settle
+    (`_kept_plan`)."""
+    if _many_calls(problem, groups):
+        return ilp.solve(problem.within(groups), budget, time_limit_s)
+    if _has_kept(problem, groups):
+        return _kept_plan(problem, budget, groups, time_limit_s)
+    chosen = dp.solve(problem, budget, groups)
+    if chosen is None or problem.peak(chosen) <= budget:
+        return chosen
+    return ilp.solve(problem.within(groups), budget, time_limit_s)
+
+
+def _kept_plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
+    """A chain whose checkpoints may hold inputs autograd keeps for others' ops (NOTE [The memory model of a plan],
+    Rule 2), by dp twice: without those holds (hopeful: no dearer than any plan dp makes with them) and with
+    them always held (safe, not always the cheapest).  The hopeful plan if it fits by the exact evaluation; else
+    the safe one if it fits and costs no more; else the ilp's.  On report 001's chain (65 blocks, a Sigmoid's input
+    its one kept hold) the ilp took 35 s and 184 s a plan at 50% and 70%, dp 0.5 s (2026-11-28)."""
+    hopeful = dp.solve(problem, budget, groups, kept=False)
+    if hopeful is None or problem.peak(hopeful) <= budget:
+        return hopeful  # None: no plan of the chain fits, even without the holds
+    safe = dp.solve(problem, budget, groups)
+    if safe is not None and problem.peak(safe) <= budget and _costs(problem, safe) == _costs(problem, hopeful):
+        return safe
+    return ilp.solve(problem.within(groups), budget, time_limit_s)
+
+
+def _costs(problem: Problem, chosen: list[Unit]) -> tuple[int, int]:
+    return problem.cost(chosen), problem.tie(chosen)
+
+
+def _has_kept(problem: Problem, groups: list[Group]) -> bool:
+    return any(u.kept for u in problem.units if u.group in groups)
+
+
+def _many_calls(problem: Problem, groups: list[Group]) -> bool:
+    return any(u.calls > 1 for u in problem.units if u.group in groups)
+
+
+def min_peak(problem: Problem, groups: list[Group], time_limit_s: float) -> int:
+    """The least peak a plan of the chain reaches: dp's, where a plan reaches it by the exact evaluation; else the
+    ilp's over the chain's units (dp was too hopeful, or its model is not the plan's: `plan`)."""
+    if _many_calls(problem, groups):
+        return ilp.min_peak(problem.within(groups), time_limit_s)
+    if _has_kept(problem, groups):  # the hopeful least, where a plan reaches it by the exact evaluation
+        least = dp.min_peak(problem, groups, kept=False)
+        hopeful = dp.solve(problem, least, groups, kept=False)
+        reached = hopeful is not None and problem.peak(hopeful) <= least
+    else:
+        least = dp.min_peak(problem, groups)
+        reached = plan(problem, least, groups, time_limit_s) is not None
+    return least if reached else ilp.min_peak(problem.within(groups), time_limit_s)  # dp was too hopeful
