@@ -176,3 +176,23 @@ def test_packed_position_ids_keep_their_mask_in_a_fake_step():
     fake = remat.profile(model, inputs, mode="fake")
     assert fake.peak_bytes == remat.profile(model, inputs).peak_bytes
     assert any("pack several sequences per row" in n for n in fake.notes)
+
+
+def test_a_float32_mixture_of_experts_profiles_in_fake_mode_at_its_real_peak():
+    """transformers 5's experts run one grouped matmul (`aten._grouped_mm`), whose meta kernel refuses float32 where
+    the kernels run it: the fake step raised "Expected inputs of BF16 type" (NOTE [A meta kernel stricter than its
+    kernel]).  Outside remat's fake step torch's own meta kernel still decides."""
+    pytest.importorskip("transformers")
+    from architectures import moe
+
+    model, inputs = moe()
+    real = remat.profile(model, inputs)
+    fake = remat.profile(model, inputs, mode="fake")
+    assert fake.peak_bytes == real.peak_bytes
+    assert [b.forward_flops for b in fake.blocks] == [b.forward_flops for b in real.blocks]
+    from remat._torch_compat import FakeTensorMode
+
+    a, b, offs = torch.randn(8, 16), torch.randn(2, 16, 4), torch.tensor([3, 8], dtype=torch.int32)
+    assert torch._grouped_mm(a, b, offs=offs).shape == (8, 4)  # the CPU kernel runs float32
+    with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(RuntimeError, match="BF16"):
+        torch._grouped_mm(a, b, offs=offs)

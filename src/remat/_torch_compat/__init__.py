@@ -22,10 +22,12 @@ from torch.nn.modules.dropout import _DropoutNd  # private: the base class of th
 from torch.utils._python_dispatch import TorchDispatchMode  # private module, public-facing class
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # private: pytree (un)flattening
 
+from remat._torch_compat.fake_ops import real_kernel_rules  # fake kernels where the meta kernel refuses
 from remat._torch_compat.flops import flop_formulas, flops_of  # torch's formulas, attention's GQA-aware
 from remat._torch_compat.hooks import global_forward_hook_with_kwargs  # torch's handle leaves a flag
 
 __all__ = [
+    "real_kernel_rules",
     "BatchNormBase",
     "DropoutBase",
     "TorchDispatchMode",

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from remat._torch_compat import FakeTensorMode, ModuleTracker
+from remat._torch_compat import FakeTensorMode, ModuleTracker, real_kernel_rules
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import RematError
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
@@ -175,7 +175,7 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
             run.notes.extend(scratch.unestimated_notes(run.setup.target.type))
         run.notes.extend([PACKED_NOTE] if packed else [])
         kernels = cuda_kernels.as_on_cuda() if run.setup.simulated else contextlib.nullcontext()
-        with fake_mode, kernels as simulated:  # NOTE [A CUDA step simulated on CPU]
+        with fake_mode, kernels as simulated, real_kernel_rules():  # NOTE [A CUDA step simulated on CPU]
             prof = run.measure(fake_step, opt)
     return dataclasses.replace(prof, notes=prof.notes + simulated.notes()) if simulated is not None else prof
 
