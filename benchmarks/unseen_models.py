@@ -1,0 +1,212 @@
+"""Architectures remat's tests do not build, tried as a user would: Hugging Face models from configs (random
+weights, nothing downloaded; decoders, encoders, encoder-decoders, mixtures of experts, vision CNNs and
+transformers), each profiled in real and in fake mode (the fake step's peak against the real one's), then planned at
+its least peak and half way to the unplanned peak, and each plan checked by `remat.verify` (gradients equal, extra
+FLOPs counted by FlopCounterMode equal to the plan's, the step's peak by remat's tracker against the budget).
+
+    python benchmarks/unseen_models.py                 # ~2.5 min on 2 cores
+    python benchmarks/unseen_models.py --models bart,swin --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, md_table, write_results  # noqa: E402
+
+import remat  # noqa: E402
+
+TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4)
+DECODER = dict(TEXT, max_position_embeddings=64)
+MODELS: dict[str, tuple[str, str, dict]] = {
+    "mistral": ("MistralConfig", "MistralForCausalLM", dict(DECODER, num_key_value_heads=2)),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(DECODER, num_key_value_heads=1)),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", dict(DECODER, num_key_value_heads=1, head_dim=16)),
+    "phi": ("PhiConfig", "PhiForCausalLM", DECODER),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", DECODER),
+    "opt": (
+        "OPTConfig",
+        "OPTForCausalLM",
+        dict(
+            vocab_size=256,
+            hidden_size=64,
+            ffn_dim=128,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            max_position_embeddings=64,
+            word_embed_proj_dim=64,
+        ),
+    ),
+    "bloom": ("BloomConfig", "BloomForCausalLM", dict(vocab_size=256, hidden_size=64, n_layer=3, n_head=4)),
+    "falcon": (
+        "FalconConfig",
+        "FalconForCausalLM",
+        dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, num_attention_heads=4),
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        "Qwen3MoeForCausalLM",
+        dict(DECODER, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
+    ),
+    "roberta": ("RobertaConfig", "RobertaForMaskedLM", dict(TEXT, max_position_embeddings=72)),
+    "distilbert": (
+        "DistilBertConfig",
+        "DistilBertForMaskedLM",
+        dict(vocab_size=256, dim=64, hidden_dim=128, n_layers=3, n_heads=4),
+    ),
+    "electra": ("ElectraConfig", "ElectraForMaskedLM", dict(TEXT, embedding_size=32)),
+    "deberta_v2": ("DebertaV2Config", "DebertaV2ForMaskedLM", TEXT),
+    "bart": (
+        "BartConfig",
+        "BartForConditionalGeneration",
+        dict(
+            vocab_size=256,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            max_position_embeddings=64,
+        ),
+    ),
+    "convnext": (
+        "ConvNextConfig",
+        "ConvNextForImageClassification",
+        dict(image=64, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 2, 1]),
+    ),
+    "regnet": (
+        "RegNetConfig",
+        "RegNetForImageClassification",
+        dict(image=64, embedding_size=16, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1], groups_width=8),
+    ),
+    "mobilenet_v2": ("MobileNetV2Config", "MobileNetV2ForImageClassification", dict(image=64, depth_multiplier=0.35)),
+    "swin": (
+        "SwinConfig",
+        "SwinForImageClassification",
+        dict(image=32, image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4),
+    ),
+    "deit": (
+        "DeiTConfig",
+        "DeiTForImageClassification",
+        dict(
+            image=32,
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=128,
+        ),
+    ),
+}
+
+
+def build(name: str):
+    """The model of `name` from its config, and a batch for it (2 x 32 tokens, or 4 images of `image` pixels)."""
+    import transformers as tf
+
+    tf.logging.set_verbosity_error()
+    config_name, model_name, kwargs = MODELS[name]
+    kwargs = dict(kwargs)
+    image = kwargs.pop("image", None)
+    torch.manual_seed(0)
+    if image is None:
+        model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs))
+        ids = torch.randint(0, kwargs["vocab_size"], (2, 32))
+        return model, {"input_ids": ids, "labels": ids}
+    model = getattr(tf, model_name)(getattr(tf, config_name)(num_labels=10, **kwargs))
+    return model, {"pixel_values": torch.randn(4, 3, image, image), "labels": torch.randint(0, 10, (4,))}
+
+
+def check(name: str) -> dict:
+    """Real and fake peaks, and the least and the half-way plans verified."""
+    start = time.perf_counter()
+    model, inputs = build(name)
+    real = remat.profile(model, inputs)
+    fake = remat.profile(model, inputs, mode="fake")
+    least = remat.frontier(real, max_points=2)[-1].peak_bytes
+    out = {"model": name, "real": real.peak_bytes, "fake": fake.peak_bytes, "plans": []}
+    for budget in (least, (least + real.peak_bytes) // 2):
+        plan = remat.plan(real, budget)
+        report = remat.verify(model, inputs, plan, time_rounds=0)
+        out["plans"].append(
+            {
+                "budget": budget,
+                "predicted": plan.peak_bytes,
+                "measured": report.measured_peak_bytes,
+                "ok": report.ok,
+                "flops": [report.measured_recompute_flops, report.predicted_recompute_flops],
+                "checkpoints": len(plan.segments) + len(plan.selective),
+            }
+        )
+    out["seconds"] = round(time.perf_counter() - start, 1)
+    return out
+
+
+def row(r: dict) -> list:
+    if "error" in r:
+        return [r["model"], "", "", "error: " + r["error"], "", "", ""]
+    least, mid = r["plans"]
+    over = max((p["measured"] - p["budget"]) / p["budget"] for p in r["plans"])
+    return [
+        r["model"],
+        f"{r['real']:,}",
+        f"{r['fake'] - r['real']:+,} ({(r['fake'] - r['real']) / r['real']:+.2%})",
+        f"{least['predicted'] / r['real']:.0%} ({least['checkpoints']}) / {mid['predicted'] / r['real']:.0%}"
+        f" ({mid['checkpoints']})",
+        "yes" if all(p["ok"] for p in r["plans"]) else "NO",
+        "yes" if all(p["flops"][0] == p["flops"][1] for p in r["plans"]) else "NO",
+        f"{over:+.2%}",
+    ]
+
+
+HEADERS = [
+    "model",
+    "real peak (bytes)",
+    "fake - real",
+    "least / half-way plan, % of peak (checkpoints)",
+    "verify ok",
+    "extra FLOPs as predicted",
+    "most over budget (tracker)",
+]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)}")
+    parser.add_argument("--no-write", action="store_true", help="print only")
+    args = parser.parse_args()
+    names = args.models.split(",") if args.models else list(MODELS)
+    info = machine_info()
+    results = []
+    for name in names:
+        try:
+            results.append(check(name))
+        except Exception as e:  # one architecture's failure is a result, not the end of the run
+            traceback.print_exc()
+            results.append({"model": name, "error": f"{type(e).__name__}: {e}"[:300]})
+        print(md_table(HEADERS, [row(results[-1])], pad=False).splitlines()[-1], flush=True)
+    table = md_table(HEADERS, [row(r) for r in results])
+    print(table)
+    if not args.no_write:
+        command = "python benchmarks/unseen_models.py" + (f" --models {args.models}" if args.models else "")
+        sections = [
+            (
+                "Results",
+                table + "\n\nBudgets: the least peak any plan reaches, and half way from it to the unplanned peak.",
+            )
+        ]
+        write_results("unseen_models", "Architectures the tests do not build", info, command, sections, results)
+
+
+if __name__ == "__main__":
+    main()
