@@ -39,9 +39,12 @@ def _grouped_mm(fake_mode, func, *args, **kwargs):
     a, b = bound["self"], bound["mat2"]
     if not _active or (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16):
         return NotImplemented  # Rule 2, or torch's own meta kernel
-    from torch._meta_registrations import _create_grouped_mm_output_tensor  # private: the meta kernel's shape
-    from torch._subclasses.fake_tensor import FakeTensor
-    from torch._subclasses.fake_impls import in_kernel_invocation_manager
+    try:
+        from torch._meta_registrations import _create_grouped_mm_output_tensor  # private: the meta kernel's shape
+        from torch._subclasses.fake_impls import in_kernel_invocation_manager
+        from torch._subclasses.fake_tensor import FakeTensor
+    except ImportError:
+        return NotImplemented  # a torch without them: its meta kernel decides
 
     with in_kernel_invocation_manager(fake_mode):
         out = _create_grouped_mm_output_tensor(a, b, bound.get("offs"), bound.get("out_dtype") or a.dtype)

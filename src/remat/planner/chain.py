@@ -10,10 +10,10 @@ from remat.planner.problem import Group, Problem, Unit
 def plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
     """dp's segmentation of the chain; where its one number of bytes freed so far was too hopeful (an output
     freed only from a read after its segment: a long skip connection, `dp`'s docstring), the ilp over the same
-    chain's units, which evaluates every interval exactly.  The ilp too where dp's model is not the plan's: a module
-    called more than once (dp takes each unit to free its bytes over one span, not one per call:
-    NOTE [A module called more than once]), and inputs autograd keeps for others' ops that dp's two passes do not settle
-    (`_kept_plan`)."""
+    chain's units, which evaluates every interval exactly.  The ilp too where dp's model is not the plan's: a
+    module called more than once (dp takes each unit to free its bytes over one span, not one per call:
+    NOTE [A module called more than once]), and inputs autograd keeps for others' ops that dp's two passes do not
+    settle (`_kept_plan`)."""
     if _many_calls(problem, groups):
         return ilp.solve(problem.within(groups), budget, time_limit_s)
     if _has_kept(problem, groups):
@@ -32,7 +32,7 @@ def _kept_plan(problem: Problem, budget: int, groups: list[Group], time_limit_s:
     its one kept hold) the ilp took 35 s and 184 s a plan at 50% and 70%, dp 0.5 s (2026-11-28)."""
     hopeful = dp.solve(problem, budget, groups, kept=False)
     if hopeful is None or problem.peak(hopeful) <= budget:
-        return hopeful  # None: no plan of the chain fits, even without the holds
+        return hopeful  # None: dp finds no plan of the chain even without the holds, as `plan` takes dp's None
     safe = dp.solve(problem, budget, groups)
     if safe is not None and problem.peak(safe) <= budget and _costs(problem, safe) == _costs(problem, hopeful):
         return safe
