@@ -19,6 +19,8 @@ from collections.abc import Iterator
 
 import torch
 
+from remat._torch_compat.schema import named_arguments
+
 _active = 0
 
 
@@ -34,8 +36,7 @@ def real_kernel_rules() -> Iterator[None]:
 
 
 def _grouped_mm(fake_mode, func, *args, **kwargs):
-    names = [a.name for a in func._schema.arguments]
-    bound = {**dict(zip(names, args)), **kwargs}
+    bound = named_arguments(func, args, kwargs)
     a, b = bound["self"], bound["mat2"]
     if not _active or (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16):
         return NotImplemented  # Rule 2, or torch's own meta kernel
