@@ -196,3 +196,40 @@ def test_a_float32_mixture_of_experts_profiles_in_fake_mode_at_its_real_peak():
     assert torch._grouped_mm(a, b, offs=offs).shape == (8, 4)  # the CPU kernel runs float32
     with FakeTensorMode(allow_non_fake_inputs=True), pytest.raises(RuntimeError, match="BF16"):
         torch._grouped_mm(a, b, offs=offs)
+
+
+class NormThenTranspose(nn.Module):
+    """A LayerNorm whose output is read transposed (Swin's windows): its incoming gradient is not contiguous, and
+    its input is a view that merges dimensions in backward, which works on a contiguous gradient only."""
+
+    def __init__(self, batch: int, length: int, width: int):
+        super().__init__()
+        self.shape = (batch, length, width)
+        self.fc = nn.Linear(width, width)
+        self.norm = nn.LayerNorm(width)
+        self.w = nn.Parameter(torch.randn(width, length))
+
+    def forward(self, x):  # (batch * length, width)
+        y = self.norm(self.fc(x).view(self.shape))
+        return (y.transpose(1, 2) * self.w).sum()
+
+
+def test_a_layer_norm_gradient_is_laid_out_in_a_fake_step_as_its_kernel_lays_it_out():
+    """torch's meta kernel lays out LayerNorm's input gradient like the incoming one; the kernels make it contiguous,
+    so the real step's backward views it where the fake step copied it (Swin: +8,192 bytes; NOTE [A meta kernel
+    stricter than its kernel], Rule 3).  The fake step's live bytes now equal the real step's after every op."""
+    batch, length, width = 8, 256, 64
+    torch.manual_seed(0)
+    model, x = NormThenTranspose(batch, length, width), torch.randn(batch * length, width)
+    real = remat.profile(model, (x,), loss_fn=lambda out: out)
+    fake = remat.profile(model, (x,), mode="fake", loss_fn=lambda out: out)
+    assert fake.timeline.live_bytes == real.timeline.live_bytes
+    assert fake.peak_bytes == real.peak_bytes
+
+    y = torch.randn(batch, length, width)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(y, [width], model.norm.weight, model.norm.bias, 1e-5)
+    grad = torch.randn(batch, width, length).transpose(1, 2)
+    dx, _, _ = torch.ops.aten.native_layer_norm_backward(
+        grad, y, [width], mean, rstd, model.norm.weight, model.norm.bias, [True, True, True]
+    )
+    assert not grad.is_contiguous() and dx.is_contiguous()  # the fact the rule copies from the kernel

@@ -57,6 +57,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
+from remat._torch_compat.fake_ops import as_the_kernel_lays_out
 from remat._torch_compat.schema import runs_no_kernel, written_tensors
 from remat.measure.device.roofline import Hardware, op_seconds
 from remat.ops import op_signature
@@ -280,7 +281,7 @@ class Tracker(_SeesResizes):
         probe = self.scratch_probe
         started = probe.start() if probe is not None else None
         t0 = time.perf_counter() if self.time_ops else 0.0
-        out = func(*args, **kwargs)
+        out = as_the_kernel_lays_out(func, func(*args, **kwargs))  # NOTE [A meta kernel stricter than its kernel]
         if self.time_ops and self.sync is not None:
             self.sync()
         dt = time.perf_counter() - t0 if self.time_ops else 0.0
@@ -354,7 +355,7 @@ class PeakMeter(_SeesResizes):
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
                 self.see(a)
-        out = func(*args, **kwargs)
+        out = as_the_kernel_lays_out(func, func(*args, **kwargs))
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.see(t)
