@@ -286,6 +286,28 @@ def test_frontier_goes_from_keep_everything_to_the_least_memory(chain_profile):
 # -- budgets and errors ---------------------------------------------------------------------------
 
 
+def test_plans_of_one_profile_at_several_budgets_build_its_problem_once(hetero_profile, monkeypatch):
+    """Building the units is most of a plan's time (a 100-stage chain: docs/benchmarks.md, section 3) and depends on
+    the profile and the options alone: `remat.plan` at several budgets and `remat.frontier` of the same profile object
+    build it once, other options or another profile build their own, and the plans are a fresh build's."""
+    built = []
+    from_profile = Problem.from_profile.__func__
+    monkeypatch.setattr(Problem, "from_profile", classmethod(lambda cls, *a: built.append(a) or from_profile(cls, *a)))
+    prof = dataclasses.replace(hetero_profile[2])  # an object no other test planned
+    plans = [remat.plan(prof, f) for f in (0.6, 0.8, 0.95)]
+    remat.frontier(prof, max_points=4)
+    assert len(built) == 1
+    remat.plan(prof, 0.95, max_segment=2)
+    assert len(built) == 2
+    fresh = dataclasses.replace(prof)
+    again = [remat.plan(fresh, f) for f in (0.6, 0.8, 0.95)]
+    assert len(built) == 3
+    assert [(p.peak_bytes, p.recompute_flops, p.segments) for p in again] == [
+        (p.peak_bytes, p.recompute_flops, p.segments) for p in plans
+    ]
+    assert len({p.recompute_flops for p in plans}) > 1  # the budgets asked for different plans
+
+
 def test_infeasible_budget_names_the_least_budget_and_that_one_fits(chain_profile):
     _, _, prof = chain_profile
     with pytest.raises(remat.InfeasibleBudget, match=r"^remat: no plan fits the budget of 1\.0 MiB") as info:

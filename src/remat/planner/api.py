@@ -87,7 +87,7 @@ def plan(
     _check_profile(profile)
     _check_max_segment(max_segment)
     budget_bytes = parse_budget(budget, profile.peak_bytes)
-    problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
+    problem = Problem.of(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)  # before the budget test: an unknown solver is an error either way
     kept = _nothing_to_recompute(profile, budget_bytes)
     if kept is not None:
@@ -154,7 +154,7 @@ def frontier(
     """
     _check_profile(profile)
     _check_max_segment(max_segment)
-    problem = Problem.from_profile(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
+    problem = Problem.of(profile, max_segment, offload_rates(profile, offload_bandwidth, device_flops))
     name = _pick(problem, solver)
     plans, costs, step = _descend(profile, problem, name, max_points, time_limit_s)
     least = _solve(problem, name, _min_bytes(problem, name, time_limit_s), time_limit_s)

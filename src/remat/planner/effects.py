@@ -3,6 +3,7 @@ holding, and when, as `Effect`s."""
 
 from __future__ import annotations
 
+import operator
 from typing import NamedTuple
 
 import numpy as np
@@ -24,10 +25,12 @@ _effect = tuple.__new__  # Effect((a, b, c)) without NamedTuple's Python-level _
 def breakpoints(spans, n: int) -> list[int]:
     """The op indices where any of `spans` (effects or holds: `.start`, `.end`) begins or ends, with 0 and `n` (the
     timeline's length), in order: the bounds of the elementary intervals a plan's memory is evaluated over."""
-    points = {0, n}
-    for s in spans:
-        points.update((s.start, s.end))
+    spans = spans if isinstance(spans, list) else list(spans)
+    points = {0, n, *map(_start, spans), *map(_end, spans)}
     return sorted(p for p in points if 0 <= p <= n)
+
+
+_start, _end = operator.attrgetter("start"), operator.attrgetter("end")
 
 
 def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile]) -> list[np.ndarray]:
@@ -56,37 +59,55 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
     return [np.array(c, dtype=np.int64) for c in columns]
 
 
-def shared_outputs(columns: list[np.ndarray], m: int, j: int) -> int:
-    """Saved outputs of the run of the first `m` blocks of `columns` (`run_columns`; the last one names[j]) that
-    blocks of the run and blocks after it both keep (the last block's, read by its own last op and by the next
-    block): Rule 1 keeps them, but once the backward of the blocks after the run is over only the run's own saved
-    copies held them, and a checkpoint dropped those (NOTE [The memory model of a plan], Rule 3)."""
-    output, reach, first = columns[3][:m], columns[4][:m], columns[7][:m]
-    return int(output[(first <= j) & (reach > j)].sum())
+def shared_outputs(columns: list[np.ndarray], i: int) -> list[int]:
+    """Per run names[i..i+k] (k = 0, 1, ...; `columns`: `run_columns` from names[i]), its saved outputs that blocks
+    of the run and blocks after it both keep (the last block's, read by its own last op and by the next block):
+    Rule 1 keeps them, but once the backward of the blocks after the run is over only the run's own saved copies
+    held them, and a checkpoint dropped those (NOTE [The memory model of a plan], Rule 3)."""
+    output, reach, first = columns[3], columns[4], columns[7]
+    k = np.arange(len(output))
+    j = i + k[:, None]  # [run, block]: the run's last block
+    shared = (k[None, :] <= k[:, None]) & (first[None, :] <= j) & (reach[None, :] > j)
+    return (shared * output[None, :]).sum(axis=1).tolist()
 
 
-def freed_effects(starts, out_starts, internal, output, end: int) -> list[Effect]:
-    """Rule 1's effects of the blocks of a run: internal bytes from the end of each block's forward, its
-    output from the later of that and the output's last read in forward (one effect when they coincide)."""
-    same = out_starts == starts
-    freed = internal + np.where(same, output, 0)
-    keep = (freed != 0) & (starts < end)
-    effects = [_effect(Effect, (a, end, f)) for a, f in zip(starts[keep].tolist(), freed[keep].tolist())]
-    later = ~same & (output != 0) & (out_starts < end)
-    effects += [_effect(Effect, (a, end, f)) for a, f in zip(out_starts[later].tolist(), output[later].tolist())]
-    return effects
+def runs_effects(columns: list[np.ndarray], i: int, ends: list[int]) -> list[list[Effect]]:
+    """Rule 1's effects of each run names[i..i+k] (k = 0, 1, ...; `columns`: `run_columns` from names[i]), recomputed
+    from ends[k] on, all runs at once (a 100-stage chain has ~4,400 runs and ~10^5 effects).  Per run, in order:
+    each block's internal bytes from the end of its forward; its saved output from the later of that and the
+    output's last read in forward (one effect when they coincide), once the run reaches the last block keeping it;
+    then, for each of its blocks but the last whose output the model holds anyway (`held` bytes), the second copy
+    the recomputation at ends[k] makes, which the next block's backward releases before the block's own backward
+    starts."""
+    starts, out_starts, internal, output, reach, held, backward_starts, _ = columns
+    k = np.arange(len(starts))
+    end, inside = np.asarray(ends, dtype=np.int64)[:, None], k[None, :] <= k[:, None]  # [run, block]
+    out = np.where(reach[None, :] <= i + k[:, None], output[None, :], 0)
+    same = (out_starts == starts)[None, :]
+    freed = internal[None, :] + np.where(same, out, 0)
+    alone = inside & (freed != 0) & (starts[None, :] < end)
+    later = inside & ~same & (out != 0) & (out_starts[None, :] < end)
+    copies = inside & (k[None, :] < k[:, None]) & (held[None, :] != 0) & (end < backward_starts[None, :])
+    (a, x), (b, y), (c, z) = (
+        _effects(alone, starts[None, :], end, freed),
+        _effects(later, out_starts[None, :], end, out),
+        _effects(copies, end, backward_starts[None, :], -held[None, :]),
+    )
+    return [a[x[r] : x[r + 1]] + b[y[r] : y[r + 1]] + c[z[r] : z[r + 1]] for r in range(len(ends))]
+
+
+def _effects(mask: np.ndarray, begin: np.ndarray, finish: np.ndarray, nbytes: np.ndarray) -> tuple[list, list[int]]:
+    """The effects where `mask` [run, block] holds, in order of run then block, each over [begin, finish) of
+    `nbytes` (arrays broadcast to the mask's shape), and the index where each run's begin in that list."""
+    run, block = np.nonzero(mask)
+    a, b, v = (np.broadcast_to(x, mask.shape)[run, block].tolist() for x in (begin, finish, nbytes))
+    effects = [_effect(Effect, e) for e in zip(a, b, v)]
+    return effects, [0, *np.cumsum(np.bincount(run, minlength=mask.shape[0])).tolist()]
 
 
 def output_freeable(b: BlockProfile) -> int:
     """`b`'s saved output, or 0 when the unplanned step holds it past `b`'s own backward (the model returns
     it, as with `output_hidden_states=True`): autograd is not all that keeps it, so a checkpoint frees
-    nothing of it, and recomputing it makes a second copy (`recomputed_copies`).  Seen on a 3-layer GPT-2:
+    nothing of it, and recomputing it makes a second copy (`runs_effects`).  Seen on a 3-layer GPT-2:
     one checkpoint over its layers measured 2.776 MB for 2.743 MB predicted, two hidden states."""
     return 0 if b.output_free_op > b.backward_end_op + 1 else b.output_saved_bytes
-
-
-def recomputed_copies(held, backward_starts, end: int) -> list[Effect]:
-    """The outputs of a run's blocks (not its last) that the model holds anyway (`held` bytes): the
-    recomputation at `end` makes a second copy, which the next block's backward releases before the
-    block's own backward starts."""
-    return [Effect(end, b, -h) for h, b in zip(held.tolist(), backward_starts.tolist()) if h and end < b]

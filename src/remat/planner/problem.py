@@ -97,6 +97,10 @@ SECONDS_NOISE = 0.02
 """Rule 8: measured seconds within this share of the step's of each other count as equal."""
 
 
+_last_problem: tuple | None = None
+"""`Problem.of`'s last: ((id of the profile, max_segment, offload), the profile, its problem)."""
+
+
 class NotAChain(ValueError):
     """The blocks do not run as a chain (forward in order, backward in reverse), or none frees memory."""
 
@@ -158,6 +162,23 @@ class Problem:
             timed=prof.timed,
             cost_slack=slack,
         )
+
+    @classmethod
+    def of(
+        cls, prof: StepProfile, max_segment: int = MAX_SEGMENT, offload: tuple[float, float] | None = None
+    ) -> "Problem":
+        """`from_profile`, or the problem built last when asked again for the same profile (the same object) and
+        options.  Nothing in a problem depends on the budget (its tables, `solver_cache`), so a sweep of budgets
+        (`remat.plan` at several, `remat.auto`'s search, a frontier after a plan) builds it once: the units of a
+        100-stage chain take most of a 1 s plan.  One problem is kept, with its profile, until the next."""
+        global _last_problem
+        key = (id(prof), max_segment, offload)
+        last = _last_problem
+        if last is not None and last[0] == key and last[1] is prof:
+            return last[2]
+        problem = cls.from_profile(prof, max_segment, offload)
+        _last_problem = (key, prof, problem)
+        return problem
 
     def within(self, groups: list[Group]) -> "Problem":
         """The same timeline with only the units of `groups`: the plans that checkpoint nothing outside them."""
@@ -247,26 +268,32 @@ class Problem:
         return held.or_columns(self.shared_holds, len(self.interval_max))
 
     def _table(self, effects: list) -> list[tuple[int, np.ndarray]]:
-        """Built from all effects at once (searchsorted, then a running sum per unit): a 100-stage chain has
-        ~4,400 units and ~200 intervals."""
+        """Built from all effects at once: each unit's span of intervals [k0, k1] laid end to end in one array of
+        differences, whose running sum is each unit's row (a unit's differences sum to 0, so the sum is 0 again at
+        the start of the next).  A 100-stage chain has ~4,400 units, ~10^5 effects and ~200 intervals."""
         bp = np.array(self.breakpoints, dtype=np.int64)
-        counts = [len(e) for e in effects]
-        starts = np.searchsorted(bp, [e[0] for u in effects for e in u])
-        ends = np.searchsorted(bp, [e[1] for u in effects for e in u])
-        values = np.array([e[2] for u in effects for e in u], dtype=np.int64)
-        table, at = [], 0
-        for c in counts:
-            if c == 0:
-                table.append((0, np.zeros(0, dtype=np.int64)))
-                continue
-            a, b, v = starts[at : at + c], ends[at : at + c], values[at : at + c]
-            at += c
-            k0, k1 = int(a.min()), int(b.max())
-            diff = np.zeros(k1 - k0 + 1, dtype=np.int64)
-            np.add.at(diff, a - k0, v)
-            np.add.at(diff, b - k0, -v)
-            table.append((k0, np.cumsum(diff[:-1])))
-        return table
+        flat = [e for u in effects for e in u]
+        counts = np.array([len(e) for e in effects], dtype=np.int64)
+        if not flat:
+            return [(0, np.zeros(0, dtype=np.int64)) for _ in effects]
+        starts = np.searchsorted(bp, [e[0] for e in flat])
+        ends = np.searchsorted(bp, [e[1] for e in flat])
+        values = np.array([e[2] for e in flat], dtype=np.int64)
+        some = counts > 0
+        k0, k1 = np.zeros_like(counts), np.zeros_like(counts)
+        begins = (np.cumsum(counts) - counts)[some]
+        k0[some], k1[some] = np.minimum.reduceat(starts, begins), np.maximum.reduceat(ends, begins)
+        length = np.where(some, k1 - k0 + 1, 0)
+        offset = np.cumsum(length) - length
+        at = np.repeat(offset - k0, counts)
+        diff = np.zeros(int(length.sum()), dtype=np.int64)
+        np.add.at(diff, at + starts, values)
+        np.add.at(diff, at + ends, -values)
+        rows = np.cumsum(diff)
+        return [
+            (k, rows[o : o + n - 1]) if n else (0, np.zeros(0, dtype=np.int64))
+            for k, o, n in zip(k0.tolist(), offset.tolist(), length.tolist())
+        ]
 
     @cached_property
     def coefficient_matrix(self) -> np.ndarray:

@@ -13,14 +13,7 @@ from typing import NamedTuple
 import numpy as np
 
 from remat.module_tree import CALLED_DIRECTLY, parent_name, within
-from remat.planner.effects import (
-    Effect,
-    freed_effects,
-    output_freeable,
-    recomputed_copies,
-    run_columns,
-    shared_outputs,
-)
+from remat.planner.effects import Effect, output_freeable, run_columns, runs_effects, shared_outputs
 from remat.planner.calls import call_units, calls_of
 from remat.planner.holds import Hold, freeable_outputs, freed_outputs, kept_holds, unit_holds
 from remat.planner.rerun import Rerun, rerun_effect, widen
@@ -162,6 +155,8 @@ def _runs_from(
     `per_op` = (checkpoint_op_s, selective_op_s) (Rule 7); `live` the live bytes; `wanted`: `freeable_outputs`."""
     first, stop = by_name[names[i]], min(len(names), i + max_segment)
     columns = run_columns(names, i, stop, by_name)
+    runs = runs_effects(columns, i, [by_name[n].backward_start_op for n in names[i:stop]])  # Rule 1, per run
+    shared = shared_outputs(columns, i)
     rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]))
     units: list[Unit] = []
     covers: frozenset[str] = frozenset()
@@ -172,8 +167,7 @@ def _runs_from(
         joined = joined and (j == i or _follows(names[j - 1], last))
         covers = covers | nested[last.name]
         end = last.backward_start_op
-        effects = _run_effects(columns, j - i + 1, j, end)
-        moment = rerun_effect(live, effects, last, rerun.held(last, shared_outputs(columns, j - i + 1, j)))  # Rule 3
+        moment = rerun_effect(live, runs[j - i], last, rerun.held(last, shared[j - i]))  # Rule 3
         rerun_ops = ops + last.checkpoint_recompute_ops
         frees = freed_outputs([by_name[n] for n in names[i : j + 1]], columns, j, end, wanted)  # Rule 2
         units.append(
@@ -184,7 +178,7 @@ def _runs_from(
                 covers,
                 flops + last.checkpoint_recompute_flops,
                 seconds + last.checkpoint_recompute_s + rerun_ops * per_op[0],
-                (*effects, *moment),
+                (*runs[j - i], *moment),
                 j == i or (first.container in RUN_CONTAINERS and joined),
                 Action.RECOMPUTE,
                 rerun_ops,
@@ -207,14 +201,6 @@ def _follows(previous: str, block: BlockProfile) -> bool:
     """`block` runs right after `previous` with no code between them that joins the graph, in registration order:
     a checkpoint of a run can replay them (Rule 5)."""
     return not block.grad_ops_before and not block.foreign_grad_inputs and in_turn([previous, block.name])
-
-
-def _run_effects(columns: list[np.ndarray], m: int, j: int, end: int) -> list[Effect]:
-    """Rule 1's effects of the run of its first `m` blocks (the last one names[j]), recomputed from `end` on;
-    `columns` are `effects.run_columns` of the blocks from the run's first."""
-    starts, out_starts, internal, output, reach, held, backward_starts, _ = columns
-    effects = freed_effects(starts[:m], out_starts[:m], internal[:m], np.where(reach[:m] <= j, output[:m], 0), end)
-    return effects + recomputed_copies(held[: m - 1], backward_starts[: m - 1], end)
 
 
 def _make_selective_units(
