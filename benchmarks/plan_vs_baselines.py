@@ -320,18 +320,9 @@ def timed_plan(solver: str, label: str, prof: remat.StepProfile, f: float) -> di
     prof = dataclasses.replace(prof)  # an object no call planned: the problem is built anew (`Problem.of`)
     p, least, seconds = try_plan(prof, int(f * prof.peak_bytes), solver)
     again = try_plan(prof, int(f * prof.peak_bytes), solver)[2]
-    entry = {
-        "solver": solver,
-        "model": label,
-        "blocks": len(prof.blocks),
-        "budget_fraction": f,
-        "seconds": seconds,
-        "seconds_again": again,
-        "feasible": p is not None,
-        "unplanned_peak_bytes": prof.peak_bytes,
-        "min_bytes": least,
-        **({"flops": p.recompute_flops, "peak_bytes": p.peak_bytes} if p else {}),
-    }
+    entry = dict(solver=solver, model=label, blocks=len(prof.blocks), budget_fraction=f, seconds=seconds)
+    entry |= dict(seconds_again=again, feasible=p is not None, unplanned_peak_bytes=prof.peak_bytes, min_bytes=least)
+    entry |= {"flops": p.recompute_flops, "peak_bytes": p.peak_bytes} if p else {}
     print(
         f"  {solver} {label[:40]:<40} {f:.0%} {seconds:7.2f} s (again {again:.2f} s)  {speed_row(entry)[4]}", flush=True
     )
