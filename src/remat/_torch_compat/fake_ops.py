@@ -30,6 +30,7 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensor  # private: fake tensors
 
 from remat._torch_compat.schema import named_arguments
 
@@ -55,7 +56,6 @@ def _grouped_mm(fake_mode, func, *args, **kwargs):
     try:
         from torch._meta_registrations import _create_grouped_mm_output_tensor  # private: the meta kernel's shape
         from torch._subclasses.fake_impls import in_kernel_invocation_manager
-        from torch._subclasses.fake_tensor import FakeTensor
     except ImportError:
         return NotImplemented  # a torch without them: its meta kernel decides
 
@@ -75,8 +75,6 @@ def as_the_kernel_lays_out(func, out):
 
 
 def _contiguous_fake(t):
-    from torch._subclasses.fake_tensor import FakeTensor  # private: fake tensors
-
     if not isinstance(t, FakeTensor) or t.is_contiguous():
         return t
     return torch.empty_like(t, memory_format=torch.contiguous_format)

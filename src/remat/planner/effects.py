@@ -89,14 +89,16 @@ def runs_effects(columns: list[np.ndarray], i: int, ends: list[int]) -> list[lis
     later = inside & ~same & (out != 0) & (out_starts[None, :] < end)
     copies = inside & (k[None, :] < k[:, None]) & (held[None, :] != 0) & (end < backward_starts[None, :])
     (a, x), (b, y), (c, z) = (
-        _effects(alone, starts[None, :], end, freed),
-        _effects(later, out_starts[None, :], end, out),
-        _effects(copies, end, backward_starts[None, :], -held[None, :]),
+        _masked_effects(alone, starts[None, :], end, freed),
+        _masked_effects(later, out_starts[None, :], end, out),
+        _masked_effects(copies, end, backward_starts[None, :], -held[None, :]),
     )
     return [a[x[r] : x[r + 1]] + b[y[r] : y[r + 1]] + c[z[r] : z[r + 1]] for r in range(len(ends))]
 
 
-def _effects(mask: np.ndarray, begin: np.ndarray, finish: np.ndarray, nbytes: np.ndarray) -> tuple[list, list[int]]:
+def _masked_effects(
+    mask: np.ndarray, begin: np.ndarray, finish: np.ndarray, nbytes: np.ndarray
+) -> tuple[list, list[int]]:
     """The effects where `mask` [run, block] holds, in order of run then block, each over [begin, finish) of
     `nbytes` (arrays broadcast to the mask's shape), and the index where each run's begin in that list."""
     run, block = np.nonzero(mask)

@@ -98,7 +98,7 @@ SECONDS_NOISE = 0.02
 
 
 _last_problem: tuple | None = None
-"""`Problem.of`'s last: ((id of the profile, max_segment, offload), the profile, its problem)."""
+"""`Problem.of`'s last: (the profile, (max_segment, offload), its problem)."""
 
 
 class NotAChain(ValueError):
@@ -172,12 +172,11 @@ class Problem:
         (`remat.plan` at several, `remat.auto`'s search, a frontier after a plan) builds it once: the units of a
         100-stage chain take most of a 1 s plan.  One problem is kept, with its profile, until the next."""
         global _last_problem
-        key = (id(prof), max_segment, offload)
-        last = _last_problem
-        if last is not None and last[0] == key and last[1] is prof:
+        options, last = (max_segment, offload), _last_problem
+        if last is not None and last[0] is prof and last[1] == options:
             return last[2]
         problem = cls.from_profile(prof, max_segment, offload)
-        _last_problem = (key, prof, problem)
+        _last_problem = (prof, options, problem)
         return problem
 
     def within(self, groups: list[Group]) -> "Problem":
