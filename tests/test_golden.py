@@ -23,7 +23,7 @@ import pytest
 
 import remat
 from remat.cli import main
-from remat.measure import profiling, timing
+from remat.measure import profiling, scratch, timing
 
 GOLDEN = Path(__file__).parent / "golden" / "cli"
 REGEN = os.environ.get("REMAT_REGEN_GOLDEN") == "1"
@@ -96,6 +96,7 @@ def fixed_clock(monkeypatch):
     # kernel scratch estimated, not measured: measured in a forked copy, one op of the demo read 1 MiB more or less
     # from one process to the next (the text rounds it away, the JSON's timeline did not)
     monkeypatch.setattr(profiling._Run, "_measures_scratch", lambda self, prof: False)
+    monkeypatch.setattr(scratch, "MEASURED", {})  # nor taken from an earlier test's measurement (Rule 5)
     monkeypatch.setattr(verify, "interleaved_times", as_predicted)
 
 
