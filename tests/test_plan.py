@@ -150,6 +150,32 @@ def test_the_ilp_tries_its_scaled_forms_before_bytes_when_highs_stops_with_a_sol
     assert seen[1] == pytest.approx(ilp.SCALED_PEAK / 10)  # scaled, not bytes
 
 
+def test_a_tie_break_highs_cannot_answer_leaves_the_cheapest_plan_and_tries_bytes_first(monkeypatch):
+    """Report 001's chain (32 x Linear(128), batch 2048) at 70%, solver='ilp': the cheapest plan took 1 s, then each
+    scaled form of the tie-break program ran into the 60 s time limit with no point (3 minutes), and had the last
+    form done so too, `remat.plan` would have raised though a plan was found.  Bytes answered it in 0.5 s."""
+    import scipy.optimize
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(6)])
+    prof = remat.profile(model, torch.randn(4096, 64), optimizer=torch.optim.Adam, mode="fake")
+    problem = Problem.from_profile(prof)
+    budget = int(0.85 * prof.peak_bytes)  # the least plan reaches 79%
+    real, seen = scipy.optimize.milp, []
+
+    def only_the_cost_program_answers(c, **kw):
+        seen.append(max(kw["constraints"][0].lb))
+        if len(seen) == 1:
+            return real(c, **kw)
+        return type("Stopped", (), {"x": None, "status": 1, "message": "Time limit reached."})()
+
+    monkeypatch.setattr(scipy.optimize, "milp", only_the_cost_program_answers)
+    cheapest = ilp.solve(problem, budget)
+    monkeypatch.setattr(scipy.optimize, "milp", real)
+    assert cheapest and problem.cost(cheapest) == problem.cost(ilp.solve(problem, budget))
+    assert problem.peak(cheapest) <= budget and len(seen) == 1 + len(ilp.TIE_BREAK_FORMS)
+    assert seen[1] > 100 * ilp.SCALED_PEAK  # the tie-break program's first form: memory rows in bytes
+
+
 @settings(max_examples=60, deadline=None)
 @given(graphs(), st.integers(0, 130))
 def test_ilp_equals_brute_force_on_graphs(problem, budget):

@@ -120,8 +120,8 @@ def _least_tie_then_peak(problem: Problem, budget_bytes: int, cost_bound: int, t
             objective = np.append(ties, PEAK_WEIGHT * scale / max(1, max(problem.interval_max)))
             return _Program(objective, rows, _upper_bounds(problem) + [bound / scale])
 
-        x = _milp(problem, program, time_limit_s)
-        if x is None:
+        x = _milp(problem, program, time_limit_s, TIE_BREAK_FORMS, required=False)
+        if x is None:  # none better than the cheapest plan, or HiGHS found none in time: the cheapest stands
             return None
         chosen = [u for u, v in zip(problem.units, x[:n]) if v > 0.5]
         return chosen if problem.cost(chosen) <= cost_bound else None  # HiGHS's row tolerance: checked exactly
@@ -150,16 +150,25 @@ class _Program:
     upper: list[float]
 
 
-def _milp(problem: Problem, program, time_limit_s: float):
-    """HiGHS on `program(scale)`: the solution vector, or None when HiGHS proves that none exists."""
+PLAN_FORMS = ((1.0, True), (10.0, True), (1.0, False), (None, True), (None, False))
+"""The forms `_milp` tries a program in, in turn: (memory rows in units of this times `_scale`, or None for bytes;
+HiGHS's presolve).  HiGHS sometimes stops with "Solve error" (status 4) on one form of the same program (seen with
+byte-sized memory rows, and with rows scaled to max(L) = 1e4 on another model).  The scaled ones first: in bytes
+HiGHS may call a worse point optimal (a LoRA Llama-3-8B's least peak came out 54.4 GiB where every scaled form that
+answers finds 27.7)."""
+TIE_BREAK_FORMS = ((None, True), (1.0, True), (10.0, True), (1.0, False), (None, False))
+"""The tie-break program's forms (`_least_tie_then_peak`), bytes first: its answer is checked exactly and taken only
+if it ranks before the cheapest plan, so a worse point called optimal costs nothing, and on report 001's chain at
+70% each scaled form ran into the time limit with no point at all (3 x 60 s) where bytes solved it in 0.5 s."""
+
+
+def _milp(problem: Problem, program, time_limit_s: float, forms=PLAN_FORMS, required: bool = True):
+    """HiGHS on `program(scale)` in each of `forms` in turn: the solution vector, or None when HiGHS proves that
+    none exists; or, not `required`, when no form answers in time."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
-    # HiGHS sometimes stops with "Solve error" (status 4) on one form of the same program (seen with
-    # byte-sized memory rows, and with rows scaled to max(L) = 1e4 on another model): try the forms in turn,
-    # the scaled ones first (in bytes HiGHS may call a worse point optimal: a LoRA Llama-3-8B's least peak came
-    # out 54.4 GiB where every scaled form that answers finds 27.7).
-    first = _scale(problem)
-    for scale, presolve in [(first, True), (first * 10, True), (first, False), (1.0, True), (1.0, False)]:
+    for times, presolve in forms:
+        scale = 1.0 if times is None else times * _scale(problem)
         p = program(scale)
         rows = [LinearConstraint(np.array(p.rows.rows), p.rows.lower, p.rows.upper)] if p.rows.rows else []
         with _quiet_stdout():
@@ -172,6 +181,8 @@ def _milp(problem: Problem, program, time_limit_s: float):
             )
         if res.x is not None or res.status == 2:  # a solution, or proved infeasible
             return res.x
+    if not required:
+        return None
     raise RematError(
         f"remat: the ilp solver (HiGHS) stopped without an answer: status {res.status}, {res.message!r}. "
         "Expected an optimal plan or a proof that none fits. Fix: use solver='dp' if the model is a chain "
