@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -164,10 +165,14 @@ if it ranks before the cheapest plan, so a worse point called optimal costs noth
 
 def _milp(problem: Problem, program, time_limit_s: float, forms=PLAN_FORMS, required: bool = True):
     """HiGHS on `program(scale)` in each of `forms` in turn: the solution vector, or None when HiGHS proves that
-    none exists; or, not `required`, when no form answers in time."""
+    none exists; or, not `required`, when no form answers within `time_limit_s` in all (else each form has it)."""
     from scipy.optimize import Bounds, LinearConstraint, milp
 
+    deadline = time.monotonic() + time_limit_s
     for times, presolve in forms:
+        left = time_limit_s if required else deadline - time.monotonic()
+        if left <= 0:
+            return None
         scale = 1.0 if times is None else times * _scale(problem)
         p = program(scale)
         rows = [LinearConstraint(np.array(p.rows.rows), p.rows.lower, p.rows.upper)] if p.rows.rows else []
@@ -177,7 +182,7 @@ def _milp(problem: Problem, program, time_limit_s: float, forms=PLAN_FORMS, requ
                 constraints=rows,
                 integrality=np.append(np.ones(len(problem.units)), np.zeros(len(p.objective) - len(problem.units))),
                 bounds=Bounds(np.zeros(len(p.objective)), p.upper),
-                options={"time_limit": time_limit_s, "mip_rel_gap": 0.0, "presolve": presolve},
+                options={"time_limit": left, "mip_rel_gap": 0.0, "presolve": presolve},
             )
         if res.x is not None or res.status == 2:  # a solution, or proved infeasible
             return res.x
