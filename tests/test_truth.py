@@ -40,6 +40,15 @@ def _target(name: str):
     return built[0], built[1], (built[2] if len(built) > 2 else None)
 
 
+def _planned_profile(model, inputs, loss_fn, plan):
+    """The untimed profile of the step with `plan` applied; the model is left unplanned."""
+    remat.apply(model, plan)
+    try:
+        return remat.profile(model, inputs, loss_fn, optimizer=_adam, timed=False)
+    finally:
+        remat.remove(model)
+
+
 def _close(predicted: int, measured: int) -> bool:
     return abs(predicted - measured) <= TOLERANCE * measured
 
@@ -119,11 +128,7 @@ def test_the_planned_step_takes_its_scratch_from_the_unplanned_ones_measurement(
     first = remat.profile(model, inputs, loss_fn, optimizer=_adam)
     plan = remat.plan(first, CASES["attention"])
     monkeypatch.setattr(scratch, "measure_scratch", lambda *a, **k: pytest.fail("a second copy was forked"))
-    remat.apply(model, plan)
-    try:
-        planned = remat.profile(model, inputs, loss_fn, optimizer=_adam, timed=False)
-    finally:
-        remat.remove(model)
+    planned = _planned_profile(model, inputs, loss_fn, plan)
     assert planned.peak_bytes <= plan.peak_bytes
 
 
@@ -139,11 +144,7 @@ def test_a_plan_too_small_to_be_measured_takes_the_scratch_its_unplanned_step_me
     plan = remat.plan(first, CASES["convnet"])
     monkeypatch.setattr(scratch, "MEASURED_FROM_BYTES", first.peak_bytes + 1)  # the plan's step is now too small
     monkeypatch.setattr(scratch, "measure_scratch", lambda *a, **k: pytest.fail("the plan's step was measured"))
-    remat.apply(model, plan)
-    try:
-        planned = remat.profile(model, inputs, loss_fn, optimizer=_adam, timed=False)
-    finally:
-        remat.remove(model)
+    planned = _planned_profile(model, inputs, loss_fn, plan)
     assert planned.at_peak.scratch_bytes % scratch.SCRATCH_GRAIN == 0, planned.at_peak  # measured, not estimated
     assert planned.peak_bytes == plan.peak_bytes, (planned.peak_bytes, plan.peak_bytes)
 
