@@ -60,3 +60,95 @@ def test_the_worker_returns_the_tasks_result_or_raises_with_its_output(harness):
     with pytest.raises(RuntimeError, match="exited 1") as failed:
         common.run_fresh(common.STEP, {"model": "no such model", "method": "fake"}, timeout=300, progress=lines.append)
     assert "KeyError: 'no such model'" in str(failed.value) and lines
+
+
+MiB = 2**20
+
+
+def _config(key: str, label: str, family: str, mib: float, ratio: float, rounds: list[float]) -> dict:
+    return {
+        "key": key,
+        "label": label,
+        "family": family,
+        "spec": {"kind": family, "label": label},
+        "rss_peak": int(mib * MiB),
+        "time_ratio": ratio,
+        "time_ratios": rounds,
+    }
+
+
+@pytest.fixture
+def peers_passes():
+    saved = list(sys.path)
+    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
+    try:
+        import passes
+        from report import time_verdicts
+
+        yield passes, time_verdicts
+    finally:
+        sys.path[:] = saved
+
+
+def test_an_eager_loss_within_noise_is_measured_again_with_remats_plan_at_the_peers_own_peak(peers_passes):
+    """mlp000 on 2026-11-29: remat's fastest point at checkpoint_sequential(6)'s peak was a 6-checkpoint plan
+    (1.22x against 1.16x, within the rounds' noise); its plan at the peer's own peak, 5 checkpoints, had the peer's
+    FLOPs.  `--recheck` measures the peer and both plans again, and the verdict takes the faster plan that reaches
+    the peer's peak measured again."""
+    passes, tv = peers_passes
+    eager = {
+        "configs": [
+            _config("none", "no checkpointing", "none", 27.5, 1.0, [1.0] * 3),
+            _config("p", "checkpoint_sequential(6)", "checkpoint_sequential", 17.5, 1.16, [0.94, 1.16, 1.52]),
+            _config("r6", "remat ilp (6 ckpt)", "remat", 17.1, 1.22, [0.96, 1.22, 1.61]),
+            _config("r5", "remat ilp (5 ckpt)", "remat", 17.5, 1.24, [1.0, 1.24, 1.5]),
+        ],
+        "matched": [{"peer": "checkpoint_sequential(6)", "key": "r5"}],
+    }
+    (v,) = tv.time_verdicts(eager, None)
+    assert (v["verdict"], v["remat"], v["remat_ekeys"]) == ("loses", "remat ilp (6 ckpt)", ["r6", "r5"])
+    assert v["noise"] and tv.doubtful(v)
+
+    R = {"eager": eager, "compile": None}
+    compiled, points = passes._recheckable("mlp000", R)
+    args = passes.argparse.Namespace(threads=2, rounds=None)
+    spec = passes._recheck_spec(
+        "mlp000", {"profile": {"size": "default"}, "models": {"mlp000": R}}, args, points, False
+    )
+    assert compiled == [] and spec["rounds"] == passes.EAGER_RECHECK_ROUNDS
+    assert sorted(c["key"] for c in spec["configs"]) == ["p", "r5", "r6"]
+
+    again = [
+        _config("p", "checkpoint_sequential(6)", "checkpoint_sequential", 17.3, 1.16, []),
+        _config("r6", "remat ilp (6 ckpt)", "remat", 17.1, 1.27, []),
+        _config("r5", "remat ilp (5 ckpt)", "remat", 17.3, 1.18, []),
+    ]
+    eager["recheck"] = {"configs": again, "rounds": 30, "date": "2026-11-29"}
+    r = tv.rechecked(v, R)
+    assert (r["verdict"], r["remat"], r["remat_time"], r["time"]) == ("ties", "remat ilp (5 ckpt)", 1.18, 1.16)
+
+    again[2]["rss_peak"] = int(18.5 * MiB)  # above the peer's peak + max(1 MiB, 1%): not at the peer's point
+    r = tv.rechecked(v, R)
+    assert (r["verdict"], r["remat"]) == ("loses", "remat ilp (6 ckpt)")
+    assert r["why"] == "slower: 1.27× against 1.16×"
+
+
+def test_the_eager_recheck_worker_rebuilds_a_plan_from_the_modules_the_results_keep(harness):
+    """The worker `--recheck` runs for eager points, on report 001's chain (8 blocks): the plan rebuilt from its
+    segments alone (the results JSON keeps no plan) checkpoints the blocks `checkpoint_sequential(2)` does, so both
+    recompute the same FLOPs, and both leave the gradients exact."""
+    _, _, common = harness
+    segment = {"kind": "remat", "label": "remat (1 ckpt)", "segments": [["0", "1", "2", "3"]], "selective": []}
+    spec = {
+        "model": "chain001",
+        "size": "quick",
+        "threads": 1,
+        "rounds": 2,
+        "configs": [{"key": "cs2", "spec": {"kind": "ckpt_seq", "k": 2}}, {"key": "r1", "spec": segment}],
+    }
+    res = common.run_fresh("peers/worker_recheck_eager.py:run", spec, timeout=600)
+    got = {c["key"]: c for c in res["configs"]}
+    assert list(got) == ["none", "cs2", "r1"] and res["rounds"] == 2
+    assert got["none"]["extra_flops"] == 0 < got["cs2"]["extra_flops"] == got["r1"]["extra_flops"]
+    assert all(c["grads"]["equal"] and len(c["time_ratios"]) == 2 and c["rss_peak"] > 0 for c in got.values())
+    assert got["r1"]["tracker_peak"] < got["none"]["tracker_peak"]

@@ -117,64 +117,73 @@ def at_peers_of(args: argparse.Namespace, profiles: dict) -> int:
 
 
 RECHECK_ROUNDS = 9
-"""Rounds of a recheck: in a probe of 9 rounds (2026-11-26), U-Net's per-round ratios of one compiled step spread
-over 0.54-0.77."""
+"""Rounds of a recheck of compiled points: in a probe of 9 rounds (2026-11-26), U-Net's per-round ratios of one
+compiled step spread over 0.54-0.77."""
+EAGER_RECHECK_ROUNDS = 30
+"""Rounds of a recheck of eager points: an eager step of the default sizes takes 0.03-0.5 s, and over 9 rounds
+mlp000's per-round ratios of one plan spread over 0.96-1.61 (2026-11-29, benchmarks/results/peers_eager_recheck)."""
 
 
-def _recheckable(m: str, R: dict) -> list[dict]:
-    """Model `m`'s doubtful verdicts between a torch.compile budget and a remat + compile plan (the others are
-    listed as not rechecked)."""
+def _recheckable(m: str, R: dict) -> tuple[list[dict], list[dict]]:
+    """Model `m`'s doubtful verdicts (compiled: a torch.compile budget against a remat + compile plan; eager: an
+    eager peer against an eager remat plan); the others, one side eager and the other compiled, are listed as
+    not rechecked."""
     lost = [v for v in time_verdicts(R["eager"], R.get("compile")) if doubtful(v)]
-    points = [v for v in lost if v.get("peer_budget") is not None and v.get("remat_key")]
+    compiled = [v for v in lost if v.get("peer_budget") is not None and v.get("remat_key")]
+    eager = [v for v in lost if v.get("peer_ekey") and v.get("remat_ekeys")]
     for v in lost:
-        if v not in points:
+        if v not in compiled and v not in eager:
             print(
-                f"{m}: {v['peer']} against {v.get('remat') or 'nothing'}: not rechecked (eager points are "
-                "measured by worker_eager.py; run that model again)"
+                f"{m}: {v['peer']} against {v.get('remat') or 'nothing'}: not rechecked (one point eager, the "
+                "other compiled: run that model again)"
             )
-    return points
+    return compiled, eager
+
+
+def _recheck_spec(m: str, data: dict, args: argparse.Namespace, points: list[dict], compiled: bool) -> dict:
+    """The worker's SPEC for model `m`'s doubtful points: worker_recheck.py's for compiled points,
+    worker_recheck_eager.py's (the strategies' specs, as the eager worker recorded them) for eager ones."""
+    spec = {"model": m, "size": data["profile"]["size"], "threads": args.threads}
+    if compiled:
+        return dict(
+            spec,
+            rounds=args.rounds or RECHECK_ROUNDS,
+            budgets=sorted({v["peer_budget"] for v in points}),
+            plans=sorted({v["remat_key"] for v in points}),
+        )
+    keys = {k for v in points for k in [v["peer_ekey"], *v["remat_ekeys"]]}
+    configs = [{"key": c["key"], "spec": c["spec"]} for c in data["models"][m]["eager"]["configs"] if c["key"] in keys]
+    return dict(spec, rounds=args.rounds or EAGER_RECHECK_ROUNDS, configs=configs)
 
 
 def recheck(args: argparse.Namespace) -> int:
     """The doubtful verdicts of an earlier run (`report.time_verdicts.doubtful`: losses within noise and ties remat
-    was slower in, a torch.compile budget against remat + compile) measured again in one fresh process
-    (worker_recheck.py: the same budgets, the same plans rebuilt from their keys, more rounds), added to the run
-    as `compile.recheck` and judged by the same rule (docs: --from-json)."""
+    was slower in) measured again in one fresh process each, more rounds, judged by the same rule (docs:
+    --from-json): a torch.compile budget against remat + compile by worker_recheck.py (the same budgets, the same
+    plans rebuilt from their keys), added to the run as `compile.recheck`; an eager peer against an eager remat
+    plan by worker_recheck_eager.py (the peer, the remat plan it was judged against and remat's plan at the peer's
+    own peak, with the unplanned step, nothing else interleaved), added as `eager.recheck`."""
     data = json.loads(Path(args.recheck).read_text())
     models = args.models.split(",") if args.models else list(data["models"])
     done = []
     for m in models:
         R = data["models"][m]
-        points = _recheckable(m, R)
-        if not points:
-            continue
-        spec = {
-            "model": m,
-            "size": data["profile"]["size"],
-            "threads": args.threads,
-            "rounds": args.rounds or RECHECK_ROUNDS,
-            "budgets": sorted({v["peer_budget"] for v in points}),
-            "plans": sorted({v["remat_key"] for v in points}),
-        }
-        res = run_worker("worker_recheck", spec, args.timeout)
-        if "worker_error" in res:
-            print(f"{m}: {res['worker_error']}\n{res.get('log_tail', '')}")
-            return 1
-        R["compile"]["recheck"] = dict(
-            res,
-            date=time.strftime("%Y-%m-%d"),
-            commit=git_state().get("commit", "?"),
-            peers=[v["peer"] for v in points],
-        )
-        done.append(m)
+        for part, points in zip(("compile", "eager"), _recheckable(m, R)):
+            if not points:
+                continue
+            spec = _recheck_spec(m, data, args, points, compiled=part == "compile")
+            res = run_worker("worker_recheck" if part == "compile" else "worker_recheck_eager", spec, args.timeout)
+            if "worker_error" in res:
+                print(f"{m}: {res['worker_error']}\n{res.get('log_tail', '')}")
+                return 1
+            when = {"date": time.strftime("%Y-%m-%d"), "commit": git_state().get("commit", "?")}
+            R[part]["recheck"] = dict(res, **when, peers=[v["peer"] for v in points])
+            done.append(m)
     if not done:
-        print(
-            "nothing to recheck: no loss within noise nor tie remat was slower in, between a torch.compile budget "
-            "and remat + compile"
-        )
+        print("nothing to recheck: no loss within noise nor tie remat was slower in")
         return 0
     data["command"] += (
-        f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(done)}"
+        f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(dict.fromkeys(done))}"
         f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
     )
     name = args.out or Path(args.recheck).stem

@@ -14,8 +14,8 @@
     python benchmarks/peers/run.py --models gpt2,bert --rounds 9    # a subset, more timing rounds
     python benchmarks/peers/run.py --from-json benchmarks/results/peers.json   # re-render only
     python benchmarks/peers/run.py --recheck benchmarks/results/peers_large_unet.json   # its losses within
-                                              # noise and the ties remat was slower in (compiled points)
-                                              # measured again over 9 rounds (~4 min)
+                                              # noise and the ties remat was slower in measured again:
+                                              # compiled points over 9 rounds (~4 min), eager over 30
     python benchmarks/peers/repro_bugs.py     # the remat bugs this benchmark found (run.py runs it too)
     python benchmarks/peers/rockmate_probe.py # (network) re-try Rockmate as shipped; run.py reads its result
 
@@ -175,9 +175,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--recheck",
         metavar="PATH",
-        help="measure again, over --rounds (default 9) interleaved rounds in one fresh process, each "
-        "torch.compile peer point an earlier run's remat + compile lost within the rounds' noise, "
-        "and the remat plan it lost with; added to that run",
+        help="measure again, in one fresh process, each peer point an earlier run's remat lost within "
+        "the rounds' noise or tied more slowly, and the remat point it was judged against: a "
+        "torch.compile budget against remat + compile over --rounds (default 9) interleaved rounds, "
+        "an eager peer against an eager remat plan over --rounds (default 30); added to that run",
     )
     ap.add_argument("--timeout", type=int, default=3600, help="seconds per worker (BERT's compile worker: 34 min)")
     args = ap.parse_args(argv)

@@ -74,6 +74,8 @@ def plan_spec(plan: remat.Plan) -> dict:
         "label": f"remat {plan.solver} ({what})",
         "segments": plan.segments,
         "selective": sel,
+        "selective_keeps": dict(plan.selective_keeps),
+        "offload": off,
     }
 
 
@@ -336,13 +338,14 @@ class EagerRun:
             return remat.plan(self.prof, budget, solver="dp")
 
     def time_steps(self) -> None:
-        """(5) Step times, all strategies interleaved; round 0 is the warm-up."""
+        """(5) Step times, all strategies interleaved, each round starting one strategy further on (no strategy
+        always runs after the same one); round 0 is the warm-up."""
         ok = [k for k in self.order if "error" not in self.configs[k]]
         appl = {k: Applied(self.bench, self.configs[k]["spec"]) for k in ok}
         opt = adam(self.model)
         times = {k: [] for k in ok}
         for r in range(self.spec["rounds"] + 1):
-            for k in ok:
+            for k in ok[r % len(ok) :] + ok[: r % len(ok)]:
                 appl[k].on()
                 try:
                     t0 = time.perf_counter()

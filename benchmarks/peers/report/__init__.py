@@ -23,7 +23,7 @@ def slim(data: dict) -> dict:
     """The data as the results JSON keeps it: without the plans themselves (each config keeps its key)."""
     out = json.loads(json.dumps(data))
     for R in out["models"].values():
-        for c in R["eager"].get("configs", []):
+        for c in R["eager"].get("configs", []) + (R["eager"].get("recheck") or {}).get("configs", []):
             c["spec"].pop("plan", None)
     return out
 

@@ -58,7 +58,7 @@ def _verdicts(data: dict, models: list[str]) -> tuple[list, list, list]:
         if R["eager"].get("worker_error"):
             continue
         for v in time_verdicts(R["eager"], R.get("compile")):
-            r = rechecked(v, (R.get("compile") or {}).get("recheck")) if doubtful(v) else None
+            r = rechecked(v, R) if doubtful(v) else None
             pairs.append((v, r))
             rows.append(_row(m, v, r))
         best = at_oneflow_memory(R["eager"], R.get("compile"))
@@ -104,7 +104,7 @@ def _counts_line(pairs: list[tuple[dict, dict | None]], compiled: bool = True) -
         + (
             f"; with {len(again)} of them (losses within noise, ties remat was slower in) measured again over "
             f"more rounds in one process (`run.py "
-            f"--recheck`: the same compiled budget and the same plan), **wins {after['wins']}**, **ties "
+            f"--recheck`: the same peer point and the same remat point), **wins {after['wins']}**, **ties "
             f"{after['ties']}**, **loses {after['loses']}**"
             if again
             else ""
@@ -120,7 +120,7 @@ def _recheck_cell(r: dict | None) -> str:
     if not r:
         return ""
     return (
-        f"; measured again {r['date']} over {r['rounds']} rounds in one process: remat {r['remat_time']:.2f}× at "
+        f"; measured again {r['date']} over {r['rounds']} rounds in one process: {r['remat']} {r['remat_time']:.2f}× at "
         f"{mib(r['remat_rss'])} MiB, the peer {r['time']:.2f}× at {mib(r['rss'])} MiB: **{r['verdict']}**"
         + (f" ({r['why']})" if r["why"] else "")
     )

@@ -34,6 +34,7 @@ def remat_candidates(E: dict, C: dict | None) -> list[dict]:
             "time": c["time_ratio"],
             "compiled": False,
             "rounds": c.get("time_ratios") or [c["time_ratio"]],
+            "ekey": c["key"],
         }
         for c in E.get("configs", [])
         if c["family"] == "remat" and c.get("rss_peak") and c.get("time_ratio")
@@ -57,6 +58,7 @@ def remat_candidates(E: dict, C: dict | None) -> list[dict]:
 
 
 def peer_points(E: dict, C: dict | None) -> list[dict]:
+    matched = {r["peer"]: r["key"] for r in E.get("matched", []) if r.get("key")}
     pts = [
         {
             "peer": c["label"],
@@ -64,6 +66,8 @@ def peer_points(E: dict, C: dict | None) -> list[dict]:
             "rss": c["rss_peak"],
             "time": c["time_ratio"],
             "rounds": c.get("time_ratios") or [c["time_ratio"]],
+            "peer_ekey": c["key"],
+            "matched_ekey": matched.get(c["label"]),
         }
         for c in E.get("configs", [])
         if c["family"] in PEERS_FAMILIES and c.get("rss_peak") and c.get("time_ratio")
@@ -107,6 +111,9 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
             remat_compiled=best["compiled"],
             peer_budget=p.get("budget"),
             remat_key=best.get("key"),
+            remat_ekeys=[k for k in dict.fromkeys([best.get("ekey"), p.get("matched_ekey")]) if k]
+            if best.get("ekey")
+            else [],
         )
         v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
         if best.get("keeps_all") and p["peer"] == SAME_STEP_AS_KEEP_ALL:
@@ -154,28 +161,22 @@ def doubtful(v: dict) -> bool:
     )
 
 
-def rechecked(v: dict, recheck: dict | None) -> dict | None:
-    """Verdict `v` judged again on `run.py --recheck`'s figures of the same two points (one fresh process, more
-    rounds), or None where the recheck did not measure both: {verdict, why, rss, time, remat_rss, remat_time,
-    rounds, date}."""
-    if not recheck or v.get("peer_budget") is None or not v.get("remat_key"):
+def rechecked(v: dict, R: dict) -> dict | None:
+    """Verdict `v` of model run `R` judged again on `run.py --recheck`'s figures of the same points (one fresh
+    process, more rounds), by the same rule: a torch.compile budget against remat + compile from
+    `R["compile"]["recheck"]`; an eager peer against remat's fastest eager plan from `R["eager"]["recheck"]`, of
+    the one `v` chose and the one remat planned at the peer's own peak (`R["eager"]["matched"]`).  None where the
+    recheck did not measure both sides.  {verdict, why, rss, time, remat, remat_rss, remat_time, rounds, date}."""
+    if v.get("peer_budget") is not None and v.get("remat_key"):
+        recheck = (R.get("compile") or {}).get("recheck") or {}
+        peer = _measured(recheck.get("budgets"), "budget", v["peer_budget"])
+        mine = _measured(recheck.get("remat_compiled"), "key", v["remat_key"])
+    elif v.get("peer_ekey") and v.get("remat_ekeys"):
+        recheck = (R.get("eager") or {}).get("recheck") or {}
+        peer = _measured(recheck.get("configs"), "key", v["peer_ekey"])
+        mine = _fastest_at(peer, [_measured(recheck.get("configs"), "key", k) for k in v["remat_ekeys"]])
+    else:
         return None
-    peer = next(
-        (
-            r
-            for r in recheck.get("budgets", [])
-            if r.get("budget") == v["peer_budget"] and r.get("time_ratio") and r.get("rss_peak")
-        ),
-        None,
-    )
-    mine = next(
-        (
-            r
-            for r in recheck.get("remat_compiled", [])
-            if r.get("key") == v["remat_key"] and r.get("time_ratio") and r.get("rss_peak")
-        ),
-        None,
-    )
     if peer is None or mine is None:
         return None
     verdict, why = judge(mine["rss_peak"], mine["time_ratio"], peer["rss_peak"], peer["time_ratio"])
@@ -184,11 +185,24 @@ def rechecked(v: dict, recheck: dict | None) -> dict | None:
         "why": why,
         "rss": peer["rss_peak"],
         "time": peer["time_ratio"],
+        "remat": mine.get("label") or f"remat + compile ({mine.get('plan', '?')})",
         "remat_rss": mine["rss_peak"],
         "remat_time": mine["time_ratio"],
         "rounds": recheck.get("rounds"),
         "date": recheck.get("date", ""),
     }
+
+
+def _fastest_at(peer: dict | None, mine: list[dict | None]) -> dict | None:
+    """Of remat's points measured again, the fastest at the peer's peak measured again (the first if none is)."""
+    got = [r for r in mine if r]
+    fits = [r for r in got if peer and reaches(r["rss_peak"], peer["rss_peak"])]
+    return min(fits, key=lambda r: r["time_ratio"]) if fits else (got[0] if got else None)
+
+
+def _measured(records: list[dict] | None, field: str, value) -> dict | None:
+    """The record of `records` whose `field` is `value`, if it was measured (a process peak and a time)."""
+    return next((r for r in records or [] if r.get(field) == value and r.get("time_ratio") and r.get("rss_peak")), None)
 
 
 def at_oneflow_memory(E: dict, C: dict | None) -> dict | None:
