@@ -55,6 +55,21 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "Qwen3MoeForCausalLM",
         dict(DECODER, num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=64),
     ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        dict(DECODER, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+    ),
+    "gpt_bigcode": (  # multi-query attention
+        "GPTBigCodeConfig",
+        "GPTBigCodeForCausalLM",
+        dict(vocab_size=256, n_embd=64, n_layer=3, n_head=4, n_positions=64, multi_query=True),
+    ),
+    "mamba": (  # state-space: on CPU a loop over the sequence, and a SiLU module made inside the forward
+        "MambaConfig",
+        "MambaForCausalLM",
+        dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, state_size=8),
+    ),
     "roberta": ("RobertaConfig", "RobertaForMaskedLM", dict(TEXT, max_position_embeddings=72)),
     "distilbert": (
         "DistilBertConfig",
@@ -87,6 +102,11 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "RegNetConfig",
         "RegNetForImageClassification",
         dict(image=64, embedding_size=16, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1], groups_width=8),
+    ),
+    "resnet": (
+        "ResNetConfig",
+        "ResNetForImageClassification",
+        dict(image=64, embedding_size=16, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1]),
     ),
     "mobilenet_v2": ("MobileNetV2Config", "MobileNetV2ForImageClassification", dict(image=64, depth_multiplier=0.35)),
     "swin": (
@@ -154,9 +174,10 @@ def check(name: str) -> dict:
 
 def row(r: dict) -> list:
     if "error" in r:
-        return [r["model"], "", "", "error: " + r["error"], "", "", ""]
+        return [r["model"], "", "", "error: " + r["error"], "", "", "", ""]
     least, mid = r["plans"]
     over = max((p["measured"] - p["budget"]) / p["budget"] for p in r["plans"])
+    off = max((p["predicted"] - p["measured"] for p in r["plans"]), key=abs)
     return [
         r["model"],
         f"{r['real']:,}",
@@ -166,6 +187,7 @@ def row(r: dict) -> list:
         "yes" if all(p["ok"] for p in r["plans"]) else "NO",
         "yes" if all(p["flops"][0] == p["flops"][1] for p in r["plans"]) else "NO",
         f"{over:+.2%}",
+        f"{off:+,}",
     ]
 
 
@@ -177,6 +199,7 @@ HEADERS = [
     "verify ok",
     "extra FLOPs as predicted",
     "most over budget (tracker)",
+    "predicted - tracked, planned (bytes, largest)",
 ]
 
 

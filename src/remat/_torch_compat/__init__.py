@@ -148,73 +148,7 @@ def fsdp_checkpoint_wrapper(module, reentrant: bool = False):
     return checkpoint_wrapper(module, checkpoint_impl=impl)
 
 
-import itertools  # noqa: E402
-
-from torch.utils.module_tracker import ModuleTracker as _ModuleTracker  # noqa: E402
-
-
-class ModuleTracker(_ModuleTracker):
-    """`torch.utils.module_tracker.ModuleTracker` that registers no grad hooks for forwards
-    re-run inside backward (checkpoint recomputation).
-
-    torch's tracker hooks every module call's inputs and outputs and keeps the hooks until
-    it exits; for a recomputed forward those hooks keep the recomputed tensors alive to the
-    end of backward (measured: checkpoint_sequential(4) over a 33-module chain, 71 MiB instead
-    of the true 48 MiB).  Overrides two private methods, hence here.
-
-    Modules re-run in backward are kept apart, in `recomputing`: torch stops a recomputation
-    early by raising inside it, so their post-hooks may never run.  A module entered in a
-    recomputation drops the names that are not its ancestors (left over from an earlier,
-    stopped one), and ops that are not recomputation ignore them.
-    """
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.recomputing: set[str] = set()
-        self.entered: dict[str, int] = {}
-        """Module name -> when it was last entered (forward, backward or recomputation), for `innermost`."""
-        self._entries = itertools.count()
-
-    def _get_append_fn(self, name, is_bw):
-        enter = super()._get_append_fn(name, is_bw)
-
-        def fn(*args) -> None:
-            self.entered[name] = next(self._entries)
-            enter(*args)
-
-        return fn
-
-    def _fw_pre_hook(self, mod, input) -> None:
-        if in_backward():
-            name = self._get_mod_name(mod)
-            self.entered[name] = next(self._entries)
-            self.recomputing = {n for n in self.recomputing if name.startswith(n + ".")} | {name}
-        else:
-            super()._fw_pre_hook(mod, input)
-
-    def _fw_post_hook(self, mod, input, output) -> None:
-        if in_backward():
-            self.recomputing.discard(self._get_mod_name(mod))
-            return
-        given = {id(t) for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)}
-        made = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in given]
-        super()._fw_post_hook(mod, input, made)  # an output that is an input (nn.Identity) opens no backward
-
-    def innermost(self, recompute: bool) -> str | None:
-        """The module running now: of the recomputed ones for a recomputed op, else of the others.
-
-        The one entered last, then inside it the one entered last, down to a module with none open
-        inside (in backward a module and its last child are entered on the same gradient, the child
-        first).  Not simply the deepest: in backward a module whose inputs need no gradient (an
-        embedding, a stem's convolution) is never left, and the deepest open one would take every
-        later op.  Ties (never in practice: entries are numbered) go to the last name, so the answer
-        never depends on set order."""
-        names = [n for n in (self.recomputing if recompute else self.parents) if n != "Global"]
-        pick = None
-        while names:
-            pick = max(names, key=lambda n: (self.entered.get(n, -1), n))
-            names = [n for n in names if n.startswith(pick + ".")]
-        return pick
+from remat._torch_compat.module_tracker import ModuleTracker  # noqa: E402, F401  (needs in_backward above)
 
 
 # -- intercepting torch.utils.checkpoint (used by remat.explainer) ------------------------------------

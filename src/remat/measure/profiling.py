@@ -329,7 +329,7 @@ class _Run:
         (NOTE [The step that is measured], Rule 4)."""
         model, runner = self.model, self.runner
         with contextlib.ExitStack() as stack:
-            tracker.modules = stack.enter_context(ModuleTracker())
+            tracker.modules = stack.enter_context(ModuleTracker(tracker.root_type))
             stack.enter_context(io.hooks())
             stack.enter_context(tracker)
             phase = _phase_setter(tracker, self.progress)

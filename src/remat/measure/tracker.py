@@ -35,6 +35,14 @@ NOTE [When a saved tensor is attributed to a module]
   forward or loss phase (seen through `saved_tensors_hooks`); a checkpoint in the
   user's code installs its own hooks, so what it drops is never packed here and
   only what it really keeps (its inputs) counts.
+  A module the model does not register (made inside a forward, as Hugging Face's
+  Mamba makes its SiLU with `ACT2FN[...]` on CPU, or one instance shared through a
+  module-level table) is not a module of the model: called while the model's
+  modules run, its ops and packs are the innermost of those (`ModuleTracker.root`).
+  Named after its class alone, "<SiLUActivation>", it was inside no block: what it
+  made and saved in Mamba's first layer, 68,608 bytes, was freed by a checkpoint of
+  that layer but not counted as freed (2026-11-29).  Called outside them (a loss
+  module in the loss function), it keeps its own name.
 
 NOTE [Recomputation]
   An op runs as recomputation when the autograd engine is in a backward pass and
