@@ -123,6 +123,35 @@ def test_a_module_outside_the_model_called_inside_a_block_is_the_blocks():
     assert plan.segments and planned.peak_bytes == plan.peak_bytes < prof.peak_bytes
 
 
+class _NoGradProbe(nn.Module):
+    """Calls a module under `torch.no_grad()` on a view of a tensor that requires grad, as Hugging Face's Reformer
+    runs its reversible layers inside a custom autograd Function's forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin, self.probe = nn.Linear(16, 16), nn.Linear(8, 1)
+        self.register_buffer("seen", torch.zeros(()))
+
+    def forward(self, x):
+        h = self.lin(x)
+        with torch.no_grad():
+            self.seen.copy_(self.probe(h[:, :8]).mean())  # the view requires grad and has no node to hook
+        return torch.relu(h)
+
+
+def test_a_module_called_under_no_grad_on_a_view_that_requires_grad_is_profiled_and_verified():
+    """torch 2.13's ModuleTracker, and FlopCounterMode through it, raise "Expected gradient function to be set" on
+    such a call (Reformer, 2026-11-29); remat's tracker and `remat.verify`'s FLOP count hook no backward for it."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(*[_NoGradProbe() for _ in range(4)], nn.Linear(16, 4)), torch.randn(4096, 16)
+    prof = remat.profile(model, x)
+    assert prof.peak_bytes > 0 and {b.name for b in prof.blocks} >= {"0", "1"}
+    plan = remat.plan(prof, remat.frontier(prof)[-1].peak_bytes)
+    report = remat.verify(model, x, plan, time_rounds=0)
+    assert plan.segments and report.ok, report
+    assert report.measured_recompute_flops == plan.recompute_flops > 0
+
+
 def test_tied_weights_count_once():
     model, inputs = zoo.gpt2(n_layer=1, n_embd=32, n_head=2, seq=16, batch=2, vocab=128)
     assert model.lm_head.weight is model.transformer.wte.weight

@@ -23,7 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # private module, pu
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # private: pytree (un)flattening
 
 from remat._torch_compat.fake_ops import real_kernel_rules  # fake kernels where the meta kernel refuses
-from remat._torch_compat.flops import flop_formulas, flops_of  # torch's formulas, attention's GQA-aware
+from remat._torch_compat.flops import flop_counter, flop_formulas, flops_of  # torch's formulas, attention's GQA-aware
 from remat._torch_compat.hooks import global_forward_hook_with_kwargs  # torch's handle leaves a flag
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "FAKE_OP_ERRORS",
     "in_backward",
     "op_name",
+    "flop_counter",
     "flops_of",
     "flop_formulas",
     "fake_mode_of",

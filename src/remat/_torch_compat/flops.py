@@ -16,7 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.utils.flop_counter as _flop_counter
 
-__all__ = ["flops_of", "flop_formulas"]
+__all__ = ["flop_counter", "flops_of", "flop_formulas"]
 
 _aten = torch.ops.aten
 
@@ -73,6 +73,19 @@ def flop_formulas() -> dict[Any, Callable[..., int]]:
     registry = _flop_counter.flop_registry
     ops = _ATTENTION + tuple(op for op in _ATTENTION_IF_COUNTED if op in registry)
     return {op: _formula(op) for op in ops}
+
+
+def flop_counter() -> _flop_counter.FlopCounterMode:
+    """`FlopCounterMode(display=False, custom_mapping=flop_formulas())` whose module tracker is remat's
+    (`ModuleTracker`, a private attribute, hence here): torch's own raises "Expected gradient function to be set"
+    on a module called under `torch.no_grad()` with a view of a tensor that requires grad, as Hugging Face's
+    Reformer calls its reversible layers (torch 2.13).  The totals are the same; only which module is running is
+    known better."""
+    from remat._torch_compat.module_tracker import ModuleTracker  # imports this package: not at its import
+
+    counter = _flop_counter.FlopCounterMode(display=False, custom_mapping=flop_formulas())
+    counter.mod_tracker = ModuleTracker()
+    return counter
 
 
 def flops_of(func, args, kwargs, out) -> int:

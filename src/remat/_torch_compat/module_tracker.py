@@ -24,6 +24,11 @@ class ModuleTracker(_ModuleTracker):
     recomputation drops the names that are not its ancestors (left over from an earlier,
     stopped one), and ops that are not recomputation ignore them.
 
+    Under `torch.no_grad()` (a custom autograd Function's forward: Hugging Face's Reformer runs
+    its reversible layers so) a module call records no graph, and nothing is hooked for its
+    backward: torch's own tracker tried, and raised on a view made there of a tensor that
+    requires grad ("Expected gradient function to be set"; such a view has no node to hook).
+
     `root`: how torch names the model (its class name).  A module outside it (not registered
     in it: an activation module made on the fly or shared through a module-level table, a loss
     module) is named by its class alone, never under the model.  Called while modules of the
@@ -56,8 +61,10 @@ class ModuleTracker(_ModuleTracker):
                 self.recomputing.add(name)
             else:
                 self.recomputing = {n for n in self.recomputing if name.startswith(n + ".")} | {name}
-        else:
+        elif torch.is_grad_enabled():
             super()._fw_pre_hook(mod, input)
+        else:  # no graph is recorded, so no backward of this call to hook (nor, for a view made here, a node)
+            self._get_append_fn(self._get_mod_name(mod), False)()
 
     def _fw_post_hook(self, mod, input, output) -> None:
         if in_backward():
@@ -65,6 +72,8 @@ class ModuleTracker(_ModuleTracker):
             return
         given = {id(t) for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)}
         made = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in given]
+        if not torch.is_grad_enabled():
+            made = []
         super()._fw_post_hook(mod, input, made)  # an output that is an input (nn.Identity) opens no backward
 
     def _outside(self, name: str) -> bool:

@@ -12,9 +12,8 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-from torch.utils.flop_counter import FlopCounterMode
 
-from remat._torch_compat import flop_formulas
+from remat._torch_compat import flop_counter
 from remat._torch_compat.compiler import compiled_as_compiled
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.applier.apply import applied, apply, remove, taken_off
@@ -345,7 +344,7 @@ def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:
     try:
         torch.manual_seed(0)
         planned, fix = (" with the plan applied", PLANNED_FIX) if applied(model) is not None else ("", RUN_FIX)
-        with FlopCounterMode(display=False, custom_mapping=flop_formulas()) as counter:  # GQA on torch < 2.12
+        with flop_counter() as counter:  # torch's FlopCounterMode: GQA on torch < 2.12, no_grad module calls
             out = run_user_code(f"the model's forward{planned}", lambda: model(*step.args, **step.kwargs), fix)
             loss = run_user_code(f"the loss{planned}", lambda: compute_loss(out, loss_fn), fix)
             run_user_code(f"backward{planned}", loss.backward, fix)
