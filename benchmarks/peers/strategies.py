@@ -19,6 +19,7 @@ kinds:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from functools import partial
 
@@ -119,6 +120,12 @@ def how(bench, spec: dict) -> str:
             return "model.activation_checkpointing_enable(activation_checkpointing_kwargs={'use_reentrant': False})"
         return "apply_activation_checkpointing(model, checkpoint_wrapper (NO_REENTRANT), check_fn=block)"
     return HOW.get(k, "")
+
+
+def rebuilt_plan(prof, **fields) -> remat.Plan:
+    """An earlier run's plan rebuilt from what its results keep (`fields`: segments, selective, selective_keeps,
+    offload, compiler_budget), on `prof`'s keep-everything plan: the same plan, not planned again."""
+    return dataclasses.replace(remat.plan(prof, prof.peak_bytes), solver="recheck", **fields)
 
 
 class Applied:

@@ -12,20 +12,19 @@ and its step timed against eager without checkpointing as worker_compile.py does
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import time
 import warnings
 
 import torch
 
-import remat
 from remat._torch_compat.compiler import compiled_as_compiled
 
 import remat_compiled  # noqa: E402
 from _common import describe_plan  # noqa: E402
 import worker_compile  # noqa: E402  (its Inductor settings: no FX graph or AOTAutograd cache)
 from measure import flops_and_grads  # noqa: E402
+from strategies import rebuilt_plan  # noqa: E402
 
 warnings.filterwarnings("ignore")
 
@@ -33,10 +32,7 @@ warnings.filterwarnings("ignore")
 def plan_of(prof, key: str):
     """The plan a remat + compile record's key names, on this process's profile."""
     segments, selective, keeps, knob = json.loads(key)
-    keep = remat.plan(prof, prof.peak_bytes)
-    return dataclasses.replace(
-        keep, segments=segments, selective=selective, selective_keeps=keeps, compiler_budget=knob, solver="recheck"
-    )
+    return rebuilt_plan(prof, segments=segments, selective=selective, selective_keeps=keeps, compiler_budget=knob)
 
 
 @compiled_as_compiled()  # as worker_compile.run: no recompile limit, and never uncompiled silently

@@ -13,13 +13,11 @@ step only, over more rounds.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 
 import torch
 
-import remat
-
+from strategies import rebuilt_plan  # noqa: E402
 from worker_eager import EagerRun  # noqa: E402
 
 
@@ -32,14 +30,12 @@ def with_plan(run: EagerRun, spec: dict) -> dict:
             f"{spec['label']}: recorded before the results kept which ops a selective checkpoint keeps; "
             "measure that model again instead"
         )
-    keep = remat.plan(run.prof, run.prof.peak_bytes)
-    plan = dataclasses.replace(
-        keep,
+    plan = rebuilt_plan(
+        run.prof,
         segments=spec["segments"],
         selective=spec["selective"],
         selective_keeps=spec.get("selective_keeps", {}),
         offload=spec.get("offload", []),
-        solver="recheck",
     )
     return dict(spec, plan=plan.to_json())
 
