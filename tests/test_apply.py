@@ -1,5 +1,6 @@
 """remat.apply / remove / auto / checkpoint / verify on every model kind: nothing but memory changes."""
 
+import copy
 import dataclasses
 import warnings
 
@@ -585,3 +586,64 @@ def test_verify_needs_bit_equal_gradients_on_cpu_and_allows_a_cuda_steps_own_noi
     beyond = dataclasses.replace(noisy, grad_max_abs_diff={**zeros, first: 4.7e-3})
     assert not beyond.grads_equal and not beyond.ok
     assert dataclasses.replace(beyond, tolerance=1e-2).grads_equal
+
+
+class _Reseeds(nn.Module):
+    """As Hugging Face's Reformer does in training: a seed from the OS in every forward, then dropout (and a tanh,
+    whose saved output makes the module worth recomputing)."""
+
+    def __init__(self, p: float):
+        super().__init__()
+        self.p = p
+
+    def forward(self, x):
+        torch.seed()
+        return nn.functional.dropout(x, self.p, training=True).tanh()
+
+
+class _Counts(nn.Module):
+    """A forward that changes state outside its tensors: a recomputation scales its output once more."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        self.calls += 1
+        return x * float(self.calls)
+
+
+@pytest.mark.parametrize(
+    "middle, replays, verdict_starts",
+    [
+        (_Reseeds(0.5), False, "Verdict: NOT proved: the step without the plan does not replay itself"),
+        (_Reseeds(0.0), True, "Verdict: the plan holds"),
+        (_Counts(), True, "Verdict: the plan does NOT hold"),
+    ],
+    ids=["reseeds and draws", "reseeds, draws nothing", "counts its calls"],
+)
+def test_verify_runs_a_step_again_when_gradients_differ_and_judges_none_that_does_not_replay_itself(
+    middle, replays, verdict_starts
+):
+    """NOTE [A step that does not replay itself]: a step whose random draws a seed does not replay leaves the
+    gradients unjudged, with why and the fix, not a MISMATCH blamed on the plan; a reseed that changes no draw
+    replays; a plan that does change the gradients is still a MISMATCH."""
+    from remat.report.plan_text import verdict
+
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(64, 64), copy.deepcopy(middle), nn.Linear(64, 64), nn.Tanh()) for _ in range(4)]
+    model, x = nn.Sequential(*blocks, nn.Linear(64, 8)), torch.randn(2048, 64)
+    plan = architectures.least_plan(remat.profile(model, x))
+    assert ["0.0", "0.1", "0.2"] in plan.segments, plan.segments  # the middle module recomputed
+    report = remat.verify(model, x, plan, time_rounds=0)
+    assert report.unplanned_reproducible is replays and report.grad_tolerance == 0.0, str(report)
+    assert verdict(report).startswith(verdict_starts), verdict(report)
+    text = str(report)
+    if not replays:
+        assert not report.ok and report.grad_noise > 0 and "not judged" in text and "MISMATCH" not in text
+        assert f"its gradients differ by {report.grad_noise:.3g}, so they cannot show what the plan changes" in text
+        assert "Fix: verify with that randomness fixed (dropout 0," in text.replace("\n", " ")
+    else:
+        assert "does not replay itself" not in text and report.grad_noise == 0.0
+        assert report.ok is (verdict_starts == "Verdict: the plan holds"), text
+        assert report.ok is verdict(report).endswith("; the plan has no budget).")  # a frontier's plan

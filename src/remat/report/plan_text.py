@@ -248,7 +248,8 @@ def render_verify(report) -> str:
     for col, just in VERIFY_COLUMNS:
         table.add_column(col, justify=just)
     ok = lambda flag: "ok" if flag else "MISMATCH"  # noqa: E731
-    table.add_row("gradients (max |diff|)", f"{worst:.3g}", _grad_expected(report), ok(report.grads_equal))
+    grads = ok(report.grads_equal) if report.unplanned_reproducible else "not judged"
+    table.add_row("gradients (max |diff|)", f"{worst:.3g}", _grad_expected(report), grads)
     table.add_row(
         "buffers (BatchNorm stats)", "equal" if report.buffers_equal else "differ", "equal", ok(report.buffers_equal)
     )
@@ -287,7 +288,23 @@ def render_verify(report) -> str:
     if report.timed:
         _time_rows(table, report)
     console.print(table)
-    return out.getvalue().rstrip() + "\n" + _cuda_verdict(report)
+    return out.getvalue().rstrip() + "\n" + _not_replayed(report) + _cuda_verdict(report)
+
+
+def _not_replayed(report) -> str:
+    """After the table, where the step without the plan did not replay itself: why the gradients are not judged,
+    and the fix (NOTE [A step that does not replay itself])."""
+    if report.unplanned_reproducible:
+        return ""
+    line = (
+        "Gradients: the step without the plan does not replay itself: run twice from one seed"
+        f" (torch.manual_seed(0)) its gradients differ by {report.grad_noise:.3g}, so they cannot show what the plan"
+        " changes. It draws random numbers a seed does not replay: torch.seed() in its forward (Hugging Face's"
+        " Reformer does, in training), numpy or Python's random. Fix: verify with that randomness fixed (dropout 0,"
+        " fixed seeds: Reformer's hash_seed) or the calls taken out; the plan's checkpoints replay torch's generator"
+        " as the forward drew from it, not a seed taken from the OS inside a checkpointed module."
+    )
+    return textwrap.fill(line, REPORT_WIDTH) + "\n"
 
 
 def _budget_verdict(report) -> str:
@@ -314,13 +331,17 @@ def _compiled_kept_more(report) -> str:
 def verdict(report) -> str:
     """One line under a verify table, in words: whether the plan holds, and what its time did against the
     prediction (a guide: seconds are not part of `report.ok`)."""
+    if not report.unplanned_reproducible and not report.grads_equal:
+        return "Verdict: NOT proved: the step without the plan does not replay itself (see under the table)."
     if not report.ok:
         return "Verdict: the plan does NOT hold: see the rows marked MISMATCH or OVER above." + _compiled_kept_more(
             report
         )
-    holds = (
-        "Verdict: the plan holds: the same gradients, the recomputation predicted, the peak within the budget"
-        f" ({fmt_bytes(report.measured_peak_bytes, 'auto')} of {fmt_bytes(report.budget_bytes, 'auto')})"
+    peak = fmt_bytes(report.measured_peak_bytes, "auto")
+    holds = "Verdict: the plan holds: the same gradients, the recomputation predicted, " + (
+        f"the peak within the budget ({peak} of {fmt_bytes(report.budget_bytes, 'auto')})"
+        if report.budget_bytes is not None
+        else f"the peak as predicted ({peak}; the plan has no budget)"
     )
     if not report.timed or not report.predicted_overhead:
         return holds + "."

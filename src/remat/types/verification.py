@@ -68,8 +68,14 @@ class VerifyReport:
     predicted_overhead: float = 0.0
     """The plan's prediction of it: `Plan.extra_fraction` (0.0 for a plan of an untimed profile)."""
     grad_noise: float = 0.0
-    """On CUDA, the largest |difference| between the gradients of two runs of the unplanned step from the same RNG
-    state (non-deterministic kernels); 0.0 on CPU, whose kernels are deterministic, and where it was not measured."""
+    """The largest |difference| between the gradients of two runs of the unplanned step from the same RNG state:
+    on CUDA, non-deterministic kernels; 0.0 where it was not measured (CPU, whose kernels are deterministic, when
+    the gradients with the plan are equal)."""
+    unplanned_reproducible: bool = True
+    """The step without the plan, run again from the same RNG state, replayed its first run (checked on CUDA always,
+    on CPU where the gradients differ; NOTE [A step that does not replay itself] in `remat.verifier.verify`).
+    False: it draws random numbers a seed does not replay (`torch.seed()` in its forward, numpy), and the gradients
+    cannot show what the plan changed: `ok` is False and the report says how to make the step replay."""
     cuda: CudaCheck | None = None
     """On CUDA, the planned step run again in a process capped at the budget, with `max_memory_allocated` and
     `max_memory_reserved` (NOTE [The budget is the GPU's memory] in `remat.verifier.verify`); None on CPU."""
@@ -81,7 +87,10 @@ class VerifyReport:
 
     @property
     def grad_tolerance(self) -> float:
-        """The gradient difference accepted: `tolerance`, or GRAD_NOISE_FACTOR times `grad_noise` if larger."""
+        """The gradient difference accepted: `tolerance`, or GRAD_NOISE_FACTOR times `grad_noise` if larger (the
+        kernels' noise; not where the step did not replay itself, `unplanned_reproducible`)."""
+        if not self.unplanned_reproducible:
+            return self.tolerance
         return max(self.tolerance, GRAD_NOISE_FACTOR * self.grad_noise)
 
     @property
