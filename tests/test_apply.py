@@ -647,3 +647,17 @@ def test_verify_runs_a_step_again_when_gradients_differ_and_judges_none_that_doe
         assert "does not replay itself" not in text and report.grad_noise == 0.0
         assert report.ok is (verdict_starts == "Verdict: the plan holds"), text
         assert report.ok is verdict(report).endswith("; the plan has no budget).")  # a frontier's plan
+
+
+def test_a_step_replays_itself_within_bfloat16_rounding_judged_over_all_parameters_together():
+    """Rule 1 of NOTE [A step that does not replay itself]: a second run whose gradients moved by a bfloat16
+    gradient's last bit, or by rounding at the others' scale on a parameter whose gradients are all tiny, replayed
+    the first; one whose dropout mask was drawn again did not."""
+    from remat.verifier.replay import replayed
+
+    torch.manual_seed(0)
+    first = {"w": torch.randn(256, 256), "tiny": torch.full((8,), 1e-9)}
+    rounded = {n: g.bfloat16().float() for n, g in first.items()}
+    tiny_moved = {**first, "tiny": first["tiny"] + 1e-8}  # ten times its own size: per parameter, not replayed
+    redrawn = {**first, "w": first["w"] * (torch.rand(256, 256) > 0.1) / 0.9}
+    assert replayed(first, rounded) and replayed(first, tiny_moved) and not replayed(first, redrawn)

@@ -73,7 +73,7 @@ class VerifyReport:
     the gradients with the plan are equal)."""
     unplanned_reproducible: bool = True
     """The step without the plan, run again from the same RNG state, replayed its first run (checked on CUDA always,
-    on CPU where the gradients differ; NOTE [A step that does not replay itself] in `remat.verifier.verify`).
+    on CPU where the gradients differ; NOTE [A step that does not replay itself] in `remat.verifier.replay`).
     False: it draws random numbers a seed does not replay (`torch.seed()` in its forward, numpy), and the gradients
     cannot show what the plan changed: `ok` is False and the report says how to make the step replay."""
     cuda: CudaCheck | None = None

@@ -34,6 +34,7 @@ from remat.measure.step import (
 from remat.progress import resolve, say
 from remat.verifier.cuda_cap import cuda_check
 from remat.verifier.process import ProcessPeak, cuda_peak_bytes, forked_peak_bytes
+from remat.verifier.replay import max_diff, replayed
 from remat.types import Plan, VerifyReport
 
 
@@ -134,42 +135,15 @@ def _run_to_run(
     model: nn.Module, inputs: Any, loss_fn, steps: tuple["_StepResult", "_StepResult"], tolerance: float, progress
 ) -> tuple[float, bool]:
     """(the largest |difference| between the unplanned step's gradients and those of it run again from the same RNG
-    state, whether that run replayed the first) -- NOTE [A step that does not replay itself].  Run on CUDA always;
-    on CPU, whose kernels are deterministic, only where the planned step's gradients differ: (0.0, True) else."""
+    state, whether that run replayed the first): NOTE [A step that does not replay itself] in `replay`.  Run on
+    CUDA always; on CPU, whose kernels are deterministic, only where the planned step's gradients differ: (0.0,
+    True) else."""
     base, planned = steps
-    if not any(p.is_cuda for p in model.parameters()) and _max_diff(base.grads, planned.grads) <= tolerance:
+    if not any(p.is_cuda for p in model.parameters()) and max_diff(base.grads, planned.grads) <= tolerance:
         return 0.0, True
     say(progress, "the step without the plan again, to see what differs from run to run")
     again = _run(model, inputs, loss_fn).grads
-    moved = (
-        _max_diff({n: g}, again) / g.abs().max().item()
-        for n, g in base.grads.items()
-        if g.numel() and g.abs().max() > 0
-    )
-    return _max_diff(base.grads, again), max(moved, default=0.0) <= KERNEL_NOISE_AT_MOST
-
-
-def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
-    """The largest |a - b| over the parameters both have."""
-    return max(((b[n] - g).abs().max().item() for n, g in a.items() if n in b and g.numel()), default=0.0)
-
-
-# NOTE [A step that does not replay itself]
-# verify runs the step without and with the plan from `torch.manual_seed(0)` and compares their gradients; that
-# proves the plan only if the step without it gives the same gradients every time it runs from that seed.  Some
-# do not: Hugging Face's Reformer calls `torch.seed()` (a seed from the OS) in every layer's forward when
-# training, so two unplanned runs from one seed differ (a 4-layer model, 2026-11-29: by up to 1.02 times a
-# parameter's largest |gradient|), and verify called its plan a MISMATCH although the plan did not change the step.
-# Rule 1: where the planned step's gradients differ (on CUDA always, for the kernels' noise), the unplanned step
-#         runs once more from the same seed.  It replayed the first run if no parameter's gradient moved by more
-#         than KERNEL_NOISE_AT_MOST of that parameter's largest |gradient|: the kernels' rounding moves it by far
-#         less (H200: 1.7e-8 to 1.0e-7 absolute, GRAD_NOISE_FACTOR), a random draw not replayed by its own size.
-#         A reseed that changes no draw (Reformer with dropout 0 and a fixed `hash_seed`) replays.
-# Rule 2: a step that did not replay itself leaves the gradients unjudged: `report.ok` is False, the tolerance is
-#         not widened by its difference, and the report says why and how to make the step replay (fixed seeds,
-#         dropout 0) -- never "the plan changed the gradients", which nobody measured.
-
-KERNEL_NOISE_AT_MOST = 1e-3
+    return max_diff(base.grads, again), replayed(base.grads, again)
 
 
 def _report(

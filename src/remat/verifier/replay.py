@@ -1,0 +1,43 @@
+"""Whether the step without a plan replays itself from one seed, which `remat.verify`'s gradient check needs."""
+
+from __future__ import annotations
+
+import torch
+
+# NOTE [A step that does not replay itself]
+# verify runs the step without and with the plan from `torch.manual_seed(0)` and compares their gradients; that
+# proves the plan only if the step without it gives the same gradients every time it runs from that seed.  Some
+# do not: Hugging Face's Reformer calls `torch.seed()` (a seed from the OS) in every layer's forward when
+# training, so two unplanned runs from one seed differ, and verify called its plan a MISMATCH although the plan
+# did not change the step.
+# Rule 1: where the planned step's gradients differ (on CUDA always, for the kernels' noise), the unplanned step
+#         runs once more from the same seed.  It replayed the first run if all its gradients together (one vector)
+#         moved by at most KERNEL_NOISE_AT_MOST of their norm.  Rounding in non-deterministic kernels moves them by
+#         far less (H200: 1.7e-8 to 1.0e-7 at most in any element, GRAD_NOISE_FACTOR; a bfloat16 gradient's last
+#         bit is 0.4% of it), random numbers drawn differently by a large share (2026-11-29, CPU: a 4-layer
+#         Reformer's two runs about 0.23 of the norm; BERT's and GPT-2's dropout from two seeds 0.39 and 0.68).  The
+#         norm of all of them, not each parameter's: a parameter whose gradients are all tiny can move by a large
+#         share of them in rounding alone.  A reseed that changes no draw (Reformer with dropout 0 and a fixed
+#         `hash_seed`) replays.
+# Rule 2: a step that did not replay itself leaves the gradients unjudged: `report.ok` is False, the tolerance is
+#         not widened by its difference, and the report says why and how to make the step replay (fixed seeds,
+#         dropout 0) -- never "the plan changed the gradients", which nobody measured.
+
+KERNEL_NOISE_AT_MOST = 1e-2
+
+
+def replayed(first: dict[str, torch.Tensor], again: dict[str, torch.Tensor]) -> bool:
+    """Rule 1: the gradients of a second run of the unplanned step, `again`, within KERNEL_NOISE_AT_MOST of the
+    first run's norm, all parameters together."""
+    both = [n for n in first if n in again]
+    return _norm(again[n] - first[n] for n in both) <= KERNEL_NOISE_AT_MOST * _norm(first[n] for n in both)
+
+
+def _norm(tensors) -> float:
+    """The L2 norm of all of `tensors` together, as one vector."""
+    return sum(t.double().pow(2).sum().item() for t in tensors) ** 0.5
+
+
+def max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    """The largest |a - b| over the parameters both have."""
+    return max(((b[n] - g).abs().max().item() for n, g in a.items() if n in b and g.numel()), default=0.0)
