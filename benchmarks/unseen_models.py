@@ -97,6 +97,11 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             local_attention_probs_dropout_prob=0.0,
         ),
     ),
+    "longformer": (  # checks its inputs' padding (a data-dependent op: NOTE [Values a fake step can know])
+        "LongformerConfig",
+        "LongformerForMaskedLM",
+        dict(TEXT, attention_window=[8, 8, 8], max_position_embeddings=72),
+    ),
     "roberta": ("RobertaConfig", "RobertaForMaskedLM", dict(TEXT, max_position_embeddings=72)),
     "distilbert": (
         "DistilBertConfig",

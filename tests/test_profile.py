@@ -496,3 +496,54 @@ def test_profiling_leaves_no_global_module_hook_behind():
         warnings.simplefilter("always")
         compiled(**x)
     assert not [str(w.message) for w in seen if "global hooks" in str(w.message)]
+
+
+class _DecidesOnItsInputs(nn.Module):
+    """As Longformer's padding check and wav2vec2's CTC targets: a branch taken on the inputs' values, and a
+    selection by a boolean mask of them (`nonzero`, whose output's shape is those values')."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, 32)
+        self.body = nn.Sequential(nn.Linear(32, 256), nn.GELU(), nn.Linear(256, 32))
+        self.pad = nn.Sequential(nn.Linear(32, 512), nn.GELU(), nn.Linear(512, 32))
+
+    def forward(self, ids, mask):
+        h = self.emb(ids)
+        if not bool((mask == 1).all()):
+            h = self.pad(h * mask[..., None])  # larger activations, only where there is padding
+        return self.body(h)[ids >= 4].pow(2).mean()
+
+
+@pytest.mark.parametrize("padded", [False, True])
+def test_a_fake_step_runs_what_depends_on_the_inputs_values_and_peaks_as_the_real_one(padded):
+    """NOTE [Values a fake step can know]: the inputs keep their values beside their fake copies, so a check and a
+    boolean selection on them run in fake mode (both raised remat's UnsupportedOp before) and take the real step's
+    branch: fake equals real to the byte, with padding and without."""
+    torch.manual_seed(0)
+    ids = torch.randint(0, 64, (8, 512))
+    mask = torch.ones(8, 512, dtype=torch.long)
+    if padded:
+        mask[:, 400:] = 0
+    model = _DecidesOnItsInputs()
+    real = remat.profile(model, (ids, mask), loss_fn=lambda out: out)
+    fake = remat.profile(model, (ids, mask), loss_fn=lambda out: out, mode="fake")
+    assert fake.peak_bytes == real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
+    unpadded = remat.profile(model, (ids, torch.ones_like(mask)), loss_fn=lambda out: out, mode="fake")
+    assert (fake.peak_bytes > unpadded.peak_bytes) is padded  # the branch the values decide
+
+
+class _DropsALayer(nn.Module):
+    """LayerDrop (wav2vec2's, by default): a branch on a random draw, which the real step draws anew."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 4)
+
+    def forward(self, x):
+        return x if bool(torch.rand([]) < 0.1) else self.lin(x)
+
+
+def test_a_branch_on_a_random_draw_still_stops_a_fake_step_with_the_fix():
+    with pytest.raises(remat.UnsupportedOp, match=r"^remat: fake mode cannot run op aten._local_scalar_dense"):
+        remat.profile(_DropsALayer(), torch.ones(2, 4), loss_fn=lambda o: o.sum(), mode="fake")

@@ -20,6 +20,7 @@ from torch._subclasses.fake_tensor import (  # private: fake tensors
 from torch.nn.modules.batchnorm import _BatchNorm  # private: the base class of every BatchNorm
 from torch.nn.modules.dropout import _DropoutNd  # private: the base class of the Dropout modules
 from torch.utils._python_dispatch import TorchDispatchMode  # private module, public-facing class
+from torch.utils._python_dispatch import _disable_current_modes  # private: run an op beneath every mode
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten  # private: pytree (un)flattening
 
 from remat._torch_compat.fake_ops import real_kernel_rules  # fake kernels where the meta kernel refuses
@@ -31,6 +32,7 @@ __all__ = [
     "BatchNormBase",
     "DropoutBase",
     "TorchDispatchMode",
+    "beneath_modes",
     "tree_flatten",
     "tensor_leaves",
     "tree_unflatten",
@@ -40,6 +42,7 @@ __all__ = [
     "FakeTensor",
     "FakeTensorMode",
     "FAKE_OP_ERRORS",
+    "DATA_DEPENDENT_ERRORS",
     "in_backward",
     "op_name",
     "flop_counter",
@@ -57,6 +60,12 @@ BatchNormBase = _BatchNorm
 DropoutBase = _DropoutNd
 
 FAKE_OP_ERRORS = (UnsupportedOperatorException, DynamicOutputShapeException, DataDependentOutputException)
+DATA_DEPENDENT_ERRORS = (DynamicOutputShapeException, DataDependentOutputException)
+
+
+def beneath_modes():
+    """A context in which ops run on real tensors beneath every dispatch mode on the stack (fake mode included)."""
+    return _disable_current_modes()
 
 
 def in_backward() -> bool:

@@ -13,11 +13,12 @@ import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode, ModuleTracker, real_kernel_rules
 from remat._torch_compat.distributed import is_compiled, uncompiled
-from remat.errors import RematError
+from remat.errors import RematError, UnsupportedOp
 from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
 from remat import procmem
 from remat.measure import scratch
 from remat.measure.device import cuda_kernels, cuda_workspaces, fake, roofline
+from remat.measure.device.known import KnownValues
 from remat.measure.block_io import BlockIO
 from remat.measure.build import Setup, build_profile, classify, register_state
 from remat.measure.device.cuda_allocator import ROUND
@@ -158,14 +159,28 @@ def _run_device(setup: Setup) -> torch.device:
 
 
 def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
-    """The step on fake tensors: the model's parameters and buffers swapped for fake ones meanwhile."""
+    """The step on fake tensors: the model's parameters and buffers swapped for fake ones meanwhile.  Where an op
+    needs values the fake step has not, again with the inputs' values (NOTE [Values a fake step can know], Rule 6)."""
+    notes = list(run.notes)
+    try:
+        return _fake_step(run, inputs, optimizer, None)
+    except UnsupportedOp:
+        run.notes[:] = notes
+        return _fake_step(run, inputs, optimizer, KnownValues())
+
+
+def _fake_step(run: "_Run", inputs: Any, optimizer: Any, known: KnownValues | None) -> StepProfile:
     fake_mode = fake.existing_fake_mode(run.model) or FakeTensorMode(allow_non_fake_inputs=True)
     run_device = _run_device(run.setup)
+    buffers = list(run.model.buffers())
     with (
         fake.fake_model(run.model, fake_mode, run_device) as table,
         unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]
     ):
-        fake_step = normalize_inputs(fake.fake_inputs(inputs, fake_mode, run_device))
+        faked = fake.fake_inputs(inputs, fake_mode, run_device)
+        if known is not None:
+            known.know_step((faked, inputs), table, buffers)
+        fake_step = normalize_inputs(faked)
         opt = make_optimizer(optimizer, run.model)
         if opt is not None and any(id(p) in table for g in opt.param_groups for p in g["params"]):
             opt = fake.fake_optimizer(opt, table, fake_mode, run_device)
@@ -175,7 +190,8 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
             run.notes.extend(scratch.unestimated_notes(run.setup.target.type))
         run.notes.extend([PACKED_NOTE] if packed else [])
         kernels = cuda_kernels.as_on_cuda() if run.setup.simulated else contextlib.nullcontext()
-        with fake_mode, kernels as simulated, real_kernel_rules():  # NOTE [A CUDA step simulated on CPU]
+        values = known if known is not None else contextlib.nullcontext()
+        with fake_mode, values, kernels as simulated, real_kernel_rules():  # NOTE [A CUDA step simulated on CPU]
             prof = run.measure(fake_step, opt)
     return dataclasses.replace(prof, notes=prof.notes + simulated.notes()) if simulated is not None else prof
 

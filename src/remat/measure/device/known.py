@@ -1,0 +1,193 @@
+"""Values a fake step can know: what the training step computes from its inputs alone.
+
+NOTE [Values a fake step can know]
+  A fake step has no data, so an op whose output depends on values (`.item()`, `nonzero`, boolean masking, a check
+  such as `if (labels >= 0).all()`) cannot run on fake tensors: Hugging Face's wav2vec2 selects its CTC targets
+  with `labels >= 0`, Longformer checks its inputs' padding, and remat's fake mode stopped there ("fake mode cannot
+  run op aten._local_scalar_dense"), where the real step runs.  But those values come from the step's inputs,
+  which are real.
+  Rule 1. Each input tensor of a fake step, and each buffer of the model that has data (position ids, masks), keeps
+          its real value beside its fake copy, on the CPU (`KnownValues.know`).  Parameters do not: a value
+          computed from them is the real step itself.
+  Rule 2. An op whose tensor arguments all have a value (a real tensor has its own; a fake constant, its constant)
+          runs on those values too, beneath every mode, and its outputs keep theirs: so what the step computes from
+          its inputs alone has values.  An op without tensor arguments (`arange`, `ones`) has them too.  A random
+          op (`bernoulli_`, `rand`) gives none (the real step draws other numbers), nor does an output over
+          KNOWN_MAX_BYTES, nor an op the CPU cannot run (a CUDA kernel of a simulated step).
+  Rule 3. An op fake tensors cannot run for want of values (DATA_DEPENDENT_ERRORS) returns, where its arguments
+          have values, what the real op returns: the number, or a fake tensor of the real output's shape, with its
+          value beside it.  Indexing by a boolean mask that has a value (`h[ids >= 4]`, the tensor indexed without
+          one) runs with the positions the mask selects, as the kernels read it (`_INDEXING`).  Otherwise it
+          raises as before.
+  Rule 4. An op that writes into a tensor without computing its new value (an argument without one, a random op)
+          takes the value away from it and every tensor that shares its storage.
+  Rule 5. Values cost the step nothing: they are CPU tensors the tracker never sees, and the fake tensors beside
+          them are counted as before.
+  Rule 6. They cost time: another dispatch mode on every op (a quarter more for GPT-2 small's fake step), so a
+          fake step runs without them first, and again with them only where an op stopped it (UnsupportedOp).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.weak import WeakTensorKeyDictionary
+
+from remat._torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, beneath_modes, tree_flatten
+from remat._torch_compat import tree_map
+from remat._torch_compat.schema import written_tensors
+
+KNOWN_MAX_BYTES = 16 << 20
+"""Rule 2: a tensor over this many bytes keeps no value (inputs, masks and ids are far smaller)."""
+
+_FAILED = object()
+_aten = torch.ops.aten
+_INDEXING = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default})
+"""Rule 3: the ops whose second argument is a list of indices, of which a boolean one is read as positions."""
+
+
+class KnownValues(TorchDispatchMode):
+    """Rules 2-4, entered above the fake mode and beneath remat's tracker."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.values: Any = WeakTensorKeyDictionary()
+        self._storages: set[int] = set()  # of tensors given a value (some may be gone): Rule 4's quick test
+
+    def know(self, fake: Any, real: Any) -> None:
+        """Rule 1: `real`'s value beside `fake` (tensors of one shape; anything else is left)."""
+        if isinstance(fake, FakeTensor) and _real(real) and real.shape == fake.shape and _small(real):
+            self._set(fake, real.detach().cpu().clone())
+
+    def know_step(self, faked_inputs: tuple, table: dict[int, torch.Tensor], buffers: list[torch.Tensor]) -> None:
+        """Rule 1 for a step: `faked_inputs` = (the fake inputs, the real ones), of one structure; `table` =
+        {id(real): fake} of the model's swapped tensors, of which `buffers` (the real ones) keep their values."""
+        fakes, reals = faked_inputs
+        for f, real in zip(tree_flatten(fakes)[0], tree_flatten(reals)[0]):
+            self.know(f, real)
+        for b in buffers:
+            if id(b) in table:
+                self.know(table[id(b)], b)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        leaves = _tensors(args, kwargs)
+        values = self._values_of(func, leaves, args, kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except DATA_DEPENDENT_ERRORS:
+            device = next((t.device for t in leaves if isinstance(t, FakeTensor)), torch.device("cpu"))
+            if values is None and func in _INDEXING:  # Rule 3: a known boolean index, as the positions it selects
+                positions = self._positions(args[1], device)
+                if positions is not None:
+                    return func(args[0], positions, *args[2:], **kwargs)
+            real = _FAILED if values is None else _run(func, args, kwargs, values)
+            if real is _FAILED:
+                raise
+            return tree_map(lambda r: self._faked(r, device), real)  # Rule 3
+        outs = tree_flatten(out)[0]
+        real = _FAILED
+        if values is not None and all(_small(t) for t in outs if isinstance(t, torch.Tensor)):
+            real = _run(func, args, kwargs, values)
+        if real is not _FAILED:
+            for f, r in zip(outs, tree_flatten(real)[0]):
+                if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor) and r.shape == f.shape:
+                    self._set(f, r)
+        elif func._schema.is_mutable:
+            self._forget(written_tensors(func, args, kwargs))  # Rule 4
+        return out
+
+    def _values_of(self, func, leaves: list[torch.Tensor], args, kwargs) -> dict[int, torch.Tensor] | None:
+        """{id(tensor): its value} for every tensor argument, or None where one has none, or the op draws random
+        numbers or writes into a real tensor (Rule 2)."""
+        values = {}
+        for t in leaves:
+            value = self._value(t)
+            if value is None:
+                return None
+            values[id(t)] = value
+        if torch.Tag.nondeterministic_seeded in func.tags:
+            return None
+        if func._schema.is_mutable and not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
+            return None
+        return values
+
+    def _set(self, fake: torch.Tensor, real: torch.Tensor) -> None:
+        self.values[fake] = real
+        self._storages.add(fake.untyped_storage()._cdata)
+
+    def _value(self, t: torch.Tensor) -> torch.Tensor | None:
+        if isinstance(t, FakeTensor):
+            value = self.values.get(t)
+            constant = getattr(t, "constant", None)
+            return value if value is not None else constant
+        if not _real(t):
+            return None
+        with beneath_modes():  # else the fake mode beneath makes the copy fake
+            return t.detach().cpu()
+
+    def _positions(self, indices: list, device: torch.device) -> list | None:
+        """`indices` with each boolean index that has a value replaced by the positions it selects (fake long
+        tensors with their values), as the kernels read it; None where a boolean one has no value."""
+        out: list = []
+        for index in indices:
+            if index is None or index.dtype not in (torch.bool, torch.uint8):
+                out.append(index)
+                continue
+            value = self._value(index)
+            if value is None:
+                return None
+            with beneath_modes():
+                positions = value.nonzero().unbind(1)
+            out.extend(self._faked(p, device) for p in positions)
+        return out
+
+    def _faked(self, real: Any, device: torch.device) -> Any:
+        """A fake tensor like `real`, with `real` as its value (fake mode is beneath: `empty_strided` is fake)."""
+        if not isinstance(real, torch.Tensor):
+            return real
+        fake = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device=device)
+        self._set(fake, real)
+        return fake
+
+    def _forget(self, written: list[torch.Tensor]) -> None:
+        storages = {t.untyped_storage()._cdata for t in written if isinstance(t, FakeTensor)} & self._storages
+        if storages:
+            for t in [t for t in self.values.keys() if t.untyped_storage()._cdata in storages]:
+                del self.values[t]
+
+
+def _run(func, args, kwargs, values: dict[int, torch.Tensor]) -> Any:
+    """`func` on the arguments' values, on the CPU, beneath every mode; _FAILED if it cannot run there."""
+
+    def value(x):
+        if isinstance(x, torch.Tensor):
+            return values[id(x)]
+        return torch.device("cpu") if isinstance(x, torch.device) else x
+
+    real_args, real_kwargs = tree_map(value, (args, kwargs))
+    try:
+        with beneath_modes(), torch.autocast("cpu", enabled=False):
+            return func(*real_args, **real_kwargs)
+    except Exception:  # a kernel the CPU has not (a simulated CUDA step's), a dtype it refuses: no value
+        return _FAILED
+
+
+def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
+    """The tensor arguments of an aten op (each a tensor, or in a list of them)."""
+    out = []
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, torch.Tensor):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out.extend(t for t in a if isinstance(t, torch.Tensor))
+    return out
+
+
+def _real(t: Any) -> bool:
+    return type(t) in (torch.Tensor, torch.nn.Parameter) and not t.is_meta
+
+
+def _small(t: torch.Tensor) -> bool:
+    return t.numel() * t.element_size() <= KNOWN_MAX_BYTES
