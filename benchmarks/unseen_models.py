@@ -102,6 +102,25 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "LongformerForMaskedLM",
         dict(TEXT, attention_window=[8, 8, 8], max_position_embeddings=72),
     ),
+    "wav2vec2": (  # CTC: targets selected by `labels >= 0`; LayerDrop off (a random branch: a fake step cannot know it)
+        "Wav2Vec2Config",
+        "Wav2Vec2ForCTC",
+        dict(
+            audio=4000,
+            vocab_size=32,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            intermediate_size=128,
+            conv_dim=(32, 32),
+            conv_stride=(5, 2),
+            conv_kernel=(10, 3),
+            num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4,
+            layerdrop=0.0,
+            mask_time_prob=0.0,  # SpecAugment draws with numpy: the step would not replay itself for verify
+        ),
+    ),
     "roberta": ("RobertaConfig", "RobertaForMaskedLM", dict(TEXT, max_position_embeddings=72)),
     "distilbert": (
         "DistilBertConfig",
@@ -163,14 +182,19 @@ MODELS: dict[str, tuple[str, str, dict]] = {
 
 
 def build(name: str):
-    """The model of `name` from its config, and a batch for it (2 x 32 tokens, or 4 images of `image` pixels)."""
+    """The model of `name` from its config, and a batch for it (2 x 32 tokens, 4 images of `image` pixels, or 2 clips
+    of `audio` samples)."""
     import transformers as tf
 
     tf.logging.set_verbosity_error()
     config_name, model_name, kwargs = MODELS[name]
     kwargs = dict(kwargs)
-    image = kwargs.pop("image", None)
+    image, audio = kwargs.pop("image", None), kwargs.pop("audio", None)
     torch.manual_seed(0)
+    if audio is not None:  # 2 clips of `audio` samples, 20 labels each
+        model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs))
+        labels = torch.randint(1, kwargs["vocab_size"], (2, 20))
+        return model, {"input_values": torch.randn(2, audio), "labels": labels}
     if image is None:
         model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs))
         ids = torch.randint(0, kwargs["vocab_size"], (2, 32))

@@ -533,6 +533,31 @@ def test_a_fake_step_runs_what_depends_on_the_inputs_values_and_peaks_as_the_rea
     assert (fake.peak_bytes > unpadded.peak_bytes) is padded  # the branch the values decide
 
 
+class _CTC(nn.Module):
+    """wav2vec2's CTC head and loss: targets selected by `labels >= 0`, their lengths counted from the labels."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(16, 32)
+
+    def forward(self, x, labels):
+        log_probs = self.lin(x).log_softmax(-1).transpose(0, 1)
+        mask = labels >= 0
+        lengths = torch.full((x.shape[0],), x.shape[1], dtype=torch.long)
+        return F.ctc_loss(log_probs, labels.masked_select(mask), lengths, mask.sum(-1), blank=0)
+
+
+def test_a_fake_ctc_loss_takes_its_shapes_from_the_target_lengths_and_peaks_as_the_real_one():
+    """Rule 3 of NOTE [Values a fake step can know]: CTC's outputs are shaped by its target lengths (known: from the
+    labels) while its input is an activation (no value); raised before."""
+    torch.manual_seed(0)
+    x, labels = torch.randn(16, 400, 16), torch.randint(1, 32, (16, 60))
+    labels[:, 50:] = -100
+    real = remat.profile(_CTC(), (x, labels), loss_fn=lambda out: out)
+    fake = remat.profile(_CTC(), (x, labels), loss_fn=lambda out: out, mode="fake")
+    assert fake.peak_bytes == real.peak_bytes, (fake.peak_bytes, real.peak_bytes)
+
+
 class _DropsALayer(nn.Module):
     """LayerDrop (wav2vec2's, by default): a branch on a random draw, which the real step draws anew."""
 
@@ -544,6 +569,10 @@ class _DropsALayer(nn.Module):
         return x if bool(torch.rand([]) < 0.1) else self.lin(x)
 
 
-def test_a_branch_on_a_random_draw_still_stops_a_fake_step_with_the_fix():
-    with pytest.raises(remat.UnsupportedOp, match=r"^remat: fake mode cannot run op aten._local_scalar_dense"):
+def test_a_branch_on_a_random_draw_still_stops_a_fake_step_and_says_which_draw_and_the_fix():
+    """Rule 7 of NOTE [Values a fake step can know]: a value computed from a random draw is not known."""
+    with pytest.raises(remat.UnsupportedOp) as info:
         remat.profile(_DropsALayer(), torch.ones(2, 4), loss_fn=lambda o: o.sum(), mode="fake")
+    message = str(info.value)
+    assert message.startswith("remat: fake mode cannot run op aten._local_scalar_dense.default: the step branches on")
+    assert "Fix: turn that choice off for the prediction (wav2vec2, HuBERT: config.layerdrop=0.0" in message

@@ -73,8 +73,9 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     (NOTE [N ranks from one process]).  Of a compiled model: the model inside, eagerly, and the compiled step's peak
     by the process counter (`compiled_peak_bytes`, NOTE [A compiled step's peak]).
 
-    Known limitations: in fake mode data-dependent ops (`.item()`, `nonzero`) cannot run; CUDA's workspaces are
-    modelled from H100 and H200 measurements (NOTE [CUDA memory that is no tensor])."""
+    Known limitations: in fake mode an op whose output depends on values (`.item()`, `nonzero`) runs only on values
+    computed from the inputs and buffers alone (NOTE [Values a fake step can know]), not on activations or random
+    draws; CUDA's workspaces are modelled from H100 and H200 measurements (NOTE [CUDA memory that is no tensor])."""
     prof = measure_profile(model, inputs, loss_fn, optimizer, mode, **options)
     if mode != Mode.REAL or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof

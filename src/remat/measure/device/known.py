@@ -17,14 +17,18 @@ NOTE [Values a fake step can know]
   Rule 3. An op fake tensors cannot run for want of values (DATA_DEPENDENT_ERRORS) returns, where its arguments
           have values, what the real op returns: the number, or a fake tensor of the real output's shape, with its
           value beside it.  Indexing by a boolean mask that has a value (`h[ids >= 4]`, the tensor indexed without
-          one) runs with the positions the mask selects, as the kernels read it (`_INDEXING`).  Otherwise it
-          raises as before.
+          one) runs with the positions the mask selects, as the kernels read it (`_INDEXING`).  An op whose
+          outputs' shapes follow from some arguments' values alone (CTC's from its target lengths:
+          `_SHAPED_BY_KNOWN`) runs for real on those values and zeros for the rest, and its fake outputs take the
+          shapes (no values).  Otherwise it raises as before.
   Rule 4. An op that writes into a tensor without computing its new value (an argument without one, a random op)
           takes the value away from it and every tensor that shares its storage.
   Rule 5. Values cost the step nothing: they are CPU tensors the tracker never sees, and the fake tensors beside
           them are counted as before.
   Rule 6. They cost time: another dispatch mode on every op (a quarter more for GPT-2 small's fake step), so a
           fake step runs without them first, and again with them only where an op stopped it (UnsupportedOp).
+  Rule 7. A small tensor computed from a random draw is marked so, and an op that cannot run on it says so with
+          the fix (`DRAWN`): LayerDrop's `torch.rand([]) < p` decides whether a layer runs at all.
 """
 
 from __future__ import annotations
@@ -37,12 +41,23 @@ from torch.utils.weak import WeakTensorKeyDictionary
 from remat._torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, beneath_modes, tree_flatten
 from remat._torch_compat import tree_map
 from remat._torch_compat.schema import written_tensors
+from remat.errors import UnsupportedOp
+
+DRAWN = (
+    "remat: fake mode cannot run op {op}: the step branches on a random draw (torch.rand: LayerDrop, as wav2vec2 "
+    "and HuBERT do by default in training), which a fake step cannot know, and a real step draws anew each time. "
+    "Expected a step whose ops do not depend on random values. Fix: turn that choice off for the prediction "
+    "(wav2vec2, HuBERT: config.layerdrop=0.0, the step with every layer), or profile with mode='real'."
+)
 
 KNOWN_MAX_BYTES = 16 << 20
 """Rule 2: a tensor over this many bytes keeps no value (inputs, masks and ids are far smaller)."""
 
 _FAILED = object()
 _aten = torch.ops.aten
+_SHAPED_BY_KNOWN = {_aten._ctc_loss.Tensor: lambda args: args[2:4]}
+"""Rule 3: ops whose outputs' shapes follow from the values of some arguments alone (CTC's target lengths decide
+its `log_alpha`'s), where those have values: {op: the arguments that decide}."""
 _INDEXING = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_put_.default})
 """Rule 3: the ops whose second argument is a list of indices, of which a boolean one is read as positions."""
 
@@ -54,6 +69,7 @@ class KnownValues(TorchDispatchMode):
         super().__init__()
         self.values: Any = WeakTensorKeyDictionary()
         self._storages: set[int] = set()  # of tensors given a value (some may be gone): Rule 4's quick test
+        self._drawn: Any = WeakTensorKeyDictionary()  # Rule 7: small tensors computed from random draws
 
     def know(self, fake: Any, real: Any) -> None:
         """Rule 1: `real`'s value beside `fake` (tensors of one shape; anything else is left)."""
@@ -77,15 +93,12 @@ class KnownValues(TorchDispatchMode):
         try:
             out = func(*args, **kwargs)
         except DATA_DEPENDENT_ERRORS:
-            device = next((t.device for t in leaves if isinstance(t, FakeTensor)), torch.device("cpu"))
-            if values is None and func in _INDEXING:  # Rule 3: a known boolean index, as the positions it selects
-                positions = self._positions(args[1], device)
-                if positions is not None:
-                    return func(args[0], positions, *args[2:], **kwargs)
-            real = _FAILED if values is None else _run(func, args, kwargs, values)
-            if real is _FAILED:
+            answer = self._answer(func, args, kwargs, leaves, values)
+            if answer is _FAILED and any(t in self._drawn for t in leaves):
+                raise UnsupportedOp(DRAWN.format(op=func), str(func)) from None
+            if answer is _FAILED:
                 raise
-            return tree_map(lambda r: self._faked(r, device), real)  # Rule 3
+            return answer
         outs = tree_flatten(out)[0]
         real = _FAILED
         if values is not None and all(_small(t) for t in outs if isinstance(t, torch.Tensor)):
@@ -94,9 +107,31 @@ class KnownValues(TorchDispatchMode):
             for f, r in zip(outs, tree_flatten(real)[0]):
                 if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor) and r.shape == f.shape:
                     self._set(f, r)
-        elif func._schema.is_mutable:
+        elif _mutable(func):
             self._forget(written_tensors(func, args, kwargs))  # Rule 4
+        if self._drawn_from(func, leaves):
+            for f in outs:
+                if isinstance(f, FakeTensor) and _small(f):
+                    self._drawn[f] = True
         return out
+
+    def _drawn_from(self, func, leaves: list[torch.Tensor]) -> bool:
+        """Rule 7: a random op, or one on a random draw, whose other arguments have values (not activations)."""
+        drawn = [t in self._drawn for t in leaves]
+        if not (_random(func) or any(drawn)):
+            return False
+        return all(d or self._value(t) is not None for t, d in zip(leaves, drawn))
+
+    def _answer(self, func, args, kwargs, leaves: list[torch.Tensor], values) -> Any:
+        """Rule 3: what an op fake tensors cannot run returns, from the values; _FAILED where they do not tell."""
+        device = next((t.device for t in leaves if isinstance(t, FakeTensor)), torch.device("cpu"))
+        if values is None and func in _INDEXING:  # a known boolean index, as the positions it selects
+            positions = self._positions(args[1], device)
+            return _FAILED if positions is None else func(args[0], positions, *args[2:], **kwargs)
+        if values is None and func in _SHAPED_BY_KNOWN:
+            return self._shaped(func, args, kwargs, device)
+        real = _FAILED if values is None else _run(func, args, kwargs, values)
+        return real if real is _FAILED else tree_map(lambda r: self._faked(r, device), real)
 
     def _values_of(self, func, leaves: list[torch.Tensor], args, kwargs) -> dict[int, torch.Tensor] | None:
         """{id(tensor): its value} for every tensor argument, or None where one has none, or the op draws random
@@ -107,9 +142,9 @@ class KnownValues(TorchDispatchMode):
             if value is None:
                 return None
             values[id(t)] = value
-        if torch.Tag.nondeterministic_seeded in func.tags:
+        if _random(func):
             return None
-        if func._schema.is_mutable and not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
+        if _mutable(func) and not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
             return None
         return values
 
@@ -143,11 +178,26 @@ class KnownValues(TorchDispatchMode):
             out.extend(self._faked(p, device) for p in positions)
         return out
 
+    def _shaped(self, func, args, kwargs, device: torch.device) -> Any:
+        """Rule 3 for `_SHAPED_BY_KNOWN`: fake outputs (without values) of the shapes the real op gives, run on the
+        known arguments' values and zeros for the others; _FAILED where an argument that decides has no value."""
+        if any(self._value(t) is None for t in _SHAPED_BY_KNOWN[func](args)):
+            return _FAILED
+        values = {}
+        for t in _tensors(args, kwargs):
+            value = self._value(t)
+            with beneath_modes():
+                values[id(t)] = value if value is not None else torch.zeros(t.shape, dtype=t.dtype)
+        real = _run(func, args, kwargs, values)
+        if real is _FAILED:
+            return _FAILED
+        return tree_map(lambda r: _fake_like(r, device) if isinstance(r, torch.Tensor) else r, real)
+
     def _faked(self, real: Any, device: torch.device) -> Any:
         """A fake tensor like `real`, with `real` as its value (fake mode is beneath: `empty_strided` is fake)."""
         if not isinstance(real, torch.Tensor):
             return real
-        fake = torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device=device)
+        fake = _fake_like(real, device)
         self._set(fake, real)
         return fake
 
@@ -172,6 +222,20 @@ def _run(func, args, kwargs, values: dict[int, torch.Tensor]) -> Any:
             return func(*real_args, **real_kwargs)
     except Exception:  # a kernel the CPU has not (a simulated CUDA step's), a dtype it refuses: no value
         return _FAILED
+
+
+def _random(func) -> bool:
+    return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
+
+
+def _mutable(func) -> bool:
+    schema = getattr(func, "_schema", None)
+    return schema is not None and schema.is_mutable
+
+
+def _fake_like(real: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A tensor like `real` on `device`: fake, where the fake mode is the mode beneath (in `__torch_dispatch__`)."""
+    return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device=device)
 
 
 def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
