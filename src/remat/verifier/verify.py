@@ -108,12 +108,12 @@ def _compared(
     base = _Measured.of(model, inputs, loss_fn, optimizer, loop)
     say(progress, "the step with the plan")
     planned, independent = _planned(compiled, model, step_args, plan, loop, progress)
-    noise, replayed = _run_to_run(model, inputs, loss_fn, (base.step, planned.step), tolerance, progress)
+    noise, replays = _run_to_run(model, inputs, loss_fn, (base.step, planned.step), tolerance, progress)
     if rounds:
         say(progress, f"timing {rounds} round{'s' if rounds > 1 else ''} of a step without and one with the plan")
     times = interleaved_times(compiled, step_args, plan, loop, rounds)
     report = _report(plan, tolerance, base, planned, independent, loop, times=times)
-    return replace(report, unplanned_reproducible=replayed), noise
+    return replace(report, unplanned_reproducible=replays), noise
 
 
 def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, progress=None):
