@@ -191,16 +191,14 @@ def build(name: str):
     kwargs = dict(kwargs)
     image, audio = kwargs.pop("image", None), kwargs.pop("audio", None)
     torch.manual_seed(0)
+    model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs, **({} if image is None else {"num_labels": 10})))
+    if image is not None:
+        return model, {"pixel_values": torch.randn(4, 3, image, image), "labels": torch.randint(0, 10, (4,))}
     if audio is not None:  # 2 clips of `audio` samples, 20 labels each
-        model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs))
         labels = torch.randint(1, kwargs["vocab_size"], (2, 20))
         return model, {"input_values": torch.randn(2, audio), "labels": labels}
-    if image is None:
-        model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs))
-        ids = torch.randint(0, kwargs["vocab_size"], (2, 32))
-        return model, {"input_ids": ids, "labels": ids}
-    model = getattr(tf, model_name)(getattr(tf, config_name)(num_labels=10, **kwargs))
-    return model, {"pixel_values": torch.randn(4, 3, image, image), "labels": torch.randint(0, 10, (4,))}
+    ids = torch.randint(0, kwargs["vocab_size"], (2, 32))
+    return model, {"input_ids": ids, "labels": ids}
 
 
 def check(name: str) -> dict:

@@ -172,7 +172,7 @@ def _measure_fake(run: "_Run", inputs: Any, optimizer: Any) -> StepProfile:
 def _fake_step(run: "_Run", inputs: Any, optimizer: Any, known: KnownValues | None) -> StepProfile:
     fake_mode = fake.existing_fake_mode(run.model) or FakeTensorMode(allow_non_fake_inputs=True)
     run_device = _run_device(run.setup)
-    buffers = list(run.model.buffers())
+    buffers = list(run.model.buffers()) if known is not None else []  # their real values, before the swap
     with (
         fake.fake_model(run.model, fake_mode, run_device) as table,
         unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]

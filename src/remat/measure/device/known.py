@@ -38,8 +38,8 @@ from typing import Any
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from remat._torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, beneath_modes, tree_flatten
-from remat._torch_compat import tree_map
+from remat._torch_compat import DATA_DEPENDENT_ERRORS, FakeTensor, TorchDispatchMode, beneath_modes, tensor_leaves
+from remat._torch_compat import tree_flatten, tree_map
 from remat._torch_compat.schema import written_tensors
 from remat.errors import UnsupportedOp
 
@@ -88,7 +88,7 @@ class KnownValues(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        leaves = _tensors(args, kwargs)
+        leaves = tensor_leaves((args, kwargs))
         values = self._values_of(func, leaves, args, kwargs)
         try:
             out = func(*args, **kwargs)
@@ -101,13 +101,13 @@ class KnownValues(TorchDispatchMode):
             return answer
         outs = tree_flatten(out)[0]
         real = _FAILED
-        if values is not None and all(_small(t) for t in outs if isinstance(t, torch.Tensor)):
+        if values is not None and all(_small(t) for t in tensor_leaves(out)):
             real = _run(func, args, kwargs, values)
         if real is not _FAILED:
             for f, r in zip(outs, tree_flatten(real)[0]):
                 if isinstance(f, FakeTensor) and isinstance(r, torch.Tensor) and r.shape == f.shape:
                     self._set(f, r)
-        elif _mutable(func):
+        else:
             self._forget(written_tensors(func, args, kwargs))  # Rule 4
         if self._drawn_from(func, leaves):
             for f in outs:
@@ -136,16 +136,14 @@ class KnownValues(TorchDispatchMode):
     def _values_of(self, func, leaves: list[torch.Tensor], args, kwargs) -> dict[int, torch.Tensor] | None:
         """{id(tensor): its value} for every tensor argument, or None where one has none, or the op draws random
         numbers or writes into a real tensor (Rule 2)."""
+        if _random(func) or not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
+            return None
         values = {}
         for t in leaves:
             value = self._value(t)
             if value is None:
                 return None
             values[id(t)] = value
-        if _random(func):
-            return None
-        if _mutable(func) and not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
-            return None
         return values
 
     def _set(self, fake: torch.Tensor, real: torch.Tensor) -> None:
@@ -184,7 +182,7 @@ class KnownValues(TorchDispatchMode):
         if any(self._value(t) is None for t in _SHAPED_BY_KNOWN[func](args)):
             return _FAILED
         values = {}
-        for t in _tensors(args, kwargs):
+        for t in tensor_leaves((args, kwargs)):
             value = self._value(t)
             with beneath_modes():
                 values[id(t)] = value if value is not None else torch.zeros(t.shape, dtype=t.dtype)
@@ -228,25 +226,9 @@ def _random(func) -> bool:
     return torch.Tag.nondeterministic_seeded in getattr(func, "tags", ())
 
 
-def _mutable(func) -> bool:
-    schema = getattr(func, "_schema", None)
-    return schema is not None and schema.is_mutable
-
-
 def _fake_like(real: torch.Tensor, device: torch.device) -> torch.Tensor:
     """A tensor like `real` on `device`: fake, where the fake mode is the mode beneath (in `__torch_dispatch__`)."""
     return torch.empty_strided(real.shape, real.stride(), dtype=real.dtype, device=device)
-
-
-def _tensors(args: tuple, kwargs: dict) -> list[torch.Tensor]:
-    """The tensor arguments of an aten op (each a tensor, or in a list of them)."""
-    out = []
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, torch.Tensor):
-            out.append(a)
-        elif isinstance(a, (list, tuple)):
-            out.extend(t for t in a if isinstance(t, torch.Tensor))
-    return out
 
 
 def _real(t: Any) -> bool:
