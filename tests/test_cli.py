@@ -74,6 +74,28 @@ def data_dependent():  # fake tensors have no values, so this needs a real build
     return Net(), torch.randn(16, SIZE) * scale
 
 
+class Padded(nn.Module):  # as Longformer: a branch on the padding mask, a selection by the ids
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(64, SIZE)
+        self.body = nn.Sequential(nn.Linear(SIZE, 64), nn.GELU(), nn.Linear(64, SIZE))
+        self.pad = nn.Sequential(nn.Linear(SIZE, 512), nn.GELU(), nn.Linear(512, SIZE))
+
+    def forward(self, ids, mask, labels):
+        h = self.emb(ids)
+        if not bool((mask == 1).all()):
+            h = self.pad(h * mask[..., None])
+        return (self.body(h)[labels >= 4] ** 2).mean()
+
+
+def padded():  # the ids and labels are views of one tensor, as a causal LM's shifted labels
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 64, (8, 257))
+    mask = torch.ones(8, 256, dtype=torch.long)
+    mask[:, 200:] = 0
+    return Padded(), (tokens[:, :-1], mask, tokens[:, 1:]), lambda out: out
+
+
 def mlp_chain():  # activations dominate: something to plan
     torch.manual_seed(0)
     layers = []
@@ -393,6 +415,30 @@ def test_load_target_fake_allocates_nothing(target_file):
     model, inputs, loss_fn = load_target(f"{target_file}:make", fake=True)
     assert all(isinstance(p, FakeTensor) for p in model.parameters())
     assert isinstance(inputs, FakeTensor) and loss_fn is None
+
+
+def test_load_target_fake_keeps_the_values_of_ids_and_masks(target_file):
+    """NOTE [Values a fake step can know], Rule 8: the parameters fake, the inputs' ids and masks real, with the values
+    a real build gives them, and two views of one tensor still sharing one storage."""
+    model, (ids, mask, labels), _ = load_target(f"{target_file}:padded", fake=True)
+    _, (real_ids, real_mask, real_labels), _ = load_target(f"{target_file}:padded")
+    assert all(isinstance(p, FakeTensor) for p in model.parameters())
+    for got, real in ((ids, real_ids), (mask, real_mask), (labels, real_labels)):
+        assert type(got) is torch.Tensor and torch.equal(got, real) and got.stride() == real.stride()
+    assert ids.untyped_storage().data_ptr() == labels.untyped_storage().data_ptr()
+    assert ids.untyped_storage().nbytes() == real_ids.untyped_storage().nbytes()
+
+
+def test_profile_fake_mode_runs_a_step_that_reads_its_inputs_values(capsys, target_file, tmp_path):
+    """The step branches on its padding mask and selects by its labels: `--mode fake` stopped there ("fake mode
+    cannot run op aten._local_scalar_dense") where the library's fake mode, given real inputs, ran; now it
+    predicts the real step's peak to the byte."""
+    path = tmp_path / "profile.json"
+    code, _, err = run(capsys, "profile", f"{target_file}:padded", "--mode", "fake", "--json", path)
+    assert code == 0, err
+    model, inputs, loss_fn = load_target(f"{target_file}:padded")
+    real = remat.profile(model, inputs, loss_fn, optimizer=lambda ps: torch.optim.Adam(ps))
+    assert remat.StepProfile.from_json(path.read_text()).peak_bytes == real.peak_bytes
 
 
 def test_load_target_returns_the_loss_fn(target_file):

@@ -26,6 +26,7 @@ import torch.nn as nn
 
 from remat._torch_compat import FakeTensorMode
 from remat.errors import RematError
+from remat.measure.device.known import KnownValues, realized
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +50,9 @@ def load_target(spec: str, fake: bool = False, *, device: str | None = None) -> 
         >>> model, inputs, loss_fn = load_target("train.py:make", fake=True)  # nothing allocated
 
     With `fake=True` the factory runs inside a `FakeTensorMode`, so a model too large
-    for this machine can still be built and profiled with `mode="fake"`.  If the
+    for this machine can still be built and profiled with `mode="fake"`; the inputs'
+    tensors of whole numbers and booleans (ids, masks, labels) come back real, with the
+    values the factory gave them, for the ops of the step that read them.  If the
     factory fails under fake tensors it is built for real instead, with a warning
     logged on `remat.target`.  With `device` (e.g. "cuda") the factory runs under
     `torch.device(device)`, so tensors it makes without naming a device land there.
@@ -194,9 +197,11 @@ def _callables(module: ModuleType, limit: int = 8) -> str:
 
 def _build(factory: Callable, spec: str, fake: bool, device: str | None) -> Any:
     if fake:
+        known = KnownValues(building=True)  # NOTE [Values a fake step can know], Rule 8
         try:
-            with FakeTensorMode(allow_non_fake_inputs=True), _device_ctx(device):
-                return factory()
+            with FakeTensorMode(allow_non_fake_inputs=True), known, _device_ctx(device):
+                built = factory()
+            return _inputs_realized(built, known)
         except RematError:
             raise
         except Exception as e:
@@ -217,6 +222,14 @@ def _build(factory: Callable, spec: str, fake: bool, device: str | None) -> Any:
             f"Expected it to take no arguments and return {SHAPE}. "
             "Fix: call it yourself in Python to see the full traceback, and correct it."
         ) from e
+
+
+def _inputs_realized(built: Any, known: KnownValues) -> Any:
+    """What a factory built under fake tensors, its inputs' whole-number and boolean tensors real
+    (NOTE [Values a fake step can know], Rule 8); anything but `(model, inputs[, loss_fn])` is left for `_check`."""
+    if not isinstance(built, (tuple, list)) or len(built) not in (2, 3):
+        return built
+    return (built[0], realized(built[1], known), *built[2:])
 
 
 def _device_ctx(device: str | None):

@@ -185,8 +185,8 @@ def run_user_code(what: str, fn: Callable[[], Any], fix: str = RUN_FIX) -> Any:
         op = str(getattr(e, "func", "") or e)
         raise UnsupportedOp(
             f"remat: fake mode cannot run op {op} during {what}: its output depends on tensor values "
-            "that fake tensors do not have (a fake step knows those computed from the inputs and buffers alone, "
-            "not from the parameters). Expected only shape-determined ops. "
+            "that fake tensors do not have (a fake step knows those computed from the inputs alone, and from the "
+            "buffers of a model built for real; not those from the parameters). Expected only shape-determined ops. "
             "Fix: profile with mode='real' (on a smaller batch if memory is short), or avoid the "
             "data-dependent op (.item(), nonzero, boolean masking) in the training step.",
             op,

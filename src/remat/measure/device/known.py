@@ -29,6 +29,12 @@ NOTE [Values a fake step can know]
           fake step runs without them first, and again with them only where an op stopped it (UnsupportedOp).
   Rule 7. A small tensor computed from a random draw is marked so, and an op that cannot run on it says so with
           the fix (`DRAWN`): LayerDrop's `torch.rand([]) < p` decides whether a layer runs at all.
+  Rule 8. A factory the command line builds under fake tensors (`--mode fake`) makes its inputs fake as well, with
+          no value to keep (Rule 1).  So it runs under `KnownValues(building=True)`: there a tensor of whole numbers
+          or booleans (token ids, masks, labels) gets a value, random draws included (`torch.randint` draws on the
+          CPU), and no other does (the parameters stay without data).  The step is then given those inputs as real
+          CPU tensors (`realized`), tensors that share a fake storage sharing a real one of its size.  The model's
+          buffers stay fake, without values.
 """
 
 from __future__ import annotations
@@ -65,8 +71,9 @@ _INDEXING = frozenset({_aten.index.Tensor, _aten.index_put.default, _aten.index_
 class KnownValues(TorchDispatchMode):
     """Rules 2-4, entered above the fake mode and beneath remat's tracker."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, building: bool = False) -> None:
         super().__init__()
+        self.building = building  # Rule 8: the mode a factory runs under
         self.values: Any = WeakTensorKeyDictionary()
         self._storages: set[int] = set()  # of tensors given a value (some may be gone): Rule 4's quick test
         self._drawn: Any = WeakTensorKeyDictionary()  # Rule 7: small tensors computed from random draws
@@ -101,7 +108,7 @@ class KnownValues(TorchDispatchMode):
             return answer
         outs = tree_flatten(out)[0]
         real = _FAILED
-        if values is not None and all(_small(t) for t in tensor_leaves(out)):
+        if values is not None and all(_small(t) and self._keeps(t) for t in tensor_leaves(out)):
             real = _run(func, args, kwargs, values)
         if real is not _FAILED:
             for f, r in zip(outs, tree_flatten(real)[0]):
@@ -118,7 +125,7 @@ class KnownValues(TorchDispatchMode):
     def _drawn_from(self, func, leaves: list[torch.Tensor]) -> bool:
         """Rule 7: a random op, or one on a random draw, whose other arguments have values (not activations)."""
         drawn = [t in self._drawn for t in leaves]
-        if not (_random(func) or any(drawn)):
+        if self.building or not (_random(func) or any(drawn)):  # Rule 8: a factory's draws have values
             return False
         return all(d or self._value(t) is not None for t, d in zip(leaves, drawn))
 
@@ -136,7 +143,9 @@ class KnownValues(TorchDispatchMode):
     def _values_of(self, func, leaves: list[torch.Tensor], args, kwargs) -> dict[int, torch.Tensor] | None:
         """{id(tensor): its value} for every tensor argument, or None where one has none, or the op draws random
         numbers or writes into a real tensor (Rule 2)."""
-        if _random(func) or not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
+        if _random(func) and not self.building:
+            return None
+        if not all(isinstance(t, FakeTensor) for t in written_tensors(func, args, kwargs)):
             return None
         values = {}
         for t in leaves:
@@ -145,6 +154,10 @@ class KnownValues(TorchDispatchMode):
                 return None
             values[id(t)] = value
         return values
+
+    def _keeps(self, t: torch.Tensor) -> bool:
+        """Rule 8: while a factory runs, only tensors of whole numbers and booleans keep values."""
+        return not (self.building and (t.is_floating_point() or t.is_complex()))
 
     def _set(self, fake: torch.Tensor, real: torch.Tensor) -> None:
         self.values[fake] = real
@@ -204,6 +217,26 @@ class KnownValues(TorchDispatchMode):
         if storages:
             for t in [t for t in self.values.keys() if t.untyped_storage()._cdata in storages]:
                 del self.values[t]
+
+
+def realized(obj: Any, known: KnownValues) -> Any:
+    """Rule 8: `obj` with each fake tensor that has a value in `known` replaced by a real CPU tensor holding it; the
+    tensors that share a fake storage share a real one of its size (a storage one of them has no value for stays
+    fake, all its tensors with it)."""
+    groups: dict[int, list[FakeTensor]] = {}
+    for t in tree_flatten(obj)[0]:
+        if isinstance(t, FakeTensor):
+            groups.setdefault(t.untyped_storage()._cdata, []).append(t)
+    real: dict[int, torch.Tensor] = {}
+    for group in groups.values():
+        values = [known.values.get(t) for t in group]
+        if any(v is None for v in values):
+            continue
+        storage = torch.zeros(group[0].untyped_storage().nbytes(), dtype=torch.uint8).untyped_storage()
+        for t, value in zip(group, values):
+            view = torch.empty(0, dtype=t.dtype).set_(storage, t.storage_offset(), t.shape, t.stride())
+            real[id(t)] = view.copy_(value)
+    return tree_map(lambda x: real.get(id(x), x) if isinstance(x, torch.Tensor) else x, obj)
 
 
 def _run(func, args, kwargs, values: dict[int, torch.Tensor]) -> Any:
