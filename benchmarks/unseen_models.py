@@ -4,7 +4,7 @@ transformers), each profiled in real and in fake mode (the fake step's peak agai
 its least peak and half way to the unplanned peak, and each plan checked by `remat.verify` (gradients equal, extra
 FLOPs counted by FlopCounterMode equal to the plan's, the step's peak by remat's tracker against the budget).
 
-    python benchmarks/unseen_models.py                 # ~2.5 min on 2 cores
+    python benchmarks/unseen_models.py                 # ~3.5 min on 2 cores
     python benchmarks/unseen_models.py --models bart,swin --no-write
 """
 
@@ -14,6 +14,7 @@ import argparse
 import sys
 import time
 import traceback
+from inspect import signature
 from pathlib import Path
 
 import torch
@@ -182,8 +183,8 @@ MODELS: dict[str, tuple[str, str, dict]] = {
 
 
 def build(name: str):
-    """The model of `name` from its config, and a batch for it (2 x 32 tokens, 4 images of `image` pixels, or 2 clips
-    of `audio` samples)."""
+    """The model of `name` from its config, and a batch for it (2 x 32 tokens with the attention mask a tokenizer
+    gives them, 4 images of `image` pixels, or 2 clips of `audio` samples)."""
     import transformers as tf
 
     tf.logging.set_verbosity_error()
@@ -198,7 +199,8 @@ def build(name: str):
         labels = torch.randint(1, kwargs["vocab_size"], (2, 20))
         return model, {"input_values": torch.randn(2, audio), "labels": labels}
     ids = torch.randint(0, kwargs["vocab_size"], (2, 32))
-    return model, {"input_ids": ids, "labels": ids}
+    mask = {"attention_mask": torch.ones_like(ids)} if "attention_mask" in signature(model.forward).parameters else {}
+    return model, {"input_ids": ids, **mask, "labels": ids}  # a tokenizer's batch: its mask, all ones
 
 
 def check(name: str) -> dict:

@@ -178,6 +178,44 @@ def test_packed_position_ids_keep_their_mask_in_a_fake_step():
     assert any("pack several sequences per row" in n for n in fake.notes)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("arch", ["llama", "bart"])
+def test_a_tokenizers_attention_mask_is_read_in_a_fake_step_as_in_the_real_one(arch, padded):
+    """NOTE [A mask Hugging Face reads, under fake tensors]: an all-ones mask makes no (B, 1, L, L) mask in the
+    real step, and Hugging Face took a fake one for a traced graph and built it (Llama +73,728 bytes here, BART
+    +49,152: a fake step over its real one); a mask with padding makes one in both."""
+    pytest.importorskip("transformers")
+    import architectures
+
+    model, inputs = getattr(architectures, arch)() if arch != "bart" else _bart()
+    inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
+    if padded:
+        inputs["attention_mask"][1, 24:] = 0
+    fake = remat.profile(model, inputs, mode="fake")
+    assert fake.peak_bytes == remat.profile(model, inputs).peak_bytes
+    unmasked = remat.profile(model, {k: v for k, v in inputs.items() if k != "attention_mask"}, mode="fake")
+    assert (fake.peak_bytes - unmasked.peak_bytes > 4096) is padded  # the mask's input is 512 bytes
+
+
+def _bart():
+    import transformers as tf
+
+    torch.manual_seed(0)
+    cfg = tf.BartConfig(
+        vocab_size=256,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=64,
+    )
+    ids = torch.randint(4, 256, (2, 32))
+    return tf.BartForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
+
+
 def test_a_float32_mixture_of_experts_profiles_in_fake_mode_at_its_real_peak():
     """transformers 5's experts run one grouped matmul (`aten._grouped_mm`), whose meta kernel refuses float32 where
     the kernels run it: the fake step raised "Expected inputs of BF16 type" (NOTE [A meta kernel stricter than its

@@ -248,3 +248,18 @@ def test_lora_without_peft_says_to_install_it(configs, monkeypatch):
 def test_a_sequence_longer_than_bert_positions(configs):
     with pytest.raises(FitError, match=r"^remat: BertForMaskedLM's training step failed .* Fix: --seq 512 or shorter"):
         will_it_fit(configs["bert"], "24GiB", seq=1024)
+
+
+def test_a_setting_the_config_lacks_is_named_with_the_fix(tmp_path):
+    """A T5 config without `decoder_start_token_id` (the Hub's has it: T5 shifts its labels right from it) stopped
+    with "the model's forward raised AttributeError ... check that the inputs match", inputs `remat fit` makes."""
+    config = {"architectures": ["T5ForConditionalGeneration"], "model_type": "t5", "d_model": H, "d_kv": 32}
+    config |= {"d_ff": I, "num_layers": 1, "num_heads": HEADS, "vocab_size": V}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expected = r"^remat: T5ForConditionalGeneration's training step reads `decoder_start_token_id` from its config"
+    with pytest.raises(FitError, match=expected) as e:
+        will_it_fit(str(tmp_path), "24GiB", seq=64)
+    assert 'Fix: add "decoder_start_token_id" to the config.json' in str(e.value)
+    config["decoder_start_token_id"] = 0
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert will_it_fit(str(tmp_path), "24GiB", seq=64).fits

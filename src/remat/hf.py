@@ -31,7 +31,7 @@ import contextlib
 import functools
 import inspect
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.nn as nn
@@ -174,3 +174,47 @@ def unpacked_sequences_unless_given(inputs) -> Iterator[bool]:
 
 def _one_sequence_per_row(position_ids):
     return None
+
+
+# NOTE [A mask Hugging Face reads, under fake tensors]
+#   Hugging Face skips work its inputs allow: a padding mask of all ones makes no (B, 1, L, L) mask, and
+#   attention runs with `is_causal` (`masking_utils._ignore_causal_mask_sdpa` and its kin).  Reading the mask
+#   would break a traced graph, so Hugging Face reads it only where it is not tracing (`is_tracing`), and a fake
+#   tensor counts as tracing (`import_utils.is_fake_tensor`).  So a fake step built the mask the real step never
+#   builds: a tokenizer's all-ones `attention_mask` put a 3-layer Mistral's fake peak 73,728 bytes (4.3%) over
+#   its real one, and on CUDA a mask rules out flash attention (the memory-efficient kernel saves a float copy
+#   of it per layer).
+#   Rule 1. For the length of a fake step, a fake tensor is tracing to Hugging Face only where the step has no
+#           value for it (`traced(t)`, NOTE [Values a fake step can know]): a mask made from the inputs is
+#           read as the real step reads it.
+#   Rule 2. A step that runs without values (the first try: that NOTE's Rule 6) cannot answer, and stops there
+#           to run again with them; a tensor without a value keeps Hugging Face's own answer (tracing).
+#   Rule 3. Hugging Face's warning of padding without a mask (`warn_if_padding_and_no_attention_mask`, GPT-2's
+#           forward and 60-odd others) asks too, of the ids.  Its answer changes no tensor, so a fake step skips
+#           the warning rather than run again for it (a quarter more time: Rule 6 of that NOTE).
+
+
+@contextlib.contextmanager
+def masks_read_where_known(traced: Callable[[torch.Tensor], bool]) -> Iterator[None]:
+    """NOTE [A mask Hugging Face reads, under fake tensors]: while inside, Hugging Face takes a fake tensor `t`
+    for a traced one only where `traced(t)`, and warns of no padding (Rule 3)."""
+    utils = sys.modules.get("transformers.utils.import_utils")
+    models = sys.modules.get("transformers.modeling_utils")
+    asks = getattr(utils, "is_fake_tensor", None)
+    with contextlib.ExitStack() as stack:
+        if asks is not None:
+            stack.enter_context(_replaced(utils, "is_fake_tensor", lambda x: bool(asks(x)) and traced(x)))
+        if hasattr(getattr(models, "PreTrainedModel", None), "warn_if_padding_and_no_attention_mask"):
+            no_warning = lambda self, input_ids, attention_mask: None  # noqa: E731
+            stack.enter_context(_replaced(models.PreTrainedModel, "warn_if_padding_and_no_attention_mask", no_warning))
+        yield
+
+
+@contextlib.contextmanager
+def _replaced(owner, name: str, value) -> Iterator[None]:
+    was = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, was)

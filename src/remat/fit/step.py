@@ -43,6 +43,13 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
     try:
         prof = _profile(built.model, built.inputs, options_for(setup, gpu))
     except Exception as e:
+        missing = _missing_setting(e)
+        if missing is not None:
+            raise FitError(
+                f"remat: {built.name}'s training step reads `{missing}` from its config, which this config lacks "
+                f"({type(config).__name__} has no attribute {missing!r}). Expected the model's own config.json, "
+                f'where it is set. Fix: add "{missing}" to the config.json, with the value of the model\'s own.'
+            ) from e
         limit = getattr(config, "max_position_embeddings", None)
         if not (isinstance(limit, int) and setup.seq > limit) and isinstance(e, RematError):
             raise
@@ -57,6 +64,17 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
             f"tokens: {hint}. (It said: {why.removeprefix('remat: ')})"
         ) from e
     return built, prof
+
+
+def _missing_setting(e: BaseException | None) -> str | None:
+    """The config attribute whose absence raised `e` (or an exception it was raised from), if one did."""
+    from transformers import PretrainedConfig
+
+    while e is not None:
+        if isinstance(e, AttributeError) and isinstance(getattr(e, "obj", None), PretrainedConfig):
+            return e.name
+        e = e.__cause__
+    return None
 
 
 def judge(built: Built, prof: StepProfile, setup: Setup, gpu: Gpu, progress: Progress | None = None) -> Outcome:

@@ -14,11 +14,12 @@ import torch.nn as nn
 from remat._torch_compat import FakeTensorMode, ModuleTracker, real_kernel_rules
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import RematError, UnsupportedOp
-from remat.hf import CACHE_NOTE, PACKED_NOTE, no_cache_in_training, unpacked_sequences_unless_given
+from remat.hf import CACHE_NOTE, PACKED_NOTE, masks_read_where_known, no_cache_in_training
+from remat.hf import unpacked_sequences_unless_given
 from remat import procmem
 from remat.measure import scratch
 from remat.measure.device import cuda_kernels, cuda_workspaces, fake, roofline
-from remat.measure.device.known import KnownValues
+from remat.measure.device.known import KnownValues, traced_unless_known
 from remat.measure.block_io import BlockIO
 from remat.measure.build import Setup, build_profile, classify, register_state
 from remat.measure.device.cuda_allocator import ROUND
@@ -176,6 +177,7 @@ def _fake_step(run: "_Run", inputs: Any, optimizer: Any, known: KnownValues | No
     with (
         fake.fake_model(run.model, fake_mode, run_device) as table,
         unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]
+        masks_read_where_known(traced_unless_known(known)),  # NOTE [A mask Hugging Face reads, under fake tensors]
     ):
         faked = fake.fake_inputs(inputs, fake_mode, run_device)
         if known is not None:

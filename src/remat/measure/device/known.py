@@ -39,6 +39,7 @@ NOTE [Values a fake step can know]
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,6 +55,12 @@ DRAWN = (
     "and HuBERT do by default in training), which a fake step cannot know, and a real step draws anew each time. "
     "Expected a step whose ops do not depend on random values. Fix: turn that choice off for the prediction "
     "(wav2vec2, HuBERT: config.layerdrop=0.0, the step with every layer), or profile with mode='real'."
+)
+
+UNTOLD = (
+    "remat: Hugging Face asks whether a tensor of shape {shape} is traced, to read its values (an attention mask), "
+    "and this fake step keeps no values. Expected a fake step with its inputs' values. Fix: none needed; remat runs "
+    "the step again with them (this message is shown only if it could not)."
 )
 
 KNOWN_MAX_BYTES = 16 << 20
@@ -217,6 +224,19 @@ class KnownValues(TorchDispatchMode):
         if storages:
             for t in [t for t in self.values.keys() if t.untyped_storage()._cdata in storages]:
                 del self.values[t]
+
+
+def traced_unless_known(known: KnownValues | None) -> Callable[[torch.Tensor], bool]:
+    """Whether Hugging Face should take fake `t` for a traced tensor: where it has no value
+    (NOTE [A mask Hugging Face reads, under fake tensors]); a step without values cannot tell, and stops to run
+    again with them."""
+
+    def traced(t: torch.Tensor) -> bool:
+        if known is None:
+            raise UnsupportedOp(UNTOLD.format(shape=tuple(t.shape)), "is_tracing")
+        return known._value(t) is None
+
+    return traced
 
 
 def realized(obj: Any, known: KnownValues) -> Any:
