@@ -197,16 +197,16 @@ def _one_sequence_per_row(position_ids):
 @contextlib.contextmanager
 def masks_read_where_known(traced: Callable[[torch.Tensor], bool]) -> Iterator[None]:
     """NOTE [A mask Hugging Face reads, under fake tensors]: while inside, Hugging Face takes a fake tensor `t`
-    for a traced one only where `traced(t)`, and warns of no padding (Rule 3)."""
+    for a traced one only where `traced(t)`, and skips its warning of padding without a mask (Rule 3)."""
     utils = sys.modules.get("transformers.utils.import_utils")
-    models = sys.modules.get("transformers.modeling_utils")
+    pretrained = getattr(sys.modules.get("transformers.modeling_utils"), "PreTrainedModel", None)
     asks = getattr(utils, "is_fake_tensor", None)
     with contextlib.ExitStack() as stack:
         if asks is not None:
             stack.enter_context(_replaced(utils, "is_fake_tensor", lambda x: bool(asks(x)) and traced(x)))
-        if hasattr(getattr(models, "PreTrainedModel", None), "warn_if_padding_and_no_attention_mask"):
+        if hasattr(pretrained, "warn_if_padding_and_no_attention_mask"):
             no_warning = lambda self, input_ids, attention_mask: None  # noqa: E731
-            stack.enter_context(_replaced(models.PreTrainedModel, "warn_if_padding_and_no_attention_mask", no_warning))
+            stack.enter_context(_replaced(pretrained, "warn_if_padding_and_no_attention_mask", no_warning))
         yield
 
 

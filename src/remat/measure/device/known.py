@@ -162,6 +162,10 @@ class KnownValues(TorchDispatchMode):
             values[id(t)] = value
         return values
 
+    def has_value(self, t: torch.Tensor) -> bool:
+        """Whether the step knows `t`'s value (Rules 1-3)."""
+        return self._value(t) is not None
+
     def _keeps(self, t: torch.Tensor) -> bool:
         """Rule 8: while a factory runs, only tensors of whole numbers and booleans keep values."""
         return not (self.building and (t.is_floating_point() or t.is_complex()))
@@ -234,7 +238,7 @@ def traced_unless_known(known: KnownValues | None) -> Callable[[torch.Tensor], b
     def traced(t: torch.Tensor) -> bool:
         if known is None:
             raise UnsupportedOp(UNTOLD.format(shape=tuple(t.shape)), "is_tracing")
-        return known._value(t) is None
+        return not known.has_value(t)
 
     return traced
 
