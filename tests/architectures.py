@@ -68,6 +68,25 @@ def t5():
     return tf.T5ForConditionalGeneration(cfg), _ids(512, batch=4)
 
 
+def bart():
+    """Encoder-decoder with learned positions; its ids avoid the special tokens 0-3 (pad is 1)."""
+    tf = _tf()
+    torch.manual_seed(0)
+    cfg = tf.BartConfig(
+        vocab_size=256,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        max_position_embeddings=64,
+    )
+    ids = torch.randint(4, 256, (2, 32))
+    return tf.BartForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
+
+
 def moe():
     """Mixture of experts (Mixtral)."""
     tf = _tf()

@@ -187,7 +187,7 @@ def test_a_tokenizers_attention_mask_is_read_in_a_fake_step_as_in_the_real_one(a
     pytest.importorskip("transformers")
     import architectures
 
-    model, inputs = getattr(architectures, arch)() if arch != "bart" else _bart()
+    model, inputs = getattr(architectures, arch)()
     inputs["attention_mask"] = torch.ones_like(inputs["input_ids"])
     if padded:
         inputs["attention_mask"][1, 24:] = 0
@@ -195,25 +195,6 @@ def test_a_tokenizers_attention_mask_is_read_in_a_fake_step_as_in_the_real_one(a
     assert fake.peak_bytes == remat.profile(model, inputs).peak_bytes
     unmasked = remat.profile(model, {k: v for k, v in inputs.items() if k != "attention_mask"}, mode="fake")
     assert (fake.peak_bytes - unmasked.peak_bytes > 4096) is padded  # the mask's input is 512 bytes
-
-
-def _bart():
-    import transformers as tf
-
-    torch.manual_seed(0)
-    cfg = tf.BartConfig(
-        vocab_size=256,
-        d_model=64,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=128,
-        decoder_ffn_dim=128,
-        max_position_embeddings=64,
-    )
-    ids = torch.randint(4, 256, (2, 32))
-    return tf.BartForConditionalGeneration(cfg), {"input_ids": ids, "labels": ids}
 
 
 def test_a_float32_mixture_of_experts_profiles_in_fake_mode_at_its_real_peak():
