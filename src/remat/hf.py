@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import re
 import sys
 from collections.abc import Callable, Iterator
 
@@ -218,3 +219,62 @@ def _replaced(owner, name: str, value) -> Iterator[None]:
         yield
     finally:
         setattr(owner, name, was)
+
+
+# NOTE [A kernel Hugging Face runs as its reference]
+#   Hugging Face runs some layers with another package's fused kernel where it is installed (mamba_ssm's selective
+#   scan, causal_conv1d, flash-linear-attention's gated delta rule: `integrations.hub_kernels`), and else with its
+#   own reference PyTorch code, which it says once per process (`logger.warning_once`: "... is falling back to its
+#   reference PyTorch implementation ...").  The reference saves and runs other tensors than the kernel (Mamba-1's
+#   scan loops over the tokens, saving each one's state), so a CUDA step measured or predicted with it is the step
+#   of a GPU without the package.
+#   Rule 1. For the length of a step on a CUDA target (measured, or predicted with fake tensors), remat listens to
+#           that logger, and the profile's notes name each function and package heard (`REFERENCE_NOTE`).
+#           `remat fit` repeats the note in its answer.  A CPU step says nothing: those kernels are CUDA's.
+#   Rule 2. Only the warning is read, not how Hugging Face picks the code: a transformers that words it otherwise
+#           gives no note, and `tests/test_hf_reference_kernels.py` fails on it.
+
+REFERENCE_NOTE = "transformers ran its reference PyTorch code for"
+_FALLBACK = re.compile(r"`([^`]+)` is falling back to its reference PyTorch implementation because `([^`]+)`")
+
+
+@contextlib.contextmanager
+def reference_kernels_heard(on: bool = True) -> Iterator[list[tuple[str, str]]]:
+    """NOTE [A kernel Hugging Face runs as its reference]: while inside, each (function, package) Hugging Face runs
+    its reference code for, in the order heard (nothing is heard where `on` is False)."""
+    heard: list[tuple[str, str]] = []
+    logger = getattr(sys.modules.get("transformers.integrations.hub_kernels"), "logger", None)
+    if not on or logger is None or not hasattr(logger, "warning_once"):
+        yield heard
+        return
+    own = "warning_once" in vars(logger)
+    was = logger.warning_once
+
+    def listen(message, *args, **kwargs):
+        found = _FALLBACK.search(str(message))
+        if found and found.groups() not in heard:
+            heard.append(found.groups())
+        return was(message, *args, **kwargs)
+
+    logger.warning_once = listen
+    try:
+        yield heard
+    finally:
+        if own:
+            logger.warning_once = was
+        else:
+            del logger.warning_once
+
+
+def reference_note(heard: list[tuple[str, str]], predicted: bool) -> list[str]:
+    """Rule 1's note of the functions and packages `heard` (none where nothing was)."""
+    if not heard:
+        return []
+    functions = ", ".join(f"`{f}`" for f, _ in heard)
+    packages = list(dict.fromkeys(f"`{p}`" for _, p in heard))
+    named, step = " and ".join(packages), "predicted" if predicted else "measured"
+    return [
+        f"{REFERENCE_NOTE} {functions}, as {named} {'is' if len(packages) == 1 else 'are'} not installed here. "
+        f"With {named}, a GPU runs fused kernels there instead, which save other tensors and take other seconds "
+        f"than the step {step} here"
+    ]

@@ -27,6 +27,7 @@ from remat.fit.setup import (
 )
 from remat.fit.step import judge, profile_step
 from remat.fit.suggest import KINDS, Suggestion, check_kinds, try_changes
+from remat.hf import REFERENCE_NOTE
 
 __all__ = [
     "AS_IS",
@@ -88,6 +89,9 @@ def will_it_fit(
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
     name, notes = built.name if not lora else f"{built.name} with LoRA", [head_note] if head_note else []
+    notes += [
+        n for n in prof.notes if n.startswith(REFERENCE_NOTE)
+    ]  # NOTE [A kernel Hugging Face runs as its reference]
     answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)

@@ -210,7 +210,7 @@ class _Block:
             output_bytes=_sum(self.outputs),
             output_saved_bytes=_sum(saved_outputs),
             output_last_use_op=self._held_until(max((r.last_forward_use for r in saved_outputs), default=-1)),
-            output_free_op=max((_freed_at(r, n_ops) for r in saved_outputs), default=-1),
+            output_free_op=max((_output_freed_at(r, n_ops) for r in saved_outputs), default=-1),
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
             output_kept_by=_kept_by(saved_outputs, self.siblings, self.name, self._here),
@@ -218,6 +218,7 @@ class _Block:
             held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
             kept_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in self._kept_inputs()],
             output_keys=[self.keys[id(r)] for r in saved_outputs],
+            **self._own_outputs(saved_outputs),
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
             selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
@@ -233,6 +234,22 @@ class _Block:
                 and any(within(m, self.name) for _, m in r.packs)
             ),
         )
+
+    def _own_outputs(self, saved_outputs: list[StorageRecord]) -> dict[str, int]:
+        """`BlockProfile.output_own_bytes` and `output_own_free_op`: the saved outputs that only the block's own ops
+        save and read, and that the unplanned step frees by the end of the block's backward (the caller dropped them)."""
+        ops, end = self.tracker.ops, (self.bwd_k[-1] + 1 if self.bwd_k else -1)
+        own = [
+            r
+            for r in saved_outputs
+            if self._kept_only_here(r)
+            and r.last_forward_use >= 0
+            and self._here(r.last_forward_use, ops[r.last_forward_use].module)
+            and _output_freed_at(r, len(ops)) <= end
+        ]
+        after = self.fwd_k[-1] if own else len(ops)
+        backward = next((k for k in range(after, len(ops)) if ops[k].phase == "backward"), -1)
+        return dict(output_own_bytes=_sum(own) if backward >= 0 else 0, output_own_free_op=backward)
 
     def _held_until(self, read: int) -> int:
         """The last forward read of the output, or, when the enclosing module's own code made it (a loop keeping
@@ -294,6 +311,13 @@ class _Block:
 def _freed_at(rec: StorageRecord, n_ops: int) -> int:
     """The op index at which the step freed `rec`: `n_ops` (the step's length) if it never did."""
     return n_ops if rec.free_step is None else rec.free_step
+
+
+def _output_freed_at(rec: StorageRecord, n_ops: int) -> int:
+    """As `_freed_at`, but `n_ops` + 1 where the step did not free an output before its last op was over: a record
+    ends at `n_ops` also when the loop lets go of the output after the step (the model returned it), so a block whose
+    backward is the step's last op (no optimizer) would count as the output's last holder (`output_freeable`)."""
+    return n_ops + 1 if rec.free_step is None or rec.free_step >= n_ops else rec.free_step
 
 
 def _sum(records) -> int:

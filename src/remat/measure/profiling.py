@@ -14,8 +14,7 @@ import torch.nn as nn
 from remat._torch_compat import FakeTensorMode, ModuleTracker, real_kernel_rules
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import RematError, UnsupportedOp
-from remat.hf import CACHE_NOTE, PACKED_NOTE, masks_read_where_known, no_cache_in_training
-from remat.hf import unpacked_sequences_unless_given
+from remat import hf
 from remat import procmem
 from remat.measure import scratch
 from remat.measure.device import cuda_kernels, cuda_workspaces, fake, roofline
@@ -121,14 +120,19 @@ def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Par
     check_optimizer(optimizer, model)
     candidates = find_candidates(model, options.blocks)
     run = _Run(model, loss_fn, candidates, setup, options.progress, options.loop, parallel or found)
-    if setup.mode == Mode.REAL:
-        opt = make_optimizer(optimizer, model)
-        snapshot = StateSnapshot(model, opt, step_inputs.tensors())
-        try:
-            return run.measure(step_inputs, opt, snapshot.restore)
-        finally:
-            snapshot.restore()
-    return _measure_fake(run, inputs, optimizer)
+    real = setup.mode == Mode.REAL  # NOTE [A kernel Hugging Face runs as its reference]:
+    with hf.reference_kernels_heard(setup.target.type == "cuda") as heard:
+        prof = _measure_real(run, step_inputs, optimizer) if real else _measure_fake(run, inputs, optimizer)
+    return dataclasses.replace(prof, notes=prof.notes + hf.reference_note(heard, not real))
+
+
+def _measure_real(run: "_Run", step_inputs: StepInputs, optimizer: Any) -> StepProfile:
+    opt = make_optimizer(optimizer, run.model)
+    snapshot = StateSnapshot(run.model, opt, step_inputs.tensors())
+    try:
+        return run.measure(step_inputs, opt, snapshot.restore)
+    finally:
+        snapshot.restore()
 
 
 def _setup(model: nn.Module, mode: str, device: str | torch.device | None, hardware: str | None = None) -> Setup:
@@ -176,8 +180,8 @@ def _fake_step(run: "_Run", inputs: Any, optimizer: Any, known: KnownValues | No
     buffers = list(run.model.buffers()) if known is not None else []  # their real values, before the swap
     with (
         fake.fake_model(run.model, fake_mode, run_device) as table,
-        unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]
-        masks_read_where_known(traced_unless_known(known)),  # NOTE [A mask Hugging Face reads, under fake tensors]
+        hf.unpacked_sequences_unless_given(inputs) as packed,  # NOTE [Packed sequences under fake tensors]
+        hf.masks_read_where_known(traced_unless_known(known)),  # NOTE [A mask Hugging Face reads, under fake tensors]
     ):
         faked = fake.fake_inputs(inputs, fake_mode, run_device)
         if known is not None:
@@ -190,7 +194,7 @@ def _fake_step(run: "_Run", inputs: Any, optimizer: Any, known: KnownValues | No
             run.notes.append(fake.FOREACH_NOTE)
         if not run.setup.fake_cuda:
             run.notes.extend(scratch.unestimated_notes(run.setup.target.type))
-        run.notes.extend([PACKED_NOTE] if packed else [])
+        run.notes.extend([hf.PACKED_NOTE] if packed else [])
         kernels = cuda_kernels.as_on_cuda() if run.setup.simulated else contextlib.nullcontext()
         values = known if known is not None else contextlib.nullcontext()
         with fake_mode, values, kernels as simulated, real_kernel_rules():  # NOTE [A CUDA step simulated on CPU]
@@ -224,7 +228,7 @@ class _Run:
         timed = self.setup.mode == Mode.REAL and self.setup.timed and not self.parallel.kind
         tracker = self._new_tracker(timed)
         io = BlockIO(self.model, self.candidates, tracker)
-        with no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
+        with hf.no_cache_in_training(self.model) as cache:  # NOTE [The key/value cache in training]
             # NOTE [A rank's step], Rule 3
             lead = lead_in(
                 self.runner,
@@ -243,7 +247,7 @@ class _Run:
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0
         self._as_the_device_holds_it(tracker, opt, base_allocated)
         if cache.turned_off:
-            self.notes.append(CACHE_NOTE)
+            self.notes.append(hf.CACHE_NOTE)
         if timed:
             say(self.progress, "timing the step")
         timing = settle(
@@ -309,7 +313,7 @@ class _Run:
 
     def _time_again(self, step: StepInputs, opt) -> StepTimes:
         """NOTE [The seconds of a step], Rule 1: timed steps of the loop after the tracked one."""
-        with no_cache_in_training(self.model):
+        with hf.no_cache_in_training(self.model):
             return time_loop(self.model, step, self.loss_fn, opt, self.loop, cuda=self.setup.cuda_real)
 
     def _measures_scratch(self, prof: StepProfile) -> bool:
@@ -333,7 +337,7 @@ class _Run:
         if placed is not None:
             return placed
         restore()
-        with no_cache_in_training(self.model):
+        with hf.no_cache_in_training(self.model):
             measured = scratch.measure_scratch(self.model, step, self.loss_fn, opt, self.loop)
         placed, lost = scratch.placed(signatures, measured)
         if lost:

@@ -35,24 +35,27 @@ _start, _end = operator.attrgetter("start"), operator.attrgetter("end")
 
 def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile]) -> list[np.ndarray]:
     """Per block of names[i..stop-1]: where its forward ends, where its output is last read, what it frees
-    alone, its saved output, the position of the last block that keeps that output (the output is
-    freed too once the run reaches it), the output the model itself holds (`output_freeable`), where
-    the block's backward starts, and the position of the first block from names[i] on that keeps its output."""
+    alone, its saved output (but the part only its own ops keep), the position of the last block that keeps that
+    output (the output is freed too once the run reaches it), the output the model itself holds
+    (`output_freeable`), where the block's backward starts, the position of the first block from names[i] on that
+    keeps its output, and the saved output only its own ops keep with the op it is freed from (`own_output`)."""
     pos = {n: k for k, n in enumerate(names)}
-    columns: list[list[int]] = [[], [], [], [], [], [], [], []]
+    columns: list[list[int]] = [[], [], [], [], [], [], [], [], [], []]
     for n in names[i:stop]:
         b = by_name[n]
         keepers = [pos.get(k, -1) for k in b.output_kept_by]
-        freeable = output_freeable(b)
+        freeable, own = output_freeable(b), own_output(b)
         row = (
             b.forward_end_op + 1,
             max(b.forward_end_op, b.output_last_use_op) + 1,  # read later (a skip): held till then
             b.internal_bytes,
-            freeable,
+            freeable - own,
             max(keepers) if keepers and min(keepers) >= i else len(names),
             b.output_saved_bytes - freeable,
             b.backward_start_op,
             min((k for k in keepers if k >= i), default=len(names)),
+            own,
+            b.output_own_free_op,
         )
         for column, value in zip(columns, row):
             column.append(value)
@@ -78,8 +81,8 @@ def runs_effects(columns: list[np.ndarray], i: int, ends: list[int]) -> list[lis
     output's last read in forward (one effect when they coincide), once the run reaches the last block keeping it;
     then, for each of its blocks but the last whose output the model holds anyway (`held` bytes), the second copy
     the recomputation at ends[k] makes, which the next block's backward releases before the block's own backward
-    starts."""
-    starts, out_starts, internal, output, reach, held, backward_starts, _ = columns
+    starts; last, each block's saved output that only its own ops keep (`own_output`), from the step's backward."""
+    starts, out_starts, internal, output, reach, held, backward_starts, _, own, own_starts = columns
     k = np.arange(len(starts))
     end, inside = np.asarray(ends, dtype=np.int64)[:, None], k[None, :] <= k[:, None]  # [run, block]
     out = np.where(reach[None, :] <= i + k[:, None], output[None, :], 0)
@@ -88,12 +91,14 @@ def runs_effects(columns: list[np.ndarray], i: int, ends: list[int]) -> list[lis
     alone = inside & (freed != 0) & (starts[None, :] < end)
     later = inside & ~same & (out != 0) & (out_starts[None, :] < end)
     copies = inside & (k[None, :] < k[:, None]) & (held[None, :] != 0) & (end < backward_starts[None, :])
-    (a, x), (b, y), (c, z) = (
+    mine = inside & (own[None, :] != 0) & (own_starts[None, :] < end)
+    (a, x), (b, y), (c, z), (d, w) = (
         _masked_effects(alone, starts[None, :], end, freed),
         _masked_effects(later, out_starts[None, :], end, out),
         _masked_effects(copies, end, backward_starts[None, :], -held[None, :]),
+        _masked_effects(mine, own_starts[None, :], end, own[None, :]),
     )
-    return [a[x[r] : x[r + 1]] + b[y[r] : y[r + 1]] + c[z[r] : z[r + 1]] for r in range(len(ends))]
+    return [a[x[r] : x[r + 1]] + b[y[r] : y[r + 1]] + c[z[r] : z[r + 1]] + d[w[r] : w[r + 1]] for r in range(len(ends))]
 
 
 def _masked_effects(
@@ -113,3 +118,9 @@ def output_freeable(b: BlockProfile) -> int:
     nothing of it, and recomputing it makes a second copy (`runs_effects`).  Seen on a 3-layer GPT-2:
     one checkpoint over its layers measured 2.776 MB for 2.743 MB predicted, two hidden states."""
     return 0 if b.output_free_op > b.backward_end_op + 1 else b.output_saved_bytes
+
+
+def own_output(b: BlockProfile) -> int:
+    """The part of `b`'s saved output that only its own ops keep (`output_own_bytes`): a run holding `b` frees it from
+    `output_own_free_op`, whoever keeps the rest; 0 where the model holds an output past `b`'s backward."""
+    return b.output_own_bytes if output_freeable(b) else 0

@@ -12,6 +12,10 @@ NOTE [The memory model of a plan]
             on (`output_last_use_op`: a skip connection holds it until then), and never
             if the model holds it past c's backward (it returns it: `output_hidden_states`;
             then U's recomputation makes a second copy, held until c's backward starts).
+            A saved output only c's own ops save and read, which the caller drops, is freed
+            from the step's first backward op whoever keeps c's other outputs
+            (`output_own_bytes`: wav2vec2's feature projection also returns its normalised
+            input, saved by its Linear alone; it was predicted 102,144 bytes high before).
     Rule 2. The checkpoint keeps U's inputs, positional and keyword: each one autograd would
             not have kept (`held_inputs` of c_1) is held from the later of the end of c_1's
             forward and its own free until c_1's backward is over (the checkpoint releases

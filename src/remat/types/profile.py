@@ -19,7 +19,7 @@ from remat.types.reserve import GpuReserve
 from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 11
+PROFILE_VERSION = 12
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -195,8 +195,8 @@ class BlockProfile:
     """A module outside the model's blocks (an embedder, stem, final norm or head;
     `remat.module_tree.find_extras`): plans may checkpoint it, the recipes and the chain leave it out."""
     output_free_op: int = -1
-    """Timeline index at which the unplanned step frees its saved output (the step's length if never; -1:
-    not recorded).  Past the end of its own backward, something besides autograd holds it (the model
+    """Timeline index at which the unplanned step frees its saved output (past the step's length if not before its
+    last op was over; -1: not recorded).  Past the end of its own backward, something besides autograd holds it (the model
     returns it: `output_hidden_states=True`), and no checkpoint frees it."""
     held_inputs: list[list[int]] = field(default_factory=list)
     """[tensor, bytes, op index at which the unplanned step frees it] for each part of `input_unsaved_bytes`,
@@ -207,6 +207,14 @@ class BlockProfile:
     """As `held_inputs`, for inputs autograd keeps for ops outside it only (NOTE [The memory model of a plan], Rule 2)."""
     output_keys: list[int] = field(default_factory=list)
     """The tensor numbers (as in `held_inputs`) of its saved outputs."""
+    output_own_bytes: int = 0
+    """Part of `output_saved_bytes` that only its own ops save and read, freed by the unplanned step by the end of
+    its backward: an output the caller drops (wav2vec2's feature projection also returns its normalised input, which
+    only its own Linear saves).  A checkpoint around it frees that part from `output_own_free_op`, whoever keeps its
+    other outputs (NOTE [The memory model of a plan], Rule 1)."""
+    output_own_free_op: int = -1
+    """The step's first backward op after its forward (-1: none): the caller has let go of what it returned by then,
+    what a checkpoint of `output_own_bytes` frees from."""
     grad_ops_before: int = 0
     """Forward ops that ran between the previous sibling's forward and this one's and read a tensor that
     requires grad (loop code between nn.ModuleList entries, another module): one checkpoint cannot run both

@@ -16,6 +16,7 @@ for `remat.types._json.load`).  What each version added:
 10: the inputs a checkpoint holds that autograd keeps for ops outside it, and the tensors a block outputs
    (`BlockProfile.kept_inputs`, `output_keys`).
 11: each call of a module called more than once, as its own block (`StepProfile.call_blocks`, `BlockProfile.call`).
+12: the saved outputs only a block's own ops save and read (`BlockProfile.output_own_bytes`, `output_own_free_op`).
 """
 
 from __future__ import annotations
@@ -53,10 +54,13 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     8: dict,
     9: dict,
     10: dict,
+    11: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
 timeline's figure there; version 8 as 9, without what a selective checkpoint's cache gives and holds: read as
 none, its recomputation's moment is not predicted; version 9 as 10, without kept inputs: read as none, a
 checkpoint holding an output another one frees is not predicted; version 10 as 11, without the calls of a module
-called more than once: such a module is planned from all its calls at once, as before)."""
+called more than once: such a module is planned from all its calls at once, as before; version 11 as 12, without
+the outputs only a block's own ops keep: read as none, a checkpoint frees its saved output only where the run holds
+all its keepers, as before)."""
