@@ -85,6 +85,21 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "MambaForCausalLM",
         dict(vocab_size=256, hidden_size=64, num_hidden_layers=3, state_size=8),
     ),
+    "qwen3_5": (  # hybrid: three gated-delta-rule (linear attention) layers, then one of full attention
+        "Qwen3_5TextConfig",
+        "Qwen3_5ForCausalLM",
+        dict(
+            DECODER,
+            num_hidden_layers=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            linear_num_key_heads=2,
+            linear_num_value_heads=4,
+            linear_key_head_dim=16,
+            linear_value_head_dim=16,
+            layer_types=["linear_attention"] * 3 + ["full_attention"],
+        ),
+    ),
     "reformer": ("ReformerConfig", "ReformerModelWithLMHead", REFORMER),  # reversible layers; torch.seed() in them
     "reformer_seeded": (  # the same, with its random draws fixed: dropout 0 and a hashing seed
         "ReformerConfig",

@@ -106,7 +106,8 @@ class _Block:
         out_ids = {id(r) for r in self.outputs}
         mine_records = [r for r in self.tracker.records if within(r.module, self.name) and self._in(r.alloc_step)]
         self.acts = [r for r in mine_records if r.category == "activations"]
-        self.internal = [r for r in self.acts if id(r) not in out_ids and self._kept_only_here(r)]
+        end = self.fwd_k[-1] + 1 if self.fwd_k else 0  # saved, then freed inside its forward: nothing to free
+        self.internal = [r for r in self.acts if id(r) not in out_ids and self._kept_only_here(r) and _after(r, end)]
         self.cached = [
             r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"
         ]
@@ -311,6 +312,11 @@ class _Block:
 def _freed_at(rec: StorageRecord, n_ops: int) -> int:
     """The op index at which the step freed `rec`: `n_ops` (the step's length) if it never did."""
     return n_ops if rec.free_step is None else rec.free_step
+
+
+def _after(rec: StorageRecord, k: int) -> bool:
+    """`rec` is still live when op `k` starts."""
+    return rec.free_step is None or rec.free_step > k
 
 
 def _output_freed_at(rec: StorageRecord, n_ops: int) -> int:

@@ -1,9 +1,16 @@
-"""A saved output that only the module's own ops keep (NOTE [The memory model of a plan], Rule 1:
-`BlockProfile.output_own_bytes`).  wav2vec2's feature projection returns its projected states and its normalised
-input; only its own Linear saves the second, which the model drops.  A checkpoint of the projection frees that
-tensor, though a later module keeps the first output; the planner counted the outputs as one and predicted the
-projection's checkpoint to free nothing of them (found 2026-12-02: wav2vec2's least plan 102,144 bytes high, the
-normalised input of 2 clips x 399 frames x 32 channels in float32)."""
+"""What a checkpoint around a module frees (NOTE [The memory model of a plan], Rule 1), where the planner once
+took more or less than the step frees.
+
+- A saved output that only the module's own ops keep (`BlockProfile.output_own_bytes`).  wav2vec2's feature
+  projection returns its projected states and its normalised input; only its own Linear saves the second, which
+  the model drops.  A checkpoint of the projection frees that tensor, though a later module keeps the first output;
+  the planner counted the outputs as one and predicted the projection's checkpoint to free nothing of them (found
+  2026-12-02: wav2vec2's least plan 102,144 bytes high, the normalised input of 2 clips x 399 frames x 32
+  channels in float32).
+- An output the model returns, which the step holds to its end.
+- A tensor an op saved that the module's own forward let go of (`BlockProfile.internal_bytes`): Qwen3.5's gated
+  delta rule.
+"""
 
 from __future__ import annotations
 
@@ -110,3 +117,34 @@ def test_a_run_that_keeps_the_first_layers_returned_output_is_not_predicted_to_f
         finally:
             remat.remove(model)
         assert 0 <= problem.peak(chosen) - step <= 64 * 4, [u.blocks for u in chosen]
+
+
+class DeadBranch(nn.Module):
+    """A layer whose forward saves a tensor for a branch it then drops: the branch's node goes, and the tensor with it."""
+
+    def __init__(self, width: int = 64) -> None:
+        super().__init__()
+        self.lin = nn.Linear(width, width)
+
+    def forward(self, x):
+        h = self.lin(x)
+        dropped = h.clone()
+        unused = dropped * dropped  # saves `dropped` twice, for a result nobody keeps
+        out = nn.functional.gelu(h)  # saves `h`
+        del unused  # its node goes, and `dropped` with it
+        return out
+
+
+def test_a_tensor_saved_for_a_dropped_branch_is_not_counted_as_freed_by_a_checkpoint():
+    """Qwen3.5's reference gated delta rule saves a clone for a node its forward drops: a checkpoint of a
+    linear-attention layer was predicted to free it too, 32,768 bytes more than the step did (2 x 64 tokens, 64 wide,
+    float32), and plans were predicted that much low (found 2026-12-02)."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(DeadBranch(), DeadBranch(), DeadBranch()), torch.randn(512, 64)
+    prof = remat.profile(model, x, mode="fake")
+    problem = Problem.from_profile(prof)
+    (first,) = [b for b in prof.blocks if b.name == "0"]
+    assert first.saved_bytes == 3 * 512 * 64 * 4  # the GELU's input, the clone, its output (the next Linear saves it)
+    assert first.internal_bytes == 512 * 64 * 4  # the GELU's input: the clone is gone before the forward ends
+    alone = [u for u in problem.units if u.appliable and u.action == Action.RECOMPUTE and len(u.blocks) == 1]
+    assert_predicted_to_the_byte(model, x, prof, problem, _compatible_sets(alone))
