@@ -335,11 +335,11 @@ def _flops(ops: list[OpRecord]) -> int:
 
 
 def _recomputed_ops(fwd_ops: list[OpRecord], block: str, selective: bool = False) -> list[OpRecord]:
-    """The ops a checkpoint around `block` re-runs: up to the last one whose output is saved inside it
-    (see NOTE [Recomputation]); selective checkpointing takes the SAVE_OPS from its cache instead."""
+    """The ops a checkpoint around `block` re-runs: up to the last one that had run when an op inside it packed
+    a tensor (NOTE [Recomputation]); selective checkpointing takes the SAVE_OPS from its cache instead."""
     last = -1
     for i, op in enumerate(fwd_ops):
-        if any(within(m, block) for m in op.packed_by):
+        if any(within(m, block) for m in op.packs_after):
             last = i
     return [op for op in fwd_ops[: last + 1] if not (selective and op.name in SAVE_OPS)]
 

@@ -121,7 +121,8 @@ def _own_checkpoints_note(blocks) -> list[str]:
 def _timeline(tracker: Tracker, live: list[int]) -> Timeline:
     names = sorted({op.module for op in tracker.ops})
     index = {n: i for i, n in enumerate(names)}
-    return Timeline(live, [op.phase for op in tracker.ops], [index[op.module] for op in tracker.ops], names)
+    start = sum(r.nbytes for r in tracker.records if r.alloc_step < 0 and (r.free_step is None or r.free_step > 0))
+    return Timeline(live, [op.phase for op in tracker.ops], [index[op.module] for op in tracker.ops], names, start)
 
 
 def _freed_before(tracker: Tracker) -> list[int]:

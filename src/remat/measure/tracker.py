@@ -48,9 +48,15 @@ NOTE [Recomputation]
   An op runs as recomputation when the autograd engine is in a backward pass and
   grad mode is on: the engine turns grad mode off for backward formulas, and both
   flavours of `torch.utils.checkpoint` turn it back on to re-run the forward.
-  Non-reentrant checkpoint stops re-running as soon as every tensor the region
-  saved is rebuilt, so a checkpoint around a block costs the FLOPs of its ops up to
-  the last one whose output is saved inside the block, not its whole forward.
+  Non-reentrant checkpoint stops re-running at the region's last pack: its pack hook
+  counts the tensors saved, and raises at the last one.  An op packs its inputs before
+  it runs and its outputs after, so the re-run ends with the last op that had run when
+  the block's last pack came (`OpRecord.packs_after`), not the one that packed: a
+  checkpoint around Linear, GELU, Linear re-runs the first two but not the last matmul.
+  Before 2026-12-02 remat took the last op whose output is saved inside the block:
+  an op between it and the last pack, whose output nothing saves (a branch the
+  forward drops), ran in the re-run unpredicted (a checkpoint over two such layers was
+  predicted 131,072 bytes low; `tests/test_what_a_checkpoint_frees.py`).
 """
 
 from __future__ import annotations
@@ -61,7 +67,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
-from torch.utils.weak import WeakIdKeyDictionary
 
 from remat._torch_compat import ModuleTracker, TorchDispatchMode, flops_of, in_backward, op_name, tree_flatten
 from remat._torch_compat.distributed import has_dtensor, local_tensor, storage_resizes
@@ -147,8 +152,8 @@ class OpRecord:
     flops: int
     seconds: float
     recompute: bool
-    packed_by: set[str] = field(default_factory=set)
-    """Modules running when autograd packed one of this op's outputs for backward."""
+    packs_after: set[str] = field(default_factory=set)
+    """Modules running when autograd packed a tensor after this op and before the next (NOTE [Recomputation])."""
     reads_grad: bool = False
     """A forward op, under grad mode, with an input that requires grad: its output joins the graph."""
     signature: str = ""
@@ -174,7 +179,6 @@ class Tracker(_SeesResizes):
     ops: list[OpRecord] = field(default_factory=list)
     _live: dict[int, StorageRecord] = field(default_factory=dict)
     _names: dict[str, str] = field(default_factory=dict)
-    _made_by: WeakIdKeyDictionary = field(default_factory=WeakIdKeyDictionary)
     modules: ModuleTracker | None = None
     skip_host: bool = False
     """A step on a GPU, run for real: storages in host memory are not its memory (Rule 8)."""
@@ -240,9 +244,8 @@ class Tracker(_SeesResizes):
         if rec is not None:
             rec.saved = True
             rec.packs.append((len(self.ops) - 1, self.current_module()))
-        k = self._made_by.get(t)
-        if k is not None:
-            self.ops[k].packed_by.add(self.current_module())
+        if self.ops:
+            self.ops[-1].packs_after.add(self.current_module())
         return t
 
     # -- modules -------------------------------------------------------------------
@@ -296,7 +299,6 @@ class Tracker(_SeesResizes):
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.record_of(t, op=op_name(func))  # made by this op: alloc_step = len(self.ops)
-                self._made_by[t] = len(self.ops)
         if probe is not None:
             self.scratch.append(probe.stop(started, func, args, kwargs, out))
         flops, hw = flops_of(func, args, kwargs, out), self.roofline or (self.nominal if reads_forward else None)

@@ -28,10 +28,12 @@ NOTE [The memory model of a plan]
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
-            recomputing after the last saved tensor).  U's recomputation runs before
+            recomputing at c_m's last pack: NOTE [Recomputation]).  U's recomputation runs before
             c_m's first backward op, after the previous backward node released what
             L counts after the op before (`freed_before_backward_bytes`); it holds at
-            once what the unplanned forward grew by over the ops it re-runs, plus the
+            once what the unplanned forward grew by over the ops it re-runs (from the
+            live bytes before the step's first op, `Timeline.start_bytes`, for a run
+            that starts there), plus the
             inputs it keeps that the forward freed on the way; an output that U's ops
             and later ones both save is gone before it (`effects.shared_outputs`).  At c_m's first backward
             op the plan's live bytes are at least that moment's (`remat.planner.rerun`:

@@ -31,12 +31,14 @@ class Rerun:
     with: the growth of the live bytes over the unplanned forward from just before `first`'s first op, plus each
     input the checkpoint holds that the forward freed on the way (the recomputation keeps it)."""
 
-    def __init__(self, live: np.ndarray, first: BlockProfile, last_op: int):
+    def __init__(self, live: np.ndarray, first: BlockProfile, last_op: int, start: int = -1):
+        """`start`: the live bytes before the step's first op (`Timeline.start_bytes`; -1: not known, and a run
+        from op 0 has no moment)."""
         self.start = f0 = first.forward_start_op
-        if f0 < 1 or last_op >= len(live):
+        if f0 < 0 or (f0 == 0 and start < 0) or last_op >= len(live):
             self.grown = self.most = np.zeros(0, dtype=np.int64)
             return
-        before = live[f0 - 1] - first.freed_before_forward_bytes
+        before = (live[f0 - 1] if f0 else start) - first.freed_before_forward_bytes
         self.grown = grown = live[f0 : last_op + 1] - before
         for _, nbytes, freed in first.held_inputs:
             if f0 < freed <= last_op:

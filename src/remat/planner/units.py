@@ -60,6 +60,7 @@ def build_units(
             freeable_outputs([*blocks, *(c for calls in per_call.values() for c in calls)]),  # Rule 2
             uncalled,
             offload,
+            prof.timeline.start_bytes,
         ),
     )
     for group, names in groups.items():
@@ -86,6 +87,8 @@ class _Context(NamedTuple):
     """`holds.freeable_outputs`: what kept inputs a chosen checkpoint may free (Rule 2)."""
     uncalled: set[str]
     offload: tuple[float, float] | None
+    start: int = -1
+    """The live bytes before the step's first op (`Timeline.start_bytes`; -1: not known), for a moment from op 0."""
 
 
 def _group_units(
@@ -102,13 +105,13 @@ def _group_units(
     for i in range(len(names)) if first is None else [first]:
         units += _runs_from(
             names, i, 1 if first is not None else max_segment, by_name, group, c.nested,
-            per_op=c.per_op, live=c.live, wanted=c.wanted,
+            per_op=c.per_op, live=c.live, wanted=c.wanted, start=c.start,
         )  # fmt: skip
         b = by_name[names[i]]
         if names[i] in c.uncalled:
             continue
         units += _make_selective_units(
-            b, group, i, c.nested, per_op=c.per_op, timed=c.timed, live=c.live, wanted=c.wanted
+            b, group, i, c.nested, per_op=c.per_op, timed=c.timed, live=c.live, wanted=c.wanted, start=c.start
         )  # fmt: skip
         if c.offload is not None and b.call < 0:  # NOTE [A module called more than once], Rule 4
             units += _make_offload_unit(b, group, i, c.nested, *c.offload, wanted=c.wanted)
@@ -149,18 +152,18 @@ def _runs_from(
     per_op: tuple[float, float] = (0.0, 0.0),
     live: np.ndarray = np.zeros(0, dtype=np.int64),
     wanted: frozenset = frozenset(),
+    start: int = -1,
 ) -> list[Unit]:
-    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-3); also those
-    that free nothing, cost memory or that apply cannot build (the hand recipes are compared with them).
-    `per_op` = (checkpoint_op_s, selective_op_s) (Rule 7); `live` the live bytes; `wanted`: `freeable_outputs`."""
+    """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-3), also those that
+    free nothing, cost memory or apply cannot build (the hand recipes are compared with them).  `per_op`: Rule 7's
+    (checkpoint_op_s, selective_op_s); `live`: the live bytes, `start` before op 0; `wanted`: `freeable_outputs`."""
     first, stop = by_name[names[i]], min(len(names), i + max_segment)
     columns = run_columns(names, i, stop, by_name)
     runs = runs_effects(columns, i, [by_name[n].backward_start_op for n in names[i:stop]])  # Rule 1, per run
     shared = shared_outputs(columns, i)
-    rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]))
+    rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]), start)
     units: list[Unit] = []
-    covers: frozenset[str] = frozenset()
-    flops, seconds, ops = 0, 0.0, 0  # of the whole forwards of names[i..j-1]
+    flops, seconds, ops, covers = 0, 0.0, 0, frozenset[str]()  # of the whole forwards of names[i..j-1], and covered
     joined = True  # no code that joins the graph runs between the blocks so far (a run can replay them)
     for j in range(i, stop):
         last = by_name[names[j]]
@@ -213,6 +216,7 @@ def _make_selective_units(
     timed: bool = False,
     live: np.ndarray = np.zeros(0, dtype=np.int64),
     wanted: frozenset = frozenset(),
+    start: int = -1,
 ) -> list[Unit]:
     """Selective checkpoints of one block (Rule 4): the matmul policy's and each of `b.selective_variants` (NOTE
     [Which outputs a selective checkpoint keeps]); each frees what it does not keep, caches what it keeps that
@@ -223,7 +227,7 @@ def _make_selective_units(
         return []  # BatchNorm: remat restores its statistics only around a full recompute
     held_end = max(b.backward_start_op, b.backward_end_op + 1)
     kept = kept_holds(b, held_end, wanted)
-    units, rerun = [], Rerun(live, b, b.forward_end_op)
+    units, rerun = [], Rerun(live, b, b.forward_end_op, start)
     for v in (_matmul_policy(b), *b.selective_variants):
         if v.free_bytes <= 0:
             continue

@@ -16,7 +16,8 @@ for `remat.types._json.load`).  What each version added:
 10: the inputs a checkpoint holds that autograd keeps for ops outside it, and the tensors a block outputs
    (`BlockProfile.kept_inputs`, `output_keys`).
 11: each call of a module called more than once, as its own block (`StepProfile.call_blocks`, `BlockProfile.call`).
-12: the saved outputs only a block's own ops save and read (`BlockProfile.output_own_bytes`, `output_own_free_op`).
+12: the saved outputs only a block's own ops save and read (`BlockProfile.output_own_bytes`, `output_own_free_op`),
+   and the live bytes before the first op (`Timeline.start_bytes`).
 """
 
 from __future__ import annotations

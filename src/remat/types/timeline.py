@@ -17,6 +17,9 @@ class Timeline:
     phases: list[str] = field(default_factory=list)
     modules: list[int] = field(default_factory=list)
     module_names: list[str] = field(default_factory=list)
+    start_bytes: int = -1
+    """Live tensor bytes before the first op (-1: not recorded, profiles before version 12): what a checkpoint's
+    recomputation from the first op adds to (NOTE [The memory model of a plan], Rule 3)."""
 
     def __len__(self) -> int:
         return len(self.live_bytes)
