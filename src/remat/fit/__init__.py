@@ -89,9 +89,8 @@ def will_it_fit(
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
     name, notes = built.name if not lora else f"{built.name} with LoRA", [head_note] if head_note else []
-    notes += [
-        n for n in prof.notes if n.startswith(REFERENCE_NOTE)
-    ]  # NOTE [A kernel Hugging Face runs as its reference]
+    # NOTE [A kernel Hugging Face runs as its reference]: the answer says which layers the prediction ran as such
+    notes += [n for n in prof.notes if n.startswith(REFERENCE_NOTE)]
     answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)

@@ -31,10 +31,9 @@ NOTE [The memory model of a plan]
             recomputing at c_m's last pack: NOTE [Recomputation]).  U's recomputation runs before
             c_m's first backward op, after the previous backward node released what
             L counts after the op before (`freed_before_backward_bytes`); it holds at
-            once what the unplanned forward grew by over the ops it re-runs (from the
-            live bytes before the step's first op, `Timeline.start_bytes`, for a run
-            that starts there), plus the
-            inputs it keeps that the forward freed on the way; an output that U's ops
+            once what the unplanned forward grew by over the ops it re-runs (for a run
+            from the step's first op, from the bytes before it: `Timeline.start_bytes`),
+            plus the inputs it keeps that the forward freed on the way; an output that U's ops
             and later ones both save is gone before it (`effects.shared_outputs`).  At c_m's first backward
             op the plan's live bytes are at least that moment's (`remat.planner.rerun`:
             as what it adds to the most of the elementary interval starting there).  Not

@@ -196,8 +196,8 @@ class BlockProfile:
     `remat.module_tree.find_extras`): plans may checkpoint it, the recipes and the chain leave it out."""
     output_free_op: int = -1
     """Timeline index at which the unplanned step frees its saved output (past the step's length if not before its
-    last op was over; -1: not recorded).  Past the end of its own backward, something besides autograd holds it (the model
-    returns it: `output_hidden_states=True`), and no checkpoint frees it."""
+    last op was over; -1: not recorded).  Past the end of its own backward, something besides autograd holds it
+    (the model returns it: `output_hidden_states=True`), and no checkpoint frees it."""
     held_inputs: list[list[int]] = field(default_factory=list)
     """[tensor, bytes, op index at which the unplanned step frees it] for each part of `input_unsaved_bytes`,
     positional or keyword; `tensor` is the same number wherever the step passes the same tensor (T5's

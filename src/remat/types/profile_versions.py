@@ -64,4 +64,4 @@ none, its recomputation's moment is not predicted; version 9 as 10, without kept
 checkpoint holding an output another one frees is not predicted; version 10 as 11, without the calls of a module
 called more than once: such a module is planned from all its calls at once, as before; version 11 as 12, without
 the outputs only a block's own ops keep: read as none, a checkpoint frees its saved output only where the run holds
-all its keepers, as before)."""
+all its keepers, as before; and without the bytes before the first op: a run from it has no re-run moment)."""
