@@ -117,16 +117,16 @@ def _compatible_sets(units):
     return out
 
 
-def assert_predicted_to_the_byte(model, x, prof, problem, sets) -> None:
+def assert_predicted_to_the_byte(model, x, prof, problem, sets, high: int = 0) -> None:
     """Each set of `problem`'s units, as a plan applied to `model`, peaks in its fake-mode step (input `x`) at exactly
-    the bytes `problem` predicts for it."""
+    the bytes `problem` predicts for it, or at most `high` bytes under them (never over)."""
     for chosen in sets:
         remat.apply(model, make_plan(prof, problem, chosen, "ilp", None))
         try:
             step = remat.profile(model, x, mode="fake").peak_bytes
         finally:
             remat.remove(model)
-        assert problem.peak(chosen) == step, [u.blocks for u in chosen]
+        assert 0 <= problem.peak(chosen) - step <= high, [u.blocks for u in chosen]
 
 
 def _stated_min(prof, solver: str) -> int | None:

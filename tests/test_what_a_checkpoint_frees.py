@@ -22,7 +22,6 @@ import torch.nn as nn
 import remat
 from test_random_trees import _compatible_sets, assert_predicted_to_the_byte
 from remat.planner.problem import Problem
-from remat.planner.result import make_plan
 from remat.types import Action
 
 
@@ -111,13 +110,7 @@ def test_a_run_that_keeps_the_first_layers_returned_output_is_not_predicted_to_f
     (first,) = [b for b in prof.blocks if b.name == "layers.0"]
     assert first.output_free_op > first.backward_end_op + 1 == len(prof.timeline.live_bytes)
     units = [u for u in problem.units if u.appliable and u.action == Action.RECOMPUTE]
-    for chosen in _compatible_sets(units):
-        remat.apply(model, make_plan(prof, problem, chosen, "ilp", None))
-        try:
-            step = remat.profile(model, x, mode="fake").peak_bytes
-        finally:
-            remat.remove(model)
-        assert 0 <= problem.peak(chosen) - step <= 64 * 4, [u.blocks for u in chosen]
+    assert_predicted_to_the_byte(model, x, prof, problem, _compatible_sets(units), high=64 * 4)
 
 
 class DeadBranch(nn.Module):

@@ -315,7 +315,8 @@ def _freed_at(rec: StorageRecord, n_ops: int) -> int:
 
 
 def _after(rec: StorageRecord, k: int) -> bool:
-    """`rec` is still live when op `k` starts."""
+    """`rec` is not freed before op `k` starts (unlike `StorageRecord.live_at`, also where it is made later: a
+    block's records include what a checkpoint of the model's own re-made in backward)."""
     return rec.free_step is None or rec.free_step > k
 
 
@@ -323,7 +324,8 @@ def _output_freed_at(rec: StorageRecord, n_ops: int) -> int:
     """As `_freed_at`, but `n_ops` + 1 where the step did not free an output before its last op was over: a record
     ends at `n_ops` also when the loop lets go of the output after the step (the model returned it), so a block whose
     backward is the step's last op (no optimizer) would count as the output's last holder (`output_freeable`)."""
-    return n_ops + 1 if rec.free_step is None or rec.free_step >= n_ops else rec.free_step
+    k = _freed_at(rec, n_ops)
+    return n_ops + 1 if k >= n_ops else k
 
 
 def _sum(records) -> int:
