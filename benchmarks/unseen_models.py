@@ -6,6 +6,7 @@ FLOPs counted by FlopCounterMode equal to the plan's, the step's peak by remat's
 
     python benchmarks/unseen_models.py                 # ~3.5 min on 2 cores
     python benchmarks/unseen_models.py --models bart,swin --no-write
+    python benchmarks/unseen_models.py --autocast      # each forward under CPU bf16 autocast, as a bf16 step runs
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_info, md_table, write_results  # noqa: E402
+from _models import Autocast  # noqa: E402
 
 import remat  # noqa: E402
 
@@ -218,10 +220,12 @@ def build(name: str):
     return model, {"input_ids": ids, **mask, "labels": ids}  # a tokenizer's batch: its mask, all ones
 
 
-def check(name: str) -> dict:
-    """Real and fake peaks, and the least and the half-way plans verified."""
+def check(name: str, autocast: bool = False) -> dict:
+    """Real and fake peaks, and the least and the half-way plans verified; with `autocast`, of the model's forward
+    under bf16 autocast (`_models.Autocast`: its modules are then named `inner.*`)."""
     start = time.perf_counter()
     model, inputs = build(name)
+    model = Autocast(model, "cpu") if autocast else model
     real = remat.profile(model, inputs)
     fake = remat.profile(model, inputs, mode="fake")
     least = remat.frontier(real, max_points=2)[-1].peak_bytes
@@ -286,13 +290,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--autocast", action="store_true", help="each forward under CPU bfloat16 autocast")
     args = parser.parse_args()
     names = args.models.split(",") if args.models else list(MODELS)
     info = machine_info()
     results = []
     for name in names:
         try:
-            results.append(check(name))
+            results.append(check(name, args.autocast))
         except Exception as e:  # one architecture's failure is a result, not the end of the run
             traceback.print_exc()
             results.append({"model": name, "error": f"{type(e).__name__}: {e}"[:300]})
@@ -301,13 +306,16 @@ def main() -> None:
     print(table)
     if not args.no_write:
         command = "python benchmarks/unseen_models.py" + (f" --models {args.models}" if args.models else "")
+        command += " --autocast" if args.autocast else ""
         sections = [
             (
                 "Results",
                 table + "\n\nBudgets: the least peak any plan reaches, and half way from it to the unplanned peak.",
             )
         ]
-        write_results("unseen_models", "Architectures the tests do not build", info, command, sections, results)
+        title = "Architectures the tests do not build" + (", forward under bf16 autocast" if args.autocast else "")
+        stem = "unseen_models" + ("_autocast" if args.autocast else "")
+        write_results(stem, title, info, command, sections, results)
 
 
 if __name__ == "__main__":

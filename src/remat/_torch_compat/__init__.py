@@ -51,6 +51,8 @@ __all__ = [
     "fake_mode_of",
     "checkpoint_wrapper_type",
     "cuda_autocast_runs_on_cpu",
+    "autocast_caches",
+    "autocast_cache_clears",
     "backward_in_mode",
     "compile_on_this_thread",
     "global_forward_hook_with_kwargs",
@@ -106,6 +108,44 @@ def cuda_autocast_runs_on_cpu() -> Iterator[None]:
         yield
     finally:
         cls.__init__ = original  # type: ignore[method-assign]
+
+
+def autocast_caches(func, args: tuple, out) -> bool:
+    """`out`, made by `func` on `args`, is a cast autocast keeps in its cache until the outermost `torch.autocast`
+    region exits: a float32 parameter (a leaf that requires grad, not a view) cast to a half dtype inside a
+    region whose cache is on.  The conditions of `cached_cast` in ATen's autocast_mode.cpp, read in a dispatch
+    mode, where autocast itself shows as off (NOTE [A weight autocast casts], in `remat.measure.tracker`); the
+    region's depth is read by entering one level and leaving it (no public getter)."""
+    if func is not torch.ops.aten._to_copy.default or not isinstance(out, torch.Tensor):
+        return False
+    a = args[0] if args else None
+    if not isinstance(a, torch.Tensor) or not (a.is_leaf and a.requires_grad) or a._is_view():
+        return False
+    if a.dtype != torch.float32 or out.dtype not in (torch.bfloat16, torch.float16):
+        return False
+    if not torch.is_autocast_cache_enabled():
+        return False
+    depth = torch.autocast_increment_nesting()
+    torch.autocast_decrement_nesting()
+    return depth > 1
+
+
+@contextlib.contextmanager
+def autocast_cache_clears(callback) -> Iterator[None]:
+    """While inside, `callback()` runs whenever autocast empties its cache of casts (`torch.autocast.__exit__` calls
+    `torch.clear_autocast_cache` when it leaves the outermost region): replaced for the length of the block, hence
+    here."""
+    original = torch.clear_autocast_cache
+
+    def clear() -> None:
+        callback()
+        original()
+
+    torch.clear_autocast_cache = clear
+    try:
+        yield
+    finally:
+        torch.clear_autocast_cache = original
 
 
 def backward_in_mode(mode, func, args: tuple, kwargs: dict):

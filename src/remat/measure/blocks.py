@@ -219,6 +219,7 @@ class _Block:
             held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
             kept_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in self._kept_inputs()],
             output_keys=[self.keys[id(r)] for r in saved_outputs],
+            autocast_casts=[[r.alloc_step, r.nbytes, self._cast_released(r)] for r in self.internal if r.autocast_cast],
             **self._own_outputs(saved_outputs),
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
@@ -235,6 +236,11 @@ class _Block:
                 and any(within(m, self.name) for _, m in r.packs)
             ),
         )
+
+    def _cast_released(self, rec: StorageRecord) -> int:
+        """The op before which autocast's cache let go of `rec` (NOTE [A weight autocast casts]); the step's length if
+        it did not in the step."""
+        return next((k for k in self.tracker.cache_clears if k > rec.alloc_step), len(self.tracker.ops))
 
     def _own_outputs(self, saved_outputs: list[StorageRecord]) -> dict[str, int]:
         """`BlockProfile.output_own_bytes` and `output_own_free_op`: the saved outputs that only the block's own ops

@@ -90,6 +90,7 @@ def micro_batch(
     pass's output and loss until the forward returns, and this pass's after (Rule 4); without `keep_output`
     the output is let go before backward and only the loss is held (Rule 6).  `mark()`, if given, is called
     after the loss and after backward (where a timer splits the pass)."""
+    fresh_cast_cache()
     out = run_user_code("the model's forward", lambda: model(*step.args, **step.kwargs))
     held.clear()
     loss = run_user_code("the loss", lambda: compute_loss(out, loss_fn))
@@ -101,6 +102,13 @@ def micro_batch(
     if mark is not None:
         mark()
     held += [out, loss] if keep_output else [loss]
+
+
+def fresh_cast_cache() -> None:
+    """Start a pass with autocast's cache of casts empty, as a loop that enters `torch.autocast` for each pass has it:
+    in a step run inside one region (`remat.profile` called within `with torch.autocast(...)`), the pass before
+    would have left its casts there (NOTE [A weight autocast casts] in `remat.measure.tracker`)."""
+    torch.clear_autocast_cache()
 
 
 def optimizer_step_of_loop(

@@ -22,7 +22,7 @@ from remat.measure.device.known import KnownValues, traced_unless_known
 from remat.measure.block_io import BlockIO
 from remat.measure.build import Setup, build_profile, classify, register_state
 from remat.measure.device.cuda_allocator import ROUND
-from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, lead_in, optimizer_state
+from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, fresh_cast_cache, lead_in, optimizer_state
 from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
 from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note
 from remat.measure.ranks import rank_share, sharded_copy
@@ -242,6 +242,7 @@ class _Run:
             )
             kinds = register_state(tracker, self.model, step, opt, lead.held)  # before the clock starts
             base_allocated = _reset_cuda_peak() if cuda_real else 0
+            fresh_cast_cache()
             t0 = time.perf_counter()
             self._step(tracker, io, step, opt, kinds, lead.held)
             step_s = time.perf_counter() - t0 if self.setup.mode == Mode.REAL else 0.0

@@ -164,6 +164,8 @@ def _stranded(keeps: set[str], after, records: list[StorageRecord]) -> int:
 def _variant(keeps: set[str], rerun, internal, classes: dict[str, _Class], stranded: int) -> SelectiveVariant:
     ops = [op for _, op in rerun if op.signature not in keeps]
     kept = sum(classes[s].saved_bytes for s in keeps)
+    made_by = {k: op.signature for k, op in rerun}
+    casts = sum(r.nbytes for r in internal if r.autocast_cast and made_by.get(r.alloc_step) not in keeps)
     return SelectiveVariant(
         keeps=sorted(keeps, key=lambda s: classes[s].first),
         free_bytes=sum(r.nbytes for r in internal) - kept,
@@ -172,4 +174,5 @@ def _variant(keeps: set[str], rerun, internal, classes: dict[str, _Class], stran
         recompute_s=sum(op.seconds for op in ops),
         recompute_ops=len(ops),
         stranded_bytes=stranded,
+        cast_bytes=casts,
     )

@@ -38,17 +38,19 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
     alone, its saved output (but the part only its own ops keep), the position of the last block that keeps that
     output (the output is freed too once the run reaches it), the output the model itself holds
     (`output_freeable`), where the block's backward starts, the position of the first block from names[i] on that
-    keeps its output, and the saved output only its own ops keep with the op it is freed from (`own_output`)."""
+    keeps its output, the saved output only its own ops keep with the op it is freed from (`own_output`), and the
+    casts autocast's cache holds with the op they are freed from (`cached_casts`)."""
     pos = {n: k for k, n in enumerate(names)}
-    columns: list[list[int]] = [[], [], [], [], [], [], [], [], [], []]
+    columns: list[list[int]] = [[], [], [], [], [], [], [], [], [], [], [], []]
     for n in names[i:stop]:
         b = by_name[n]
         keepers = [pos.get(k, -1) for k in b.output_kept_by]
         freeable, own = output_freeable(b), own_output(b)
+        casts, released = cached_casts(b)
         row = (
             b.forward_end_op + 1,
             max(b.forward_end_op, b.output_last_use_op) + 1,  # read later (a skip): held till then
-            b.internal_bytes,
+            b.internal_bytes - casts,
             freeable - own,
             max(keepers) if keepers and min(keepers) >= i else len(names),
             b.output_saved_bytes - freeable,
@@ -56,6 +58,8 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
             min((k for k in keepers if k >= i), default=len(names)),
             own,
             b.output_own_free_op,
+            casts,
+            max(b.forward_end_op + 1, released),
         )
         for column, value in zip(columns, row):
             column.append(value)
@@ -81,8 +85,9 @@ def runs_effects(columns: list[np.ndarray], i: int, ends: list[int]) -> list[lis
     output's last read in forward (one effect when they coincide), once the run reaches the last block keeping it;
     then, for each of its blocks but the last whose output the model holds anyway (`held` bytes), the second copy
     the recomputation at ends[k] makes, which the next block's backward releases before the block's own backward
-    starts; last, each block's saved output that only its own ops keep (`own_output`), from the step's backward."""
-    starts, out_starts, internal, output, reach, held, backward_starts, _, own, own_starts = columns
+    starts; then each block's saved output that only its own ops keep (`own_output`), from the step's backward; last,
+    the casts of its parameters autocast's cache holds, from when it lets go (`cached_casts`)."""
+    starts, out_starts, internal, output, reach, held, backward_starts, _, own, own_starts, cast, cast_starts = columns
     k = np.arange(len(starts))
     end, inside = np.asarray(ends, dtype=np.int64)[:, None], k[None, :] <= k[:, None]  # [run, block]
     out = np.where(reach[None, :] <= i + k[:, None], output[None, :], 0)
@@ -92,13 +97,18 @@ def runs_effects(columns: list[np.ndarray], i: int, ends: list[int]) -> list[lis
     later = inside & ~same & (out != 0) & (out_starts[None, :] < end)
     copies = inside & (k[None, :] < k[:, None]) & (held[None, :] != 0) & (end < backward_starts[None, :])
     mine = inside & (own[None, :] != 0) & (own_starts[None, :] < end)
-    (a, x), (b, y), (c, z), (d, w) = (
+    casts = inside & (cast[None, :] != 0) & (cast_starts[None, :] < end)
+    (a, x), (b, y), (c, z), (d, w), (e, v) = (
         _masked_effects(alone, starts[None, :], end, freed),
         _masked_effects(later, out_starts[None, :], end, out),
         _masked_effects(copies, end, backward_starts[None, :], -held[None, :]),
         _masked_effects(mine, own_starts[None, :], end, own[None, :]),
+        _masked_effects(casts, cast_starts[None, :], end, cast[None, :]),
     )
-    return [a[x[r] : x[r + 1]] + b[y[r] : y[r + 1]] + c[z[r] : z[r + 1]] + d[w[r] : w[r + 1]] for r in range(len(ends))]
+    return [
+        a[x[r] : x[r + 1]] + b[y[r] : y[r + 1]] + c[z[r] : z[r + 1]] + d[w[r] : w[r + 1]] + e[v[r] : v[r + 1]]
+        for r in range(len(ends))
+    ]
 
 
 def _masked_effects(
@@ -124,3 +134,18 @@ def own_output(b: BlockProfile) -> int:
     """The part of `b`'s saved output that only its own ops keep (`output_own_bytes`): a run holding `b` frees it from
     `output_own_free_op`, whoever keeps the rest; 0 where the model holds an output past `b`'s backward."""
     return b.output_own_bytes if output_freeable(b) else 0
+
+
+def cached_casts(b: BlockProfile) -> tuple[int, int]:
+    """The part of `b`'s internal bytes that autocast's cache holds too (`autocast_casts`: casts of its parameters),
+    and the op before which the cache has let go of all of it: a checkpoint frees them from the later of that and
+    the end of `b`'s forward (NOTE [A weight autocast casts] in `remat.measure.tracker`)."""
+    return sum(n for _, n, _ in b.autocast_casts), max((r for *_, r in b.autocast_casts), default=-1)
+
+
+def split_casts(b: BlockProfile, freed: int, casts: int, end: int) -> list[Effect]:
+    """What a unit acting on `b` alone frees until op `end`: `freed` bytes from the end of its forward, but `casts`
+    of them (`cached_casts`) only once autocast's cache lets go of them (none if not before `end`)."""
+    start, released = b.forward_end_op + 1, max(b.forward_end_op + 1, cached_casts(b)[1])
+    effects = [Effect(start, end, freed - casts), Effect(released, end, casts)]
+    return [e for e in effects if e.start < e.end and e.bytes]

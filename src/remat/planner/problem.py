@@ -16,6 +16,8 @@ NOTE [The memory model of a plan]
             from the step's first backward op whoever keeps c's other outputs
             (`output_own_bytes`: wav2vec2's feature projection also returns its normalised
             input, saved by its Linear alone; it was predicted 102,144 bytes high before).
+            A parameter's cast that autocast's cache holds too (`autocast_casts`) is freed only
+            once the cache lets go, by every kind of unit (NOTE [A weight autocast casts]).
     Rule 2. The checkpoint keeps U's inputs, positional and keyword: each one autograd would
             not have kept (`held_inputs` of c_1) is held from the later of the end of c_1's
             forward and its own free until c_1's backward is over (the checkpoint releases

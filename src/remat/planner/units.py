@@ -13,7 +13,8 @@ from typing import NamedTuple
 import numpy as np
 
 from remat.module_tree import CALLED_DIRECTLY, parent_name, within
-from remat.planner.effects import Effect, output_freeable, run_columns, runs_effects, shared_outputs
+from remat.planner.effects import Effect, cached_casts, output_freeable, run_columns, runs_effects, shared_outputs
+from remat.planner.effects import split_casts
 from remat.planner.calls import call_units, calls_of
 from remat.planner.holds import Hold, freeable_outputs, freed_outputs, kept_holds, unit_holds
 from remat.planner.rerun import Rerun, rerun_effect, widen
@@ -168,11 +169,10 @@ def _runs_from(
     for j in range(i, stop):
         last = by_name[names[j]]
         joined = joined and (j == i or _follows(names[j - 1], last))
-        covers = covers | nested[last.name]
-        end = last.backward_start_op
-        moment = rerun_effect(live, runs[j - i], last, rerun.held(last, shared[j - i]))  # Rule 3
-        rerun_ops = ops + last.checkpoint_recompute_ops
-        frees = freed_outputs([by_name[n] for n in names[i : j + 1]], columns, j, end, wanted)  # Rule 2
+        end, covers, run = last.backward_start_op, covers | nested[last.name], [by_name[n] for n in names[i : j + 1]]
+        moment = rerun_effect(live, runs[j - i], last, rerun.held(last, shared[j - i], _from_autocast_cache(run, end)))
+        rerun_ops = ops + last.checkpoint_recompute_ops  # the moment: Rule 3
+        frees = freed_outputs(run, columns, j, end, wanted)  # Rule 2
         units.append(
             Unit(
                 tuple(names[i : j + 1]),
@@ -198,6 +198,12 @@ def _run_holds(first: BlockProfile, end: int, wanted: frozenset, frees: tuple) -
     `holds` and `kept`), with the outputs it `frees` that other units may keep."""
     held_end = max(end, first.backward_end_op + 1)
     return dict(holds=unit_holds(first, held_end), kept=kept_holds(first, held_end, wanted), frees=frees)
+
+
+def _from_autocast_cache(blocks: list[BlockProfile], t: int) -> list[list[int]]:
+    """[op index, bytes] of the casts of `blocks` autocast's cache still holds when their re-run comes before op `t`
+    (a step run inside the autocast region, backward too): the re-run takes them from it, allocating nothing."""
+    return [[op, nbytes] for b in blocks for op, nbytes, released in b.autocast_casts if released > t]
 
 
 def _follows(previous: str, block: BlockProfile) -> bool:
@@ -269,6 +275,7 @@ def _matmul_policy(b: BlockProfile) -> SelectiveVariant:
         b.selective_stranded_bytes,
         b.selective_kept_made,
         b.selective_kept_outside,
+        cached_casts(b)[0],
     )
 
 
@@ -287,7 +294,7 @@ def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> l
     that autograd would have dropped until the recomputation takes it, and what that stops before (stranded) until
     `held_end` (a kept output saved outside the block, from when that frees it until the cache lets it go, is a
     narrow effect: `Unit.narrow`)."""
-    effects = [Effect(b.forward_end_op + 1, b.backward_start_op, v.free_bytes)]
+    effects = split_casts(b, v.free_bytes, v.cast_bytes, b.backward_start_op)
     if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
         effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
     if v.stranded_bytes:  # ... but for what it stops before
@@ -298,7 +305,10 @@ def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> l
 def _selective_held(rerun: Rerun, b: BlockProfile, v: SelectiveVariant) -> int | None:
     """What the re-run of a selective checkpoint adds at once (`Rerun.held`), and the kept outputs saved outside the
     block that the previous backward node released just before it, still in the cache for it."""
-    held = rerun.held(b, 0, v.kept_made)
+    casts = cached_casts(b)[0]
+    held = rerun.held(
+        b, 0, v.kept_made + (_from_autocast_cache([b], b.backward_start_op) if v.cast_bytes == casts else [])
+    )
     t = b.backward_start_op
     return None if held is None else held + sum(n for freed, released, n in v.kept_outside if freed == released == t)
 
@@ -319,7 +329,7 @@ def _make_offload_unit(
     if freed <= 0 or b.offload_bytes <= 0 or b.forward_end_op + 1 >= b.backward_start_op:
         return []
     seconds = 2 * b.offload_bytes / bandwidth
-    effects = (Effect(b.forward_end_op + 1, b.backward_start_op, freed),)
+    effects = tuple(split_casts(b, freed, cached_casts(b)[0], b.backward_start_op))
     return [
         Unit(
             (b.name,),

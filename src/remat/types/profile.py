@@ -19,7 +19,7 @@ from remat.types.reserve import GpuReserve
 from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 12
+PROFILE_VERSION = 13
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -97,6 +97,8 @@ class SelectiveVariant:
     kept_outside: list[list[int]] = field(default_factory=list)
     """[freed, released, bytes] of each kept output an op outside the block saves: the unplanned step frees it at op
     `freed`, the cache at op `released` (the block's first backward op, or the end of its backward if stranded)."""
+    cast_bytes: int = 0
+    """Part of `free_bytes` that autocast's cache holds until it lets go (`BlockProfile.autocast_casts`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -215,6 +217,10 @@ class BlockProfile:
     output_own_free_op: int = -1
     """The step's first backward op after its forward (-1: none): the caller has let go of what it returned by then,
     what a checkpoint of `output_own_bytes` frees from."""
+    autocast_casts: list[list[int]] = field(default_factory=list)
+    """[op index, bytes, released] of each part of `internal_bytes` that autocast's cache holds too (a parameter's
+    cast to the half dtype): made by that op, let go by the cache before op `released` (the step's length if not in
+    it).  A checkpoint frees it from then on (NOTE [A weight autocast casts] in `remat.measure.tracker`)."""
     grad_ops_before: int = 0
     """Forward ops that ran between the previous sibling's forward and this one's and read a tensor that
     requires grad (loop code between nn.ModuleList entries, another module): one checkpoint cannot run both

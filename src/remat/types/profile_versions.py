@@ -18,6 +18,7 @@ for `remat.types._json.load`).  What each version added:
 11: each call of a module called more than once, as its own block (`StepProfile.call_blocks`, `BlockProfile.call`).
 12: the saved outputs only a block's own ops save and read (`BlockProfile.output_own_bytes`, `output_own_free_op`),
    and the live bytes before the first op (`Timeline.start_bytes`).
+13: the parameters' casts autocast's cache holds (`BlockProfile.autocast_casts`, `SelectiveVariant.cast_bytes`).
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     9: dict,
     10: dict,
     11: dict,
+    12: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
@@ -64,4 +66,5 @@ none, its recomputation's moment is not predicted; version 9 as 10, without kept
 checkpoint holding an output another one frees is not predicted; version 10 as 11, without the calls of a module
 called more than once: such a module is planned from all its calls at once, as before; version 11 as 12, without
 the outputs only a block's own ops keep: read as none, a checkpoint frees its saved output only where the run holds
-all its keepers, as before; and without the bytes before the first op: a run from it has no re-run moment)."""
+all its keepers, as before; and without the bytes before the first op: a run from it has no re-run moment; version 12 as 13, without
+autocast's casts: read as none, a checkpoint frees a cast at its block's end, as before)."""

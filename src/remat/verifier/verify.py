@@ -20,7 +20,7 @@ from remat.applier.apply import applied, apply, remove, taken_off
 from remat.applier.wrapping import offloaded_bytes
 from remat.errors import RematError
 from remat.measure import profile
-from remat.measure.loop import Loop, clear_grads, optimizer_step_of_loop
+from remat.measure.loop import Loop, clear_grads, fresh_cast_cache, optimizer_step_of_loop
 from remat.measure.step import (
     RUN_FIX,
     StateSnapshot,
@@ -351,6 +351,7 @@ def _run(model: nn.Module, inputs: Any, loss_fn) -> _StepResult:
         p.grad = None
     try:
         torch.manual_seed(0)
+        fresh_cast_cache()
         planned, fix = (" with the plan applied", PLANNED_FIX) if applied(model) is not None else ("", RUN_FIX)
         with flop_counter() as counter:  # torch's FlopCounterMode: GQA on torch < 2.12, no_grad module calls
             out = run_user_code(f"the model's forward{planned}", lambda: model(*step.args, **step.kwargs), fix)
