@@ -572,6 +572,23 @@ def test_frontier_runs_down_to_the_least_peak_even_when_cut_short(chain_profile)
     assert [p.peak_bytes for p in short] == sorted({p.peak_bytes for p in short}, reverse=True)
 
 
+def test_plan_reaches_the_least_peak_the_frontier_shows_where_dp_counts_a_shared_hold_twice():
+    """dp counts an input several checkpoints hold (a Llama's 256 bytes of token positions, passed to every layer)
+    once per checkpoint, the safe way; with two micro-batches the frontier's dp plan peaked at 1,615,688 bytes by
+    the exact evaluation, and `remat.plan` at that budget said the least was 1,616,200 (found 2026-12-02)."""
+    model, inputs = architectures.llama()
+    prof = remat.profile(model, inputs, accumulate=2)
+    least = remat.frontier(prof, max_points=2)[-1]
+    assert least.solver == "dp"
+    planned = remat.plan(prof, least.peak_bytes)
+    assert (planned.segments, planned.peak_bytes) == (least.segments, least.peak_bytes)
+    with pytest.raises(remat.InfeasibleBudget) as e:
+        remat.plan(prof, least.peak_bytes - 1)
+    assert e.value.min_bytes == least.peak_bytes
+    report = remat.verify(model, inputs, planned, accumulate=2, time_rounds=0)
+    assert report.ok and report.measured_peak_bytes <= least.peak_bytes, str(report)
+
+
 def test_the_ilp_frontier_does_not_stop_where_highs_lands_a_byte_over():
     """Hand-written attention blocks (process_targets.attention), fake mode: at the budget one byte under
     285.7 MiB HiGHS kept returning a plan one byte over (under its feasibility tolerance on scaled rows),
