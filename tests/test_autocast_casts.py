@@ -1,9 +1,9 @@
 """Under `torch.autocast` each float32 weight is cast to bfloat16 once, and autocast keeps the cast in its cache until
 the outermost region exits (NOTE [A weight autocast casts] in `remat.measure.tracker`).  A checkpoint frees a
-block's casts only then, not at the block's end: counted at the block's end, every plan of a bf16 Llama-style
-decoder (4 layers x 512, 2 x 512 tokens) was predicted 5.1-6.6% under the step's tracked peak, and
-`remat.verify` failed them all (2026-12-02).  Run inside one region, backward included, the casts stay to the
-step's end and a checkpoint frees none of them.
+block's casts only then, not at the block's end: counted at the block's end, plans of 15 of the 28 architectures
+of `python benchmarks/unseen_models.py --autocast` were predicted 32,832-73,556 bytes low, 5 of them failed
+`remat.verify`, one measured 3.11% over its budget (2026-12-02, docs/validation.md §2.2).  Run inside one region,
+backward included, the casts stay to the step's end and a checkpoint frees none of them.
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ NOTE [A weight autocast casts]
   Under `torch.autocast` a float32 parameter is cast to the half dtype once, and autocast's cache holds the cast
   until the outermost region exits (`StorageRecord.autocast_cast`, `Tracker.cache_clears`): a checkpoint frees it
   from then on, or, backward inside the region too, never (its re-run takes it from the cache).  Counted freed at
-  the block's end, a bf16 Llama-style decoder's plans were 5-7% low on the CPU (2026-12-02).  A parameter the
+  the block's end, 5 of 56 bf16 plans failed `remat.verify` (2026-12-02, docs/validation.md §2.2).  A parameter the
   model casts itself to that dtype inside the region counts as cached too: then high, never low.
 """
 
