@@ -68,6 +68,7 @@ NOTE [A weight autocast casts]
 
 from __future__ import annotations
 
+import contextlib
 import time
 import weakref
 from collections.abc import Callable
@@ -109,16 +110,21 @@ class _SeesResizes(TorchDispatchMode):
     def resized(self, st: torch.UntypedStorage) -> None:
         raise NotImplementedError
 
+    def alongside(self) -> list:
+        """The contexts active with the mode: the resize watch, and what a subclass adds."""
+        return [storage_resizes(self.resized)]
+
     def __enter__(self):
-        self._resizes = storage_resizes(self.resized)
-        self._resizes.__enter__()
+        self._alongside = contextlib.ExitStack()
+        for context in self.alongside():
+            self._alongside.enter_context(context)
         return super().__enter__()
 
     def __exit__(self, *exc):
         try:
             return super().__exit__(*exc)
         finally:
-            self._resizes.__exit__(*exc)
+            self._alongside.__exit__(*exc)
 
 
 @dataclass(slots=True)
@@ -206,16 +212,8 @@ class Tracker(_SeesResizes):
     def __post_init__(self):
         super().__init__()
 
-    def __enter__(self):
-        self._clears = autocast_cache_clears(lambda: self.cache_clears.append(len(self.ops)))
-        self._clears.__enter__()
-        return super().__enter__()
-
-    def __exit__(self, *exc):
-        try:
-            return super().__exit__(*exc)
-        finally:
-            self._clears.__exit__(*exc)
+    def alongside(self) -> list:
+        return [*super().alongside(), autocast_cache_clears(lambda: self.cache_clears.append(len(self.ops)))]
 
     # -- storages ----------------------------------------------------------------
     def record_of(self, t: torch.Tensor, *, before_step: bool = False, op: str = "") -> StorageRecord | None:
