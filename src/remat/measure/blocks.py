@@ -108,11 +108,16 @@ class _Block:
         self.acts = [r for r in mine_records if r.category == "activations"]
         end = self.fwd_k[-1] + 1 if self.fwd_k else 0  # saved, then freed inside its forward: nothing to free
         self.internal = [r for r in self.acts if id(r) not in out_ids and self._kept_only_here(r) and _after(r, end)]
-        self.cached = [
-            r for r in mine_records if r.op in SAVE_OPS and r.category == "temporaries" and r.phase == "forward"
-        ]
         self.module = self.io.modules[self.name]
         self.block_ops = self._block_ops(mine_records)
+        self.cached = [  # what the matmul policy's cache adds (NOTE [Which outputs a selective checkpoint keeps])
+            r
+            for r in mine_records
+            if r.op in SAVE_OPS
+            and r.category == "temporaries"
+            and r.phase == "forward"
+            and not self.block_ops.lingers(r)
+        ]
         self.variants = self._selective_variants(self.block_ops)
 
     def profile(self, index: int, timeline: tuple[list[int], list[int]], previous: "_Block | None") -> BlockProfile:
@@ -304,8 +309,10 @@ class _Block:
         )
 
     def _spans(self, freed_before: list[int]) -> dict[str, Any]:
-        fwd, bwd = self.fwd_k, self.bwd_k
+        fwd, bwd, rerun = self.fwd_k, self.bwd_k, self._first_unpack()
         return dict(
+            rerun_op=rerun,
+            freed_before_rerun_bytes=freed_before[rerun] if rerun >= 0 else 0,
             forward_start_op=fwd[0] if fwd else -1,
             forward_end_op=fwd[-1] if fwd else -1,
             backward_start_op=bwd[0] if bwd else -1,
@@ -313,6 +320,19 @@ class _Block:
             freed_before_forward_bytes=freed_before[fwd[0]] if fwd else 0,
             freed_before_backward_bytes=freed_before[bwd[0]] if bwd else 0,
         )
+
+    def _first_unpack(self) -> int:
+        """`BlockProfile.rerun_op`: the first op before which backward unpacked a tensor an op inside the block packed,
+        from its first backward op on (NOTE [When a checkpoint re-runs] in `remat.measure.tracker`); -1: none."""
+        if not self.bwd_k:
+            return -1
+        unpacks = [
+            u
+            for r in self.tracker.records
+            for (step, m), u in zip(r.packs, r.unpacks)
+            if u >= 0 and within(m, self.name) and self._in(u)  # a call's backward has its unpacks (an op packs
+        ]  # its inputs before it runs: `step` may be the op before, outside the call)
+        return max(min(unpacks), self.bwd_k[0]) if unpacks and min(unpacks) < len(self.tracker.ops) else -1
 
 
 def _freed_at(rec: StorageRecord, n_ops: int) -> int:

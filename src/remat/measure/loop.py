@@ -38,7 +38,8 @@ import torch.nn as nn
 
 from remat.errors import RematError
 from remat.measure.step import StepInputs, compute_loss, run_user_code
-from remat.measure.tracker import PeakMeter, rounded_bytes, storage_of
+from remat.measure.peak_meter import PeakMeter
+from remat.measure.tracker import rounded_bytes, storage_of
 from remat.types import Step
 
 FIRST_STEP_NOTE = (

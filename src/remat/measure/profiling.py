@@ -36,7 +36,7 @@ from remat.measure.step import (
     normalize_inputs,
     run_user_code,
 )
-from remat.measure.timing import StepTimes, host_bandwidth, identity, settle, time_loop
+from remat.measure.timing import StepTimes, host_bandwidth, settle, time_loop
 from remat.measure.tracker import Tracker
 from remat.module_tree import class_name, find_candidates
 from remat.progress import Progress, resolve, say
@@ -358,7 +358,7 @@ class _Run:
             phase = _phase_setter(tracker, self.progress)
             try:
                 phase("forward")
-                with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, identity):
+                with torch.autograd.graph.saved_tensors_hooks(tracker.mark_saved, tracker.mark_unpacked):
                     out = run_user_code("the model's forward", lambda: runner(*step.args, **step.kwargs))
                     held.clear()
                     phase("loss")

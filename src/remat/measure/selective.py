@@ -37,6 +37,10 @@ NOTE [Which outputs a selective checkpoint keeps]
           backward freed it in the unplanned step, until the recomputation takes it (`kept_outside`).  Seen on
           the last of four `nn.TransformerEncoderLayer`s, variants keeping its norms' class (norm2's output is
           the block's, saved by the head): 135,560,724 bytes measured where 131,482,644 were predicted (-3.0%).
+          One that nothing saves but an op after the forward reads (the logits the loss reads, a weight's cast
+          autocast's cache holds) adds to the cache's bytes only once the unplanned step frees it, the same way
+          (`BlockOps.lingers`): counted from the block's end, the demo GPT-2's `lm_head` counted 32 MiB of logits
+          the loop holds anyway, and a bf16 layer's selective units were up to 8,448 bytes high (2026-12-02, `tests/test_autocast_casts.py`).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ class _Class:
     ops: list[OpRecord] = field(default_factory=list)
     saved_bytes: int = 0
     cached_bytes: int = 0
+    lingering_bytes: int = 0  # part of `cached_bytes` the unplanned step holds past the forward (`BlockOps.lingers`)
 
     @property
     def bytes(self) -> int:
@@ -83,6 +88,13 @@ class BlockOps:
     saved_outside: set[int]
     released: tuple[int, int]
 
+    def lingers(self, r: StorageRecord) -> bool:
+        """`r`, an output autograd does not save, is still held by the unplanned step after the block's forward (an op
+        after it reads it: the block's output, cast by the caller): a cache keeping it holds it no earlier than the
+        step frees it (Rule 5)."""
+        end = (self.after or self.rerun)[-1][0] if self.rerun or self.after else -1
+        return r.category == "temporaries" and (r.free_step is None or r.free_step > end + 1)
+
 
 def cache_facts(kept: Callable[[OpRecord], bool], block: BlockOps) -> tuple[list[list[int]], list[list[int]]]:
     """Rule 5: ([op index, bytes] the ops `kept` re-runs take from the cache, [freed, released, bytes] what the cache
@@ -101,7 +113,8 @@ def cache_facts(kept: Callable[[OpRecord], bool], block: BlockOps) -> tuple[list
             released = block.released[1]
         else:
             continue
-        if id(r) in block.saved_outside and r.free_step is not None and r.free_step <= released:
+        held = id(r) in block.saved_outside or block.lingers(r)
+        if held and r.free_step is not None and r.free_step <= released:
             outside.append([r.free_step, released, r.nbytes])
     return [[k, b] for k, b in sorted(made.items())], outside
 
@@ -112,7 +125,7 @@ def selective_variants(
     """The variants of one block.  `internal`: its activations kept only inside it; `matmul_keeps`: the signatures
     the matmul policy keeps (Rule 4)."""
     rerun, after, records = block.rerun, block.after, block.records
-    classes = _classes(rerun, records, internal)
+    classes = _classes(block, internal)
     written_at = {r.alloc_step for r in records if r.written and r.op}
     written = {op.signature for k, op in (*rerun, *after) if k in written_at}  # a kept signature is cached after too
     ranked = sorted((c for c in classes.values() if c.bytes > 0 and c.signature not in written), key=_Class.rank)
@@ -120,7 +133,7 @@ def selective_variants(
     for k in _cuts([c.bytes for c in ranked]):
         keeps = {c.signature for c in ranked[:k]}
         if 0 < k < len(ranked) and keeps != matmul_keeps:
-            variant = _variant(keeps, rerun, internal, classes, _stranded(keeps, after, records))
+            variant = _variant(keeps, rerun, internal, classes, _stranded(keeps, block))
             made, outside = cache_facts(lambda op: op.signature in keeps, block)  # noqa: B023 (called at once)
             variants.append(dataclasses.replace(variant, kept_made=made, kept_outside=outside))
     return [v for v in variants if v.free_bytes > v.extra_bytes]
@@ -137,14 +150,14 @@ def _cuts(sizes: list[int]) -> list[int]:
     return sorted(cuts | {round(len(sizes) * j / (VARIANTS + 1)) for j in range(1, VARIANTS + 1)})
 
 
-def _classes(rerun, records: list[StorageRecord], internal: list[StorageRecord]) -> dict[str, _Class]:
+def _classes(block: BlockOps, internal: list[StorageRecord]) -> dict[str, _Class]:
     classes: dict[str, _Class] = {}
     made_by: dict[int, _Class] = {}
-    for k, op in rerun:
+    for k, op in block.rerun:
         made_by[k] = classes.setdefault(op.signature, _Class(op.signature, k))
         made_by[k].ops.append(op)
     saved = {id(r) for r in internal}
-    for r in records:
+    for r in block.records:
         c = made_by.get(r.alloc_step) if r.op else None  # made by an op of the class, not first seen there
         if c is None:
             continue
@@ -152,13 +165,19 @@ def _classes(rerun, records: list[StorageRecord], internal: list[StorageRecord])
             c.saved_bytes += r.nbytes
         elif r.category == "temporaries" and r.phase == "forward":
             c.cached_bytes += r.nbytes
+            c.lingering_bytes += r.nbytes if block.lingers(r) else 0
     return classes
 
 
-def _stranded(keeps: set[str], after, records: list[StorageRecord]) -> int:
-    """Rule 3: bytes the policy caches from ops after the last one re-run (one of a kept signature there)."""
-    made = {k for k, op in after if op.signature in keeps}
-    return sum(r.nbytes for r in records if r.op and r.alloc_step in made and r.category == "temporaries")
+def _stranded(keeps: set[str], block: BlockOps) -> int:
+    """Rule 3: bytes the policy caches from ops after the last one re-run (one of a kept signature there), but those
+    the unplanned step holds past the forward (Rule 5's `kept_outside`)."""
+    made = {k for k, op in block.after if op.signature in keeps}
+    return sum(
+        r.nbytes
+        for r in block.records
+        if r.op and r.alloc_step in made and r.category == "temporaries" and not block.lingers(r)
+    )
 
 
 def _variant(keeps: set[str], rerun, internal, classes: dict[str, _Class], stranded: int) -> SelectiveVariant:
@@ -169,7 +188,7 @@ def _variant(keeps: set[str], rerun, internal, classes: dict[str, _Class], stran
     return SelectiveVariant(
         keeps=sorted(keeps, key=lambda s: classes[s].first),
         free_bytes=sum(r.nbytes for r in internal) - kept,
-        extra_bytes=sum(classes[s].cached_bytes for s in keeps) + stranded,
+        extra_bytes=sum(classes[s].cached_bytes - classes[s].lingering_bytes for s in keeps) + stranded,
         recompute_flops=sum(op.flops for op in ops),
         recompute_s=sum(op.seconds for op in ops),
         recompute_ops=len(ops),

@@ -58,6 +58,14 @@ NOTE [Recomputation]
   forward drops), ran in the re-run unpredicted (a checkpoint over two such layers was
   predicted 131,072 bytes low; `tests/test_what_a_checkpoint_frees.py`).
 
+NOTE [When a checkpoint re-runs]
+  Non-reentrant checkpoint re-runs its forward when backward first unpacks a tensor saved inside it, not when the
+  block's backward starts: its first backward nodes may save nothing (peft's LoRA casts its input and scales its
+  output) and allocate gradients before.  The tracker notes each pack's first unpack (`StorageRecord.unpacks`), a
+  block the first of its own (`BlockProfile.rerun_op`).  Placed at the block's first backward op, the re-run of
+  Mistral's last layer with LoRA on `down_proj` under bf16 autocast was 16,384 bytes above its moment, and a plan
+  over two layers was predicted 14,852 bytes low (2026-12-02, `tests/test_rerun_moment.py`).
+
 NOTE [A weight autocast casts]
   Under `torch.autocast` a float32 parameter is cast to the half dtype once, and autocast's cache holds the cast
   until the outermost region exits (`StorageRecord.autocast_cast`, `Tracker.cache_clears`): a checkpoint frees it
@@ -104,7 +112,7 @@ def rounded_bytes(n: int, rounding: int) -> int:
     return n if rounding <= 1 else (n + rounding - 1) // rounding * rounding
 
 
-class _SeesResizes(TorchDispatchMode):
+class SeesResizes(TorchDispatchMode):
     """A dispatch mode that is told of storage resizes while it is active (Rule 7): `self.resized(storage)`."""
 
     def resized(self, st: torch.UntypedStorage) -> None:
@@ -144,6 +152,8 @@ class StorageRecord:
     packs: list[tuple[int, str]] = field(default_factory=list)
     """Each time it was packed: the index of the op that saved it, and the innermost module running then (who keeps
     it)."""
+    unpacks: list[int] = field(default_factory=list)
+    """Per pack: the op before which autograd first unpacked it (-1: never; NOTE [When a checkpoint re-runs])."""
     category: str = ""
     op: str = ""
     """The aten op (packet name) that returned it; "" if no op made it."""
@@ -180,7 +190,7 @@ class OpRecord:
 
 
 @dataclass
-class Tracker(_SeesResizes):
+class Tracker(SeesResizes):
     """Logs storages and ops; all interpretation happens afterwards in `remat.measure.build` and `remat.measure.blocks`."""
 
     root_type: str
@@ -257,14 +267,26 @@ class Tracker(_SeesResizes):
         self._live[id(st)] = new
         weakref.finalize(st, self._freed, id(st), new)
 
-    def mark_saved(self, t: torch.Tensor) -> torch.Tensor:
-        """Pack hook for `saved_tensors_hooks`: flags the storage and the op, returns the tensor unchanged."""
+    def mark_saved(self, t: torch.Tensor) -> torch.Tensor | tuple:
+        """Pack hook for `saved_tensors_hooks`: flags the storage and the op; the tensor, with which pack of which
+        record it is for `mark_unpacked` (the same tensor, no copy)."""
         rec = self.record_of(t)
-        if rec is not None:
-            rec.saved = True
-            rec.packs.append((len(self.ops) - 1, self.current_module()))
         if self.ops:
             self.ops[-1].packs_after.add(self.current_module())
+        if rec is None:
+            return t
+        rec.saved = True
+        rec.packs.append((len(self.ops) - 1, self.current_module()))
+        rec.unpacks.append(-1)
+        return t, rec, len(rec.unpacks) - 1
+
+    def mark_unpacked(self, packed: torch.Tensor | tuple) -> torch.Tensor:
+        """Unpack hook: the tensor `mark_saved` packed; notes the op before which autograd first unpacked it."""
+        if not isinstance(packed, tuple):
+            return packed
+        t, rec, k = packed
+        if rec.unpacks[k] < 0:
+            rec.unpacks[k] = len(self.ops)
         return t
 
     # -- modules -------------------------------------------------------------------
@@ -343,56 +365,3 @@ class Tracker(_SeesResizes):
                 made = self.record_of(t, op=op_name(func))
                 if made is not None and reads_forward and autocast_caches(func, args, t):
                     made.autocast_cast = True
-
-
-class PeakMeter(_SeesResizes):
-    """The peak of live tensor bytes of a stretch of ops, and nothing else (Rules 1-4 of
-    NOTE [What counts as live memory]): the cheap meter of a step that is not profiled."""
-
-    def __init__(self, state: list[torch.Tensor], rounding: int = 1, skip_host: bool = False):
-        super().__init__()
-        self.rounding = rounding
-        self.skip_host = skip_host  # Rule 8
-        self.live_bytes = 0
-        self.peak_bytes = 0
-        self._live: dict[int, int] = {}
-        for t in state:
-            self.see(t)
-        self.peak_bytes = self.live_bytes
-
-    def see(self, t: torch.Tensor) -> None:
-        st = storage_of(t, self.skip_host)
-        if st is None or id(st) in self._live:
-            return
-        key, n = id(st), rounded_bytes(st.nbytes(), self.rounding)
-        self._live[key] = n
-        self.live_bytes += n
-        weakref.finalize(st, self._freed, key)
-
-    def _freed(self, key: int) -> None:
-        self.live_bytes -= self._live.pop(key, 0)
-
-    def resized(self, st: torch.UntypedStorage) -> None:
-        known = id(st) in self._live
-        self.live_bytes -= self._live.pop(id(st), 0)
-        if st.nbytes():
-            n = rounded_bytes(st.nbytes(), self.rounding)
-            if not known:
-                weakref.finalize(st, self._freed, id(st))
-            self._live[id(st)] = n
-            self.live_bytes += n
-            self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if has_dtensor(types):  # Rule 6 of NOTE [What counts as live memory]
-            return NotImplemented
-        kwargs = kwargs or {}
-        for a in tree_flatten((args, kwargs))[0]:
-            if isinstance(a, torch.Tensor):
-                self.see(a)
-        out = as_the_kernel_lays_out(func, func(*args, **kwargs))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.see(t)
-        self.peak_bytes = max(self.peak_bytes, self.live_bytes)
-        return out

@@ -5,9 +5,8 @@ NOTE [The memory model of a plan]
   The profile gives L(t), the live bytes after each op t of the unplanned step.  A
   *unit* is a run of consecutive sibling candidates (one block, or a segment) wrapped
   in one non-reentrant checkpoint.  For a unit U with blocks c_1..c_m:
-    Rule 1. Block c stops holding r_c bytes from the end of its forward until U's
-            backward starts (when U is recomputed, they come back as in the unplanned
-            step): r_c = c's internal activations + its saved output if every op that
+    Rule 1. Block c stops holding r_c bytes from the end of its forward until U is
+            recomputed (Rule 3; they come back as in the unplanned step): r_c = c's internal activations + its saved output if every op that
             saves that output is inside U; the output only from its last read in forward
             on (`output_last_use_op`: a skip connection holds it until then), and never
             if the model holds it past c's backward (it returns it: `output_hidden_states`;
@@ -30,14 +29,15 @@ NOTE [The memory model of a plan]
     Rule 3. A plan's live bytes are L(t) minus the sum of its units' effects at t; its
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
-            recomputing at c_m's last pack: NOTE [Recomputation]).  U's recomputation runs before
-            c_m's first backward op, after the previous backward node released what
-            L counts after the op before (`freed_before_backward_bytes`); it holds at
+            recomputing at c_m's last pack: NOTE [Recomputation]).  U's recomputation runs when
+            backward first unpacks a tensor saved inside U (`rerun_op`, at or after c_m's first
+            backward op: NOTE [When a checkpoint re-runs]), after the previous backward node
+            released what L counts after the op before (`freed_before_rerun_bytes`); it holds at
             once what the unplanned forward grew by over the ops it re-runs (for a run
             from the step's first op, from the bytes before it: `Timeline.start_bytes`),
             plus the inputs it keeps that the forward freed on the way; an output that U's ops
-            and later ones both save is gone before it (`effects.shared_outputs`).  At c_m's first backward
-            op the plan's live bytes are at least that moment's (`remat.planner.rerun`:
+            and later ones both save is gone before it (`effects.shared_outputs`).  At that op the
+            plan's live bytes are at least that moment's (`remat.planner.rerun`:
             as what it adds to the most of the elementary interval starting there).  Not
             under FSDP: a block's forward all-gathers its parameters, which its
             recomputation does not (a 2-layer GPT-2 on 2 ranks: a checkpoint's moment

@@ -1,5 +1,6 @@
 """The moment a checkpoint re-runs its forward (NOTE [The memory model of a plan], Rule 3): what the
-recomputation holds at once, before the first backward op of its last block runs, as one more `Effect`.
+recomputation holds at once, when backward first unpacks a tensor saved inside it (`rerun_points`), as one more
+`Effect`.
 
 Seen on four `nn.TransformerEncoderLayer`s in an nn.ModuleList (CPU, real mode): one checkpoint over
 layers 0-1 measured 70,494,740 bytes where the model, which gave the blocks' bytes back at their first
@@ -66,16 +67,29 @@ class Rerun:
         return int((self.grown[: k + 1] - np.cumsum(made)).max()) - shared
 
 
-def rerun_effect(live: np.ndarray, effects: list[Effect], last: BlockProfile, held: int | None) -> list[Effect]:
-    """The effect at the first backward op of the run's `last` block that makes the plan's live bytes there at least
-    the recomputation's moment: the unplanned step's live bytes after the op before, less what the previous
-    backward node released, less what the unit frees there, plus what the re-run adds (`Rerun.held`).  None where
-    that moment is no higher than the live bytes after that op."""
-    t = last.backward_start_op
+def rerun_points(blocks: list[BlockProfile]) -> list[tuple[int, int]]:
+    """Per run blocks[0..k] (k = 0, 1, ...): the op before which a checkpoint of it re-runs their forwards, and what
+    the timeline counts after the op before that is gone by then (the previous backward node released it): the first
+    unpack of a tensor saved inside the run (`BlockProfile.rerun_op`, NOTE [When a checkpoint re-runs] in
+    `remat.measure.tracker`); for a block where it is not recorded, its first backward op (never later)."""
+    out: list[tuple[int, int]] = []
+    for b in blocks:
+        at = (b.rerun_op, b.freed_before_rerun_bytes) if b.rerun_op >= 0 else None
+        at = at or (b.backward_start_op, b.freed_before_backward_bytes)
+        out.append(min(out[-1], at) if out else at)
+    return out
+
+
+def rerun_effect(live: np.ndarray, effects: list[Effect], at: tuple[int, int], held: int | None) -> list[Effect]:
+    """The effect at op `at` = (t, released), where the run re-runs (`rerun_points`), that makes the plan's live bytes
+    there at least the recomputation's moment: the unplanned step's live bytes after the op before, less what the
+    previous backward node `released`, less what the unit frees there, plus what the re-run adds (`Rerun.held`).
+    None where that moment is no higher than the live bytes after that op."""
+    t, released = at
     if held is None or not 1 <= t < len(live):
         return []
     now = int(live[t]) - _freed_at(effects, t)
-    moment = int(live[t - 1]) - last.freed_before_backward_bytes - _freed_at(effects, t - 1) + held
+    moment = int(live[t - 1]) - released - _freed_at(effects, t - 1) + held
     return [Effect(t, t + 1, now - moment)] if moment > now else []
 
 

@@ -17,7 +17,7 @@ from remat.planner.effects import Effect, cached_casts, output_freeable, run_col
 from remat.planner.effects import split_casts
 from remat.planner.calls import call_units, calls_of
 from remat.planner.holds import Hold, freeable_outputs, freed_outputs, kept_holds, unit_holds
-from remat.planner.rerun import Rerun, rerun_effect, widen
+from remat.planner.rerun import Rerun, rerun_effect, rerun_points, widen
 from remat.planner.unit import Group, Unit
 from remat.types import Action, BlockProfile, ParallelKind, SelectiveVariant, StepProfile
 
@@ -160,8 +160,8 @@ def _runs_from(
     (checkpoint_op_s, selective_op_s); `live`: the live bytes, `start` before op 0; `wanted`: `freeable_outputs`."""
     first, stop = by_name[names[i]], min(len(names), i + max_segment)
     columns = run_columns(names, i, stop, by_name)
-    runs = runs_effects(columns, i, [by_name[n].backward_start_op for n in names[i:stop]])  # Rule 1, per run
-    shared = shared_outputs(columns, i)
+    at = rerun_points([by_name[n] for n in names[i:stop]])  # where each run re-runs: Rule 3
+    runs, shared = runs_effects(columns, i, [t for t, _ in at]), shared_outputs(columns, i)  # Rule 1, per run
     rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]), start)
     units: list[Unit] = []
     flops, seconds, ops, covers = 0, 0.0, 0, frozenset[str]()  # of the whole forwards of names[i..j-1], and covered
@@ -169,8 +169,9 @@ def _runs_from(
     for j in range(i, stop):
         last = by_name[names[j]]
         joined = joined and (j == i or _follows(names[j - 1], last))
-        end, covers, run = last.backward_start_op, covers | nested[last.name], [by_name[n] for n in names[i : j + 1]]
-        moment = rerun_effect(live, runs[j - i], last, rerun.held(last, shared[j - i], _from_autocast_cache(run, end)))
+        end, covers, run = at[j - i][0], covers | nested[last.name], [by_name[n] for n in names[i : j + 1]]
+        held = rerun.held(last, shared[j - i], _from_autocast_cache(run, end))
+        moment = rerun_effect(live, runs[j - i], at[j - i], held)
         rerun_ops = ops + last.checkpoint_recompute_ops  # the moment: Rule 3
         frees = freed_outputs(run, columns, j, end, wanted)  # Rule 2
         units.append(
@@ -240,7 +241,7 @@ def _make_selective_units(
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
         effects = _selective_effects(b, v, held_end)
         narrow = [Effect(freed, released, -nbytes) for freed, released, nbytes in v.kept_outside if freed < released]
-        moment = rerun_effect(live, effects + narrow, b, _selective_held(rerun, b, v))  # Rule 3
+        moment = rerun_effect(live, effects + narrow, _backward_start(b), _selective_held(rerun, b, v))  # Rule 3
         units.append(
             Unit(
                 (b.name,),
@@ -350,6 +351,12 @@ def _make_offload_unit(
             ),
         )
     ]
+
+
+def _backward_start(b: BlockProfile) -> tuple[int, int]:
+    """Where a selective checkpoint of `b` is taken to re-run, as `rerun_points` says it: its first backward op, where
+    the profile has its cache let go of what it keeps (`SelectiveVariant.kept_outside`); it re-runs at `rerun_op`."""
+    return b.backward_start_op, b.freed_before_backward_bytes
 
 
 def _forward_ops(b: BlockProfile) -> int:

@@ -19,7 +19,7 @@ from remat.types.reserve import GpuReserve
 from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 13
+PROFILE_VERSION = 14
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -95,8 +95,8 @@ class SelectiveVariant:
     """[op index, bytes] of each op the recomputation takes from the cache: what the unplanned forward allocated
     there, and the recomputation does not (NOTE [Which outputs a selective checkpoint keeps], Rule 5)."""
     kept_outside: list[list[int]] = field(default_factory=list)
-    """[freed, released, bytes] of each kept output an op outside the block saves: the unplanned step frees it at op
-    `freed`, the cache at op `released` (the block's first backward op, or the end of its backward if stranded)."""
+    """[freed, released, bytes] of each kept output an op outside the block saves or reads after its forward: the
+    unplanned step frees it at op `freed`, the cache at `released` (its first backward op, or its backward's end)."""
     cast_bytes: int = 0
     """Part of `free_bytes` that autocast's cache holds until it lets go (`BlockProfile.autocast_casts`)."""
 
@@ -241,6 +241,12 @@ class BlockProfile:
     """The same before its first backward op: what the previous backward node releases before this block's
     backward starts, and so before a checkpoint around it re-runs its forward (NOTE [The memory model of a plan],
     Rule 3)."""
+    rerun_op: int = -1
+    """Timeline index of the op before which backward first unpacked a tensor an op inside it packed: where a checkpoint
+    around it re-runs its forward (NOTE [When a checkpoint re-runs] in `remat.measure.tracker`); -1: not recorded, its
+    first backward op."""
+    freed_before_rerun_bytes: int = 0
+    """As `freed_before_backward_bytes`, before `rerun_op`."""
     selective_kept_made: list[list[int]] = field(default_factory=list)
     selective_kept_outside: list[list[int]] = field(default_factory=list)
     """`SelectiveVariant.kept_made` and `kept_outside` of the policy keeping matmul, convolution and attention outputs."""

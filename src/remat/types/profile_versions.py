@@ -19,6 +19,7 @@ for `remat.types._json.load`).  What each version added:
 12: the saved outputs only a block's own ops save and read (`BlockProfile.output_own_bytes`, `output_own_free_op`),
    and the live bytes before the first op (`Timeline.start_bytes`).
 13: the parameters' casts autocast's cache holds (`BlockProfile.autocast_casts`, `SelectiveVariant.cast_bytes`).
+14: where a checkpoint re-runs its block's forward (`BlockProfile.rerun_op`, `freed_before_rerun_bytes`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     10: dict,
     11: dict,
     12: dict,
+    13: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
@@ -67,4 +69,5 @@ checkpoint holding an output another one frees is not predicted; version 10 as 1
 called more than once: such a module is planned from all its calls at once, as before; version 11 as 12, without
 the outputs only a block's own ops keep: read as none, a checkpoint frees its saved output only where the run holds
 all its keepers, as before; and without the bytes before the first op: a run from it has no re-run moment; version 12 as 13, without
-autocast's casts: read as none, a checkpoint frees a cast at its block's end, as before)."""
+autocast's casts: read as none, a checkpoint frees a cast at its block's end, as before; version 13 as 14, without
+where a checkpoint re-runs: read as not recorded, at its last block's first backward op, as before)."""
