@@ -97,6 +97,7 @@ class _Block:
         self.fwd = [ops[k] for k in self.fwd_k]
         self.bwd = [ops[k] for k in self.bwd_k if not ops[k].recompute]
         self.recomputed = [ops[k] for k in self.bwd_k if ops[k].recompute]
+        self.rerun_op = self._first_unpack()
         self.checkpoint_ops = _recomputed_ops(self.fwd, self.name)
         self.selective_ops = _recomputed_ops(self.fwd, self.name, selective=True)
         io = self.io.call_io[self.name][self.call] if self.call >= 0 else None
@@ -164,6 +165,7 @@ class _Block:
         ops, n = self.tracker.ops, len(self.checkpoint_ops)
         outside = {id(r) for r in mine_records if r.category == "activations" and not self._kept_only_here(r)}
         start, end = (self.bwd_k[0], self.bwd_k[-1]) if self.bwd_k else (-1, -1)
+        start = max(start, self.rerun_op)  # the re-run takes what the cache keeps (`BlockProfile.rerun_op`)
         return BlockOps(
             [(k, ops[k]) for k in self.fwd_k[:n]],
             [(k, ops[k]) for k in self.fwd_k[n:]],
@@ -309,7 +311,7 @@ class _Block:
         )
 
     def _spans(self, freed_before: list[int]) -> dict[str, Any]:
-        fwd, bwd, rerun = self.fwd_k, self.bwd_k, self._first_unpack()
+        fwd, bwd, rerun = self.fwd_k, self.bwd_k, self.rerun_op
         return dict(
             rerun_op=rerun,
             freed_before_rerun_bytes=freed_before[rerun] if rerun >= 0 else 0,

@@ -79,8 +79,8 @@ class _Class:
 class BlockOps:
     """What a checkpoint of one block runs: `rerun`, (timeline index, op) of the ops it re-runs; `after`, of its
     later forward ops; `records`, the storages made inside it; `saved_outside`, the ids of those an op outside it
-    saves; `released`, where the cache lets go of a kept output: (the block's first backward op, the end of its
-    backward)."""
+    saves; `released`, where the cache lets go of a kept output: (where the block re-runs, `BlockProfile.rerun_op`,
+    the end of its backward)."""
 
     rerun: list[tuple[int, OpRecord]]
     after: list[tuple[int, OpRecord]]

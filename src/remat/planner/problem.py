@@ -46,12 +46,13 @@ NOTE [The memory model of a plan]
             not the output of a matmul, convolution or attention op; a variant keeping
             other outputs, its own: NOTE [Which outputs a selective checkpoint keeps]), and holds
             `selective_extra_bytes` (those outputs autograd would have dropped but the
-            selective cache keeps) until the block's backward starts (the recompute
+            selective cache keeps) until its recomputation (Rule 3's moment, which
             takes them out of the cache; `selective_stranded_bytes`, made after the last
             op it re-runs, stay until the backward is over); its inputs are held as in
             Rule 2; it costs `selective_recompute_flops`.  Its recomputation is Rule 3's
             moment, less what it takes from the cache (`kept_made`); a kept output an op
-            outside the block saves stays in the cache until then (`kept_outside`).  Of a
+            outside the block saves or reads later stays in the cache until then, from the
+            unplanned step's free of it (`kept_outside`).  Of a
             block's selective units, one costlier than another must free max(4 KiB, 0.1%
             of internal bytes) more.
     Rule 5. Solvers only use units that remat.apply can build (a run of several blocks

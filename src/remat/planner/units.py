@@ -232,16 +232,17 @@ def _make_selective_units(
     a profile whose cost is FLOPs, a variant re-running a matmul once pushed out the matmul policy."""
     if b.has_batchnorm:
         return []  # BatchNorm: remat restores its statistics only around a full recompute
-    held_end = max(b.backward_start_op, b.backward_end_op + 1)
-    kept = kept_holds(b, held_end, wanted)
+    held_end, at = max(b.backward_start_op, b.backward_end_op + 1), rerun_points([b])[0]
+    kept, served = kept_holds(b, held_end, wanted), bool(_from_autocast_cache([b], at[0]))  # casts from the cache
     units, rerun = [], Rerun(live, b, b.forward_end_op, start)
     for v in (_matmul_policy(b), *b.selective_variants):
-        if v.free_bytes <= 0:
-            continue
+        if v.free_bytes <= 0 or (served and any(k.startswith("_to_copy(") for k in v.keeps)):
+            continue  # torch's selective checkpoint replays the forward's ops, and a cast the cache serves its re-run
+            # is not one: keeping casts, the first layer of a step inside one autocast region raised in backward
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
         effects = _selective_effects(b, v, held_end)
         narrow = [Effect(freed, released, -nbytes) for freed, released, nbytes in v.kept_outside if freed < released]
-        moment = rerun_effect(live, effects + narrow, _backward_start(b), _selective_held(rerun, b, v))  # Rule 3
+        moment = rerun_effect(live, effects + narrow, at, _selective_held(rerun, b, v))  # Rule 3
         units.append(
             Unit(
                 (b.name,),
@@ -291,13 +292,14 @@ def _cheapest_apart(units: list[Unit], near: int, timed: bool) -> list[Unit]:
 
 
 def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> list[Effect]:
-    """Rule 4: a variant frees what it does not keep until the block's backward starts; its cache holds what it keeps
+    """Rule 4: a variant frees what it does not keep until its recomputation (Rule 3); its cache holds what it keeps
     that autograd would have dropped until the recomputation takes it, and what that stops before (stranded) until
     `held_end` (a kept output saved outside the block, from when that frees it until the cache lets it go, is a
     narrow effect: `Unit.narrow`)."""
-    effects = split_casts(b, v.free_bytes, v.cast_bytes, b.backward_start_op)
-    if v.extra_bytes > v.stranded_bytes:  # the recompute at the block's backward start consumes the cache
-        effects.append(Effect(b.forward_end_op + 1, b.backward_start_op, v.stranded_bytes - v.extra_bytes))
+    t = rerun_points([b])[0][0]
+    effects = split_casts(b, v.free_bytes, v.cast_bytes, t)
+    if v.extra_bytes > v.stranded_bytes:  # the recompute (Rule 3's moment) consumes the cache
+        effects.append(Effect(b.forward_end_op + 1, t, v.stranded_bytes - v.extra_bytes))
     if v.stranded_bytes:  # ... but for what it stops before
         effects.append(Effect(b.forward_end_op + 1, held_end, -v.stranded_bytes))
     return [e for e in effects if e.start < e.end]
@@ -306,11 +308,8 @@ def _selective_effects(b: BlockProfile, v: SelectiveVariant, held_end: int) -> l
 def _selective_held(rerun: Rerun, b: BlockProfile, v: SelectiveVariant) -> int | None:
     """What the re-run of a selective checkpoint adds at once (`Rerun.held`), and the kept outputs saved outside the
     block that the previous backward node released just before it, still in the cache for it."""
-    casts = cached_casts(b)[0]
-    held = rerun.held(
-        b, 0, v.kept_made + (_from_autocast_cache([b], b.backward_start_op) if v.cast_bytes == casts else [])
-    )
-    t = b.backward_start_op
+    casts, t = cached_casts(b)[0], rerun_points([b])[0][0]
+    held = rerun.held(b, 0, v.kept_made + (_from_autocast_cache([b], t) if v.cast_bytes == casts else []))
     return None if held is None else held + sum(n for freed, released, n in v.kept_outside if freed == released == t)
 
 
@@ -351,12 +350,6 @@ def _make_offload_unit(
             ),
         )
     ]
-
-
-def _backward_start(b: BlockProfile) -> tuple[int, int]:
-    """Where a selective checkpoint of `b` is taken to re-run, as `rerun_points` says it: its first backward op, where
-    the profile has its cache let go of what it keeps (`SelectiveVariant.kept_outside`); it re-runs at `rerun_op`."""
-    return b.backward_start_op, b.freed_before_backward_bytes
 
 
 def _forward_ops(b: BlockProfile) -> int:

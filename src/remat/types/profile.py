@@ -96,7 +96,7 @@ class SelectiveVariant:
     there, and the recomputation does not (NOTE [Which outputs a selective checkpoint keeps], Rule 5)."""
     kept_outside: list[list[int]] = field(default_factory=list)
     """[freed, released, bytes] of each kept output an op outside the block saves or reads after its forward: the
-    unplanned step frees it at op `freed`, the cache at `released` (its first backward op, or its backward's end)."""
+    unplanned step frees it at op `freed`, the cache at `released` (where the block re-runs, or its backward's end)."""
     cast_bytes: int = 0
     """Part of `free_bytes` that autocast's cache holds until it lets go (`BlockProfile.autocast_casts`)."""
 
