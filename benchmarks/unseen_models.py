@@ -7,6 +7,7 @@ FLOPs counted by FlopCounterMode equal to the plan's, the step's peak by remat's
     python benchmarks/unseen_models.py                 # ~3.5 min on 2 cores
     python benchmarks/unseen_models.py --models bart,swin --no-write
     python benchmarks/unseen_models.py --autocast      # each forward under CPU bf16 autocast, as a bf16 step runs
+    python benchmarks/unseen_models.py --lora --autocast --models mistral,qwen2   # peft LoRA on every Linear too
 """
 
 from __future__ import annotations
@@ -220,11 +221,16 @@ def build(name: str):
     return model, {"input_ids": ids, **mask, "labels": ids}  # a tokenizer's batch: its mask, all ones
 
 
-def check(name: str, autocast: bool = False) -> dict:
+def check(name: str, autocast: bool = False, lora: bool = False) -> dict:
     """Real and fake peaks, and the least and the half-way plans verified; with `autocast`, of the model's forward
-    under bf16 autocast (`_models.Autocast`: its modules are then named `inner.*`)."""
+    under bf16 autocast (`_models.Autocast`: its modules are then named `inner.*`); with `lora`, of the model
+    fine-tuned with peft's LoRA (rank 4) on every Linear layer but the output one, its weights frozen."""
     start = time.perf_counter()
     model, inputs = build(name)
+    if lora:
+        import peft
+
+        model = peft.get_peft_model(model, peft.LoraConfig(r=4, target_modules="all-linear"))
     model = Autocast(model, "cpu") if autocast else model
     real = remat.profile(model, inputs)
     fake = remat.profile(model, inputs, mode="fake")
@@ -291,13 +297,14 @@ def main() -> None:
     parser.add_argument("--models", help=f"comma-separated subset of {','.join(MODELS)}")
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--autocast", action="store_true", help="each forward under CPU bfloat16 autocast")
+    parser.add_argument("--lora", action="store_true", help="each model fine-tuned with peft LoRA on its Linears")
     args = parser.parse_args()
     names = args.models.split(",") if args.models else list(MODELS)
     info = machine_info()
     results = []
     for name in names:
         try:
-            results.append(check(name, args.autocast))
+            results.append(check(name, args.autocast, args.lora))
         except Exception as e:  # one architecture's failure is a result, not the end of the run
             traceback.print_exc()
             results.append({"model": name, "error": f"{type(e).__name__}: {e}"[:300]})
@@ -306,15 +313,16 @@ def main() -> None:
     print(table)
     if not args.no_write:
         command = "python benchmarks/unseen_models.py" + (f" --models {args.models}" if args.models else "")
-        command += " --autocast" if args.autocast else ""
+        command += (" --lora" if args.lora else "") + (" --autocast" if args.autocast else "")
         sections = [
             (
                 "Results",
                 table + "\n\nBudgets: the least peak any plan reaches, and half way from it to the unplanned peak.",
             )
         ]
-        title = "Architectures the tests do not build" + (", forward under bf16 autocast" if args.autocast else "")
-        stem = "unseen_models" + ("_autocast" if args.autocast else "")
+        title = "Architectures the tests do not build" + (", with LoRA adapters" if args.lora else "")
+        title += ", forward under bf16 autocast" if args.autocast else ""
+        stem = "unseen_models" + ("_lora" if args.lora else "") + ("_autocast" if args.autocast else "")
         write_results(stem, title, info, command, sections, results)
 
 
