@@ -18,6 +18,7 @@ from remat._torch_compat import (
     checkpoint_wrapper_type,
 )
 from remat.measure.block_io import BlockIO
+from remat.measure.cast_replay import cast_replay, replayable
 from remat.measure.calls import call_profiles
 from remat.measure.chains import uncalled_chains, with_chains
 from remat.measure.selective import BlockOps, cache_facts, selective_variants
@@ -98,6 +99,8 @@ class _Block:
         self.bwd = [ops[k] for k in self.bwd_k if not ops[k].recompute]
         self.recomputed = [ops[k] for k in self.bwd_k if ops[k].recompute]
         self.rerun_op = self._first_unpack()
+        calls, rerun = 1 if self.ranges else self.io.calls[self.name], max([self.rerun_op, *self.bwd_k[:1]])
+        self.replay = cast_replay(self.tracker.records, self.fwd_k, rerun, self._cast_released, calls)
         self.checkpoint_ops = _recomputed_ops(self.fwd, self.name)
         self.selective_ops = _recomputed_ops(self.fwd, self.name, selective=True)
         io = self.io.call_io[self.name][self.call] if self.call >= 0 else None
@@ -145,6 +148,7 @@ class _Block:
             extra=self.name in self.io.extras,
             grad_ops_before=self._grad_ops_before(previous_end),
             selective_variants=self.variants,
+            selective_replays=not self.replay.anew,
             foreign_grad_inputs=self._foreign_grad_inputs(previous),
             call=self.call,
         )
@@ -177,7 +181,7 @@ class _Block:
     def _selective_variants(self, block: BlockOps) -> list[SelectiveVariant]:
         """NOTE [Which outputs a selective checkpoint keeps]."""
         matmul_keeps = {op.signature for _, op in block.rerun if op.name in SAVE_OPS}
-        return selective_variants(block, self.internal, matmul_keeps)
+        return replayable(selective_variants(block, self.internal, matmul_keeps), self.replay)
 
     def _grad_ops_before(self, previous_end: int | None) -> int:
         """Forward ops between the end of the previous module of the same container and this one's start
@@ -343,8 +347,7 @@ def _freed_at(rec: StorageRecord, n_ops: int) -> int:
 
 
 def _after(rec: StorageRecord, k: int) -> bool:
-    """`rec` is not freed before op `k` starts (unlike `StorageRecord.live_at`, also where it is made later: a
-    block's records include what a checkpoint of the model's own re-made in backward)."""
+    """`rec` is not freed before op `k` starts (unlike `live_at`, also where it is made later: a model's own checkpoint)."""
     return rec.free_step is None or rec.free_step > k
 
 

@@ -164,6 +164,8 @@ class StorageRecord:
     written: bool = False
     """An op after the one that made it wrote it in place (a selective checkpoint cannot keep it)."""
     autocast_cast: bool = False  # a parameter's cast autocast's cache holds too (NOTE [A weight autocast casts])
+    cast_reads: list[int] = field(default_factory=list)
+    """Of such a cast: the forward ops that read it, from the cache too (`remat.measure.cast_replay`, its NOTE)."""
 
     def live_at(self, k: int) -> bool:
         return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
@@ -323,6 +325,8 @@ class Tracker(SeesResizes):
             rec = self.record_of(a)  # Rule 3: an unseen input counts from this op on
             if rec is not None and reads_forward:
                 rec.last_forward_use = len(self.ops)
+                if rec.autocast_cast:
+                    rec.cast_reads.append(len(self.ops))
             reads_grad = reads_grad or a.requires_grad
         for a in written_tensors(func, args, kwargs):
             rec = self.record_of(a)

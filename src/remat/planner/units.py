@@ -230,15 +230,14 @@ def _make_selective_units(
     autograd would have dropped, keeps the inputs, and runs its policy on every op of the block twice (Rule 7).
     Of two that free about as much, the one cheaper by Rule 7's cost (`timed` or not) stays: ranked by seconds in
     a profile whose cost is FLOPs, a variant re-running a matmul once pushed out the matmul policy."""
-    if b.has_batchnorm:
-        return []  # BatchNorm: remat restores its statistics only around a full recompute
+    if b.has_batchnorm or not b.selective_replays:
+        return []  # BatchNorm: remat restores its statistics only around a full recompute; autocast's cache:
+        # NOTE [A selective checkpoint and autocast's cache] in `remat.measure.cast_replay`
     held_end, at = max(b.backward_start_op, b.backward_end_op + 1), rerun_points([b])[0]
-    kept, served = kept_holds(b, held_end, wanted), bool(_from_autocast_cache([b], at[0]))  # casts from the cache
-    units, rerun = [], Rerun(live, b, b.forward_end_op, start)
+    kept, units, rerun = kept_holds(b, held_end, wanted), [], Rerun(live, b, b.forward_end_op, start)
     for v in (_matmul_policy(b), *b.selective_variants):
-        if v.free_bytes <= 0 or (served and any(k.startswith("_to_copy(") for k in v.keeps)):
-            continue  # torch's selective checkpoint replays the forward's ops, and a cast the cache serves its re-run
-            # is not one: keeping casts, the first layer of a step inside one autocast region raised in backward
+        if v.free_bytes <= 0:
+            continue
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]
         effects = _selective_effects(b, v, held_end)
         narrow = [Effect(freed, released, -nbytes) for freed, released, nbytes in v.kept_outside if freed < released]

@@ -19,7 +19,7 @@ from remat.types.reserve import GpuReserve
 from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 14
+PROFILE_VERSION = 15
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -42,10 +42,7 @@ CATEGORIES = (
 
 @dataclass(frozen=True, slots=True)
 class Breakdown:
-    """Live tensor bytes at one moment, split by what the storage is.
-
-    See NOTE [What counts as live memory] in `remat.measure.tracker`.
-    """
+    """Live tensor bytes at one moment, split by what the storage is (NOTE [What counts as live memory], tracker)."""
 
     params_bytes: int = 0
     """Parameters of the model (each shared storage once)."""
@@ -247,6 +244,9 @@ class BlockProfile:
     first backward op."""
     freed_before_rerun_bytes: int = 0
     """As `freed_before_backward_bytes`, before `rerun_op`."""
+    selective_replays: bool = True
+    """torch's selective checkpoint replays its forward: False where the forward took from autocast's cache a cast
+    the re-run makes anew (NOTE [A selective checkpoint and autocast's cache] in `remat.measure.cast_replay`)."""
     selective_kept_made: list[list[int]] = field(default_factory=list)
     selective_kept_outside: list[list[int]] = field(default_factory=list)
     """`SelectiveVariant.kept_made` and `kept_outside` of the policy keeping matmul, convolution and attention outputs."""

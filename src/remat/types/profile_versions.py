@@ -60,6 +60,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     11: dict,
     12: dict,
     13: dict,
+    14: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
@@ -70,4 +71,6 @@ called more than once: such a module is planned from all its calls at once, as b
 the outputs only a block's own ops keep: read as none, a checkpoint frees its saved output only where the run holds
 all its keepers, as before; and without the bytes before the first op: a run from it has no re-run moment; version 12 as 13, without
 autocast's casts: read as none, a checkpoint frees a cast at its block's end, as before; version 13 as 14, without
-where a checkpoint re-runs: read as not recorded, at its last block's first backward op, as before)."""
+where a checkpoint re-runs: read as not recorded, at its last block's first backward op, as before; version 14 as
+15, without whether torch's selective checkpoint replays a block under autocast: read as it does, and its variants
+keeping a cast as they are)."""
