@@ -8,19 +8,21 @@ NOTE [A selective checkpoint and autocast's cache]
   serves runs no `_to_copy` at all, so where the cache serves the forward and the re-run different casts, the counts
   of `_to_copy` shift.
   Rule 1. The cache still holds at the re-run a cast the block's forward made (the step's backward runs inside the
-          autocast region, in the same thread): the re-run runs fewer casts.  A variant keeping a cast then hands
+          autocast region): the re-run runs fewer casts.  A variant keeping a cast then hands
           the re-run's cast of an input that is not cached (it needs no gradient) the forward's first stored cast,
           a bias's or a weight's.  On a 3-layer bf16 MLP run inside one region, the first Linear's variant keeping
           its casts raised "aten.view.default encountered during backward but not found in storage", and with a
-          1-D input (the bias's shape) the same replay took the bias's cast for the input's and every gradient of
-          the layer was wrong, silently (2026-12-02, `tests/test_autocast_casts.py`).  No variant keeping a cast
+          1-D input (the bias's shape) the same replay took the bias's cast for the input's and the layer's weight
+          gradients changed, silently (2026-12-02, `tests/test_autocast_casts.py`).  No variant keeping a cast
           is offered then; variants keeping other outputs are sound, as the cache serves nothing else.
   Rule 2. The forward took from the cache a cast made before the block (a weight tied to an earlier layer's, a
           module of another call), and the cache lets go of it before the re-run: the re-run runs a cast the
           forward did not, and torch raises ("invocation index ... not found in storage") or replays the wrong
           tensor ("mat2 must be a matrix").  Seen on the bf16 MLP with its second layer's first weight tied to
-          the first layer's; no selective checkpoint of such a block is offered.  A plain checkpoint stores nothing
-          by count and is sound in both cases.
+          the first layer's, and on Hugging Face's ALBERT, whose one layer runs once per layer: the matmul policy
+          of its calls after the first raised in backward (2026-12-02, `tests/test_autocast_casts.py`).  No
+          selective checkpoint of such a block is offered.  A plain checkpoint stores nothing by count and is sound
+          in both cases.
   A block called more than once, planned from all its calls, counts a cast read again in another call by Rule 2 too:
   read again within one call, forward and re-run both take it from the cache, and that is sound, but the calls are
   not told apart here (then no selective checkpoint, never a wrong one).
