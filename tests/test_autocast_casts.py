@@ -3,18 +3,22 @@ the outermost region exits (NOTE [A weight autocast casts] in `remat.measure.tra
 block's casts only then, not at the block's end: counted at the block's end, plans of 15 of the 28 architectures
 of `python benchmarks/unseen_models.py --autocast` were predicted 32,832-73,556 bytes low, 5 of them failed
 `remat.verify`, one measured 3.11% over its budget (2026-12-02, docs/validation.md §2.2).  Run inside one region,
-backward included, the casts stay to the step's end and a checkpoint frees none of them.
+backward included, the casts stay to the step's end and a checkpoint frees none of them.  Where the cache serves the
+forward and the re-run different casts, torch's selective checkpoint cannot pair them up, and remat offers none
+that would need it to (NOTE [A selective checkpoint and autocast's cache] in `remat.measure.cast_replay`).
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 import torch.nn as nn
 from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
 
 import remat
+from remat._torch_compat import TorchDispatchMode
 from remat import zoo
 from test_random_trees import _compatible_sets, assert_predicted_to_the_byte, make_plan
 from remat.planner.problem import Problem
@@ -198,6 +202,37 @@ def test_albert_s_shared_layer_gets_no_selective_checkpoint_under_autocast():
     assert selective and not [u for u in selective if ".albert_layer_groups." in u.blocks[0]]
     for plan in [make_plan(prof, problem, [u], "ilp", None) for u in selective]:
         assert remat.verify(model, batch, plan, time_rounds=0).ok
+
+
+class _Casts(TorchDispatchMode):
+    """Counts the casts run while inside."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.casts = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.casts += func is torch.ops.aten._to_copy.default
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_re_run_in_another_thread_empties_the_cache():
+    """NOTE [A weight autocast casts]: on a GPU backward runs in the device's thread; a checkpoint's re-run there
+    leaves its own region, the outermost of that thread, and empties the cache every thread shares (torch 2.13,
+    backward run in a second thread here)."""
+    cached, other = nn.Linear(8, 8), nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        cached(x)  # its weight's, its bias's and the input's casts (a leaf that requires grad) now cached
+        loss = checkpoint(other, x, use_reentrant=False).float().sum()
+        with _Casts() as before:
+            cached(x)
+        worker = threading.Thread(target=loss.backward)
+        worker.start()
+        worker.join()
+        with _Casts() as after:
+            cached(x)
+    assert (before.casts, after.casts) == (0, 3)
 
 
 def test_without_the_cache_nothing_is_held():

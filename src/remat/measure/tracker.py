@@ -71,7 +71,10 @@ NOTE [A weight autocast casts]
   until the outermost region exits (`StorageRecord.autocast_cast`, `Tracker.cache_clears`): a checkpoint frees it
   from then on, or, backward inside the region too, never (its re-run takes it from the cache).  Counted freed at
   the block's end, 5 of 56 bf16 plans failed `remat.verify` (2026-12-02, docs/validation.md §2.2).  A parameter the
-  model casts itself to that dtype inside the region counts as cached too: then high, never low.
+  model casts itself to that dtype inside the region counts as cached too: then high, never low.  The cache is one
+  for all threads, a region's depth one per thread: on a GPU, whose backward runs in the device's own thread, the
+  first re-run leaves its region there and empties the cache (`tests/test_autocast_casts.py`, backward run in a
+  second thread), and later re-runs cast anew what it had freed: for a step inside one region, high, never low.
 """
 
 from __future__ import annotations
