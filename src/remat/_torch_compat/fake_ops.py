@@ -22,6 +22,12 @@ NOTE [A meta kernel stricter than its kernel]
             gradient torch made is dropped unrecorded, and the user's fake tensors keep torch's layout.  Other
             norms' backward kernels lay out by device (group norm: the input's memory format on CPU, contiguous
             on CUDA), so those keep torch's meta kernels.
+    Rule 4. A layer, group or batch norm of a half input with float32 weights (under CPU autocast, which leaves
+            their arguments as they come) runs CPU's mixed-type kernel, which returns its mean and inverse
+            deviation in float32; torch's meta kernels return them in the input's dtype.  Fake peaks under bf16
+            autocast were below the real ones: RoBERTa's by 256 bytes (64 rows of a LayerNorm), Swin's by 3,840,
+            wav2vec2's by 19,408 (benchmarks/unseen_models.py --autocast, 2026-12-02).  Taken as Rule 3 takes
+            its outputs.  (cuDNN's batch norm, which a GPU runs under autocast, keeps them in float32 too.)
 """
 
 from __future__ import annotations
@@ -67,11 +73,36 @@ def _grouped_mm(fake_mode, func, *args, **kwargs):
 _CONTIGUOUS_OUTPUTS = frozenset({torch.ops.aten.native_layer_norm_backward.default})  # Rule 3
 
 
-def as_the_kernel_lays_out(func, out):
-    """`func`'s outputs laid out as its kernel lays them out (Rule 3): fake tensors only, a real kernel's as it made them."""
+def as_the_kernel_lays_out(func, out, args: tuple = ()):
+    """`func`'s outputs (on `args`) laid out as its kernel lays them out (Rules 3-4): fake tensors only, a real
+    kernel's as it made them."""
+    if func in _MIXED_TYPE_WEIGHT and _mixed_type(args, _MIXED_TYPE_WEIGHT[func]):
+        return out[0], _fake_float32(out[1]), _fake_float32(out[2]), *out[3:]
     if func not in _CONTIGUOUS_OUTPUTS:
         return out
     return tuple(_contiguous_fake(t) for t in out)
+
+
+_MIXED_TYPE_WEIGHT = {  # Rule 4: the norms whose outputs 1 and 2 are float32 statistics, and their weight's position
+    torch.ops.aten.native_layer_norm.default: 2,
+    torch.ops.aten.native_group_norm.default: 1,
+    torch.ops.aten.native_batch_norm.default: 1,
+    torch.ops.aten._native_batch_norm_legit.default: 1,
+}
+
+
+def _mixed_type(args: tuple, weight_at: int) -> bool:
+    """Rule 4: the norm's input is half and its weight float32."""
+    x, weight = args[0], args[weight_at] if len(args) > weight_at else None
+    return (
+        isinstance(x, FakeTensor)
+        and x.dtype in (torch.float16, torch.bfloat16)
+        and getattr(weight, "dtype", None) == torch.float32
+    )
+
+
+def _fake_float32(t):
+    return torch.empty_like(t, dtype=torch.float32) if isinstance(t, FakeTensor) else t
 
 
 def _contiguous_fake(t):

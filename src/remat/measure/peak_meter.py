@@ -58,7 +58,7 @@ class PeakMeter(SeesResizes):
         for a in tree_flatten((args, kwargs))[0]:
             if isinstance(a, torch.Tensor):
                 self.see(a)
-        out = as_the_kernel_lays_out(func, func(*args, **kwargs))
+        out = as_the_kernel_lays_out(func, func(*args, **kwargs), args)
         for t in tree_flatten(out)[0]:
             if isinstance(t, torch.Tensor):
                 self.see(t)

@@ -340,7 +340,7 @@ class Tracker(SeesResizes):
         probe = self.scratch_probe
         started = probe.start() if probe is not None else None
         t0 = time.perf_counter() if self.time_ops else 0.0
-        out = as_the_kernel_lays_out(func, func(*args, **kwargs))  # NOTE [A meta kernel stricter than its kernel]
+        out = as_the_kernel_lays_out(func, func(*args, **kwargs), args)  # NOTE [A meta kernel stricter than its kernel]
         if self.time_ops and self.sync is not None:
             self.sync()
         dt = time.perf_counter() - t0 if self.time_ops else 0.0
