@@ -158,7 +158,8 @@ def test_no_selective_checkpoint_where_the_forward_took_a_cast_the_re_run_makes(
     assert {b.name for b in prof.blocks if not b.selective_replays} == {"layers.1", "layers.1.0"}
     problem = Problem.from_profile(prof)
     checkpoints = _compatible_sets(_units(problem, Action.RECOMPUTE, "layers"))  # the re-run casts the tied weight
-    # never low; layers 1 and 2 as two checkpoints are 7,808 bytes high (of the tied cast's 8,192; not traced)
+    # never low; layers 1 and 2 as two checkpoints are 7,808 bytes high in layer 2's backward: layer 1's checkpoint
+    # frees the tied cast (made in layer 0, saved only in layer 1) from the forward's end to its re-run, unmodelled
     assert_predicted_to_the_byte(model, x, prof, problem, checkpoints, BIAS + WIDTH * WIDTH * 2)
     plans = [make_plan(prof, problem, [u], "ilp", None) for u in _selective(problem)]
     assert {b for p in plans for b in p.selective} == {
