@@ -27,7 +27,7 @@ NOTE [A meta kernel stricter than its kernel]
             deviation in float32; torch's meta kernels return them in the input's dtype.  Fake peaks under bf16
             autocast were below the real ones: RoBERTa's by 256 bytes (64 rows of a LayerNorm), Swin's by 3,840,
             wav2vec2's by 19,408 (benchmarks/unseen_models.py --autocast, 2026-12-02).  Taken as Rule 3 takes
-            its outputs.  (cuDNN's batch norm, which a GPU runs under autocast, keeps them in float32 too.)
+            its outputs (a simulated CUDA step too, where no GPU figure holds a mixed-type norm yet).
 """
 
 from __future__ import annotations

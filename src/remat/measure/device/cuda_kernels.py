@@ -35,7 +35,7 @@ Rule 4 (backward).  Checkpoints recompute their forward inside backward, which m
     mode off its stack while it handles a call, `loss.backward()` included, so the mode puts
     itself back for the autograd engine's run (`backward_in_mode`).  `torch.autograd.grad`
     called by the user's loss function is not covered.
-Rule 5 (saved as CUDA saves).  Two ops save other tensors on CUDA than on CPU, and run as on CUDA:
+Rule 5 (saved as CUDA saves).  Three ops save other tensors on CUDA than on CPU, and run as on CUDA:
     dropout (`F.dropout`, `nn.Dropout`) is CUDA's fused `native_dropout`, which saves its mask as bool
     (one byte an element; CPU saves a mask of the input's dtype, 4 bytes for float32: a dropout MLP
     was predicted 25% high on an H100); `F.rms_norm` is CUDA's fused `_fused_rms_norm`, which saves
