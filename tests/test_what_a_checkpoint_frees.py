@@ -148,3 +148,41 @@ def test_a_tensor_saved_for_a_dropped_branch_is_not_counted_as_freed_by_a_checkp
     assert prof.timeline.start_bytes == 512 * 64 * 4 + params + previous  # the input too
     units = [u for u in problem.units if u.appliable and u.action == Action.RECOMPUTE]
     assert_predicted_to_the_byte(model, x, prof, problem, _compatible_sets(units))
+
+
+class Bottleneck(nn.Module):
+    """Reads its input once, in its first op, and makes a wide output after: its caller's variable holds the input
+    until it returns."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(width, width // 8), nn.Linear(width // 8, 4 * width)
+
+    def forward(self, x):
+        return self.down(self.up(x))
+
+
+class EndsInABottleneck(nn.Module):
+    """Two Linears, then a bottleneck, in an nn.Sequential; a tensor held through the forward (as autocast's cache
+    holds its casts) puts the peak at the bottleneck's wide output."""
+
+    def __init__(self, width: int = 256) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(width, width), nn.Linear(width, width), Bottleneck(width))
+
+    def forward(self, x):
+        held = x.repeat(4, 1)
+        return self.layers(x).sum() + held.mean()
+
+
+def test_a_run_frees_an_output_its_next_block_reads_only_when_that_block_returns():
+    """Rule 1: a checkpoint over a run drops the output of one block that the next one reads, but nn.Sequential's
+    variable (or a layer loop's) holds it until the reader returns, not only until its last read.  Freed at the read,
+    every run ending in the bottleneck was predicted 1,048,576 bytes (the second Linear's output) under its step."""
+    torch.manual_seed(0)
+    model, x = EndsInABottleneck(), torch.randn(1024, 256)
+    prof = remat.profile(model, x)
+    problem = Problem.from_profile(prof)
+    units = [u for u in problem.units if u.appliable and u.action == Action.RECOMPUTE and u.group.container == "layers"]
+    assert len(_compatible_sets(units)) == 13
+    assert_predicted_to_the_byte(model, x, prof, problem, _compatible_sets(units), 0)

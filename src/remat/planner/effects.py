@@ -42,6 +42,7 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
     casts autocast's cache holds with the op they are freed from (`cached_casts`)."""
     pos = {n: k for k, n in enumerate(names)}
     columns: list[list[int]] = [[], [], [], [], [], [], [], [], [], [], [], []]
+    spans = [(by_name[n].forward_start_op, by_name[n].forward_end_op) for n in names]
     for n in names[i:stop]:
         b = by_name[n]
         keepers = [pos.get(k, -1) for k in b.output_kept_by]
@@ -49,7 +50,7 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
         casts, released = cached_casts(b)
         row = (
             b.forward_end_op + 1,
-            max(b.forward_end_op, b.output_last_use_op) + 1,  # read later (a skip): held till then
+            max(b.forward_end_op, _reader_end(b.output_last_use_op, spans)) + 1,  # read later (a skip): held till then
             b.internal_bytes - casts,
             freeable - own,
             max(keepers) if keepers and min(keepers) >= i else len(names),
@@ -64,6 +65,13 @@ def run_columns(names: list[str], i: int, stop: int, by_name: dict[str, BlockPro
         for column, value in zip(columns, row):
             column.append(value)
     return [np.array(c, dtype=np.int64) for c in columns]
+
+
+def _reader_end(read: int, spans: list[tuple[int, int]]) -> int:
+    """Where an output last read at op `read` is let go: at the end of the forward of the sibling that read it (the
+    caller's variable, an nn.Sequential's or a layer loop's, holds a module's input until it returns: a run ending in
+    a bottleneck that reads its input once was predicted 1 MiB low, 2026-12-02), else at the read."""
+    return next((end for start, end in spans if start <= read <= end), read)
 
 
 def shared_outputs(columns: list[np.ndarray], i: int) -> list[int]:

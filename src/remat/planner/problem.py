@@ -8,7 +8,8 @@ NOTE [The memory model of a plan]
     Rule 1. Block c stops holding r_c bytes from the end of its forward until U is
             recomputed (Rule 3; they come back as in the unplanned step): r_c = c's internal activations + its saved output if every op that
             saves that output is inside U; the output only from its last read in forward
-            on (`output_last_use_op`: a skip connection holds it until then), and never
+            on (`output_last_use_op`: a skip connection holds it until then), read by a sibling
+            only once that sibling returns (the caller's variable holds its input), and never
             if the model holds it past c's backward (it returns it: `output_hidden_states`;
             then U's recomputation makes a second copy, held until c's backward starts).
             A saved output only c's own ops save and read, which the caller drops, is freed
