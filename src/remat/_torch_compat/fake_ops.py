@@ -27,7 +27,9 @@ NOTE [A meta kernel stricter than its kernel]
             deviation in float32; torch's meta kernels return them in the input's dtype.  Fake peaks under bf16
             autocast were below the real ones: RoBERTa's by 256 bytes (64 rows of a LayerNorm), Swin's by 3,840,
             wav2vec2's by 19,408 (benchmarks/unseen_models.py --autocast, 2026-12-02).  Taken as Rule 3 takes
-            its outputs (a simulated CUDA step too, where no GPU figure holds a mixed-type norm yet).
+            its outputs (a simulated CUDA step too, where no GPU figure holds a mixed-type norm yet).  Inside
+            `cuda_statistics()` (a simulated CUDA step: NOTE [A CUDA step simulated on CPU], Rule 5) a layer norm
+            of any half input keeps them in float32, as CUDA's kernel does.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ from torch._subclasses.fake_tensor import FakeTensor  # private: fake tensors
 from remat._torch_compat.schema import named_arguments
 
 _active = 0
+_cuda = 0
 
 
 @contextlib.contextmanager
@@ -52,6 +55,17 @@ def real_kernel_rules() -> Iterator[None]:
         yield
     finally:
         _active -= 1
+
+
+@contextlib.contextmanager
+def cuda_statistics() -> Iterator[None]:
+    """Rule 4's layer norm as CUDA's kernel runs it, within."""
+    global _cuda
+    _cuda += 1
+    try:
+        yield
+    finally:
+        _cuda -= 1
 
 
 def _grouped_mm(fake_mode, func, *args, **kwargs):
@@ -76,7 +90,7 @@ _CONTIGUOUS_OUTPUTS = frozenset({torch.ops.aten.native_layer_norm_backward.defau
 def as_the_kernel_lays_out(func, out, args: tuple = ()):
     """`func`'s outputs (on `args`) laid out as its kernel lays them out (Rules 3-4): fake tensors only, a real
     kernel's as it made them."""
-    if func in _MIXED_TYPE_WEIGHT and _mixed_type(args, _MIXED_TYPE_WEIGHT[func]):
+    if func in _MIXED_TYPE_WEIGHT and _float32_statistics(func, args):
         return out[0], _fake_float32(out[1]), _fake_float32(out[2]), *out[3:]
     if func not in _CONTIGUOUS_OUTPUTS:
         return out
@@ -91,14 +105,15 @@ _MIXED_TYPE_WEIGHT = {  # Rule 4: the norms whose outputs 1 and 2 are float32 st
 }
 
 
-def _mixed_type(args: tuple, weight_at: int) -> bool:
-    """Rule 4: the norm's input is half and its weight float32."""
-    x, weight = args[0], args[weight_at] if len(args) > weight_at else None
-    return (
-        isinstance(x, FakeTensor)
-        and x.dtype in (torch.float16, torch.bfloat16)
-        and getattr(weight, "dtype", None) == torch.float32
-    )
+def _float32_statistics(func, args: tuple) -> bool:
+    """Rule 4: the norm's input is half and its weight float32, or, in a simulated CUDA step, a layer norm's input is
+    half."""
+    x, at = args[0], _MIXED_TYPE_WEIGHT[func]
+    if not isinstance(x, FakeTensor) or x.dtype not in (torch.float16, torch.bfloat16):
+        return False
+    if _cuda and func is torch.ops.aten.native_layer_norm.default:
+        return True
+    return getattr(args[at] if len(args) > at else None, "dtype", None) == torch.float32
 
 
 def _fake_float32(t):

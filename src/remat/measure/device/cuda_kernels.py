@@ -42,8 +42,9 @@ Rule 5 (saved as CUDA saves).  Three ops save other tensors on CUDA than on CPU,
     the input and one float32 statistic per row (CPU's composite saves every intermediate).  A layer norm of a
     float16 or bfloat16 input keeps its mean and inverse deviation per row in float32 on CUDA, where CPU's
     kernel keeps them in the input's dtype (H100, torch 2.11: 64 KiB saved for 8192 bfloat16 rows, 32 KiB
-    simulated before; `tests/test_cuda_simulation.py`).  Under autocast CUDA runs layer_norm in float32 (Rule 2):
-    that concerns a model cast to the half dtype.
+    simulated before; `tests/test_cuda_simulation.py`): the fake kernel's outputs are taken so (`fake_ops.
+    cuda_statistics`, NOTE [A meta kernel stricter than its kernel], Rule 4).  Under autocast CUDA runs layer_norm in
+    float32 (Rule 2): that concerns a model cast to the half dtype.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from remat._torch_compat import backward_in_mode, cuda_autocast_runs_on_cpu
+from remat._torch_compat.fake_ops import cuda_statistics
 
 FLOAT32_OPS = frozenset(  # CUDA autocast's float32 list, by Python name: inputs cast up to float32
     {
@@ -132,12 +134,6 @@ class CudaKernels(TorchFunctionMode):
             return _dropout(*args, **kwargs)
         if func in (F.rms_norm, torch.rms_norm) and torch.is_grad_enabled():
             return _rms_norm(*args, **kwargs)
-        if (
-            func in (F.layer_norm, torch.layer_norm)
-            and torch.is_grad_enabled()
-            and not torch.is_autocast_enabled("cpu")
-        ):
-            return _layer_norm(*args, **kwargs)
         if not torch.is_autocast_enabled("cpu"):
             return func(*args, **kwargs)
         self.autocast_dtypes.add(torch.get_autocast_dtype("cpu"))
@@ -185,7 +181,7 @@ class CudaKernels(TorchFunctionMode):
 def as_on_cuda() -> Iterator[CudaKernels]:
     """The step inside runs autocast and attention as a CUDA device would (yields the mode, for its notes)."""
     kernels = CudaKernels()
-    with cuda_autocast_runs_on_cpu(), kernels:
+    with cuda_autocast_runs_on_cpu(), cuda_statistics(), kernels:
         yield kernels
 
 
@@ -341,38 +337,6 @@ class _FusedRmsNorm(torch.autograd.Function):
             grad, input, ctx.normalized_shape, rstd, weight, mask
         )
         return grad_input, grad_weight, None
-
-
-def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, *_, **__):
-    """Rule 5: a half input's layer norm with its two statistics per row in float32, as CUDA keeps them."""
-    if not _lower(input):
-        return F.layer_norm(input, normalized_shape, weight, bias, eps)
-    return _CudaLayerNorm.apply(input, weight, bias, list(normalized_shape), eps)
-
-
-class _CudaLayerNorm(torch.autograd.Function):
-    """Rule 5: CUDA's `native_layer_norm` of a half input, on fake tensors: the output of the input's dtype, the mean
-    and inverse deviation in float32; saved, with the input and the affine weights, for its backward."""
-
-    @staticmethod
-    def forward(ctx, input, weight, bias, normalized_shape, eps):
-        out, mean, _ = torch.ops.aten.native_layer_norm(input, normalized_shape, weight, bias, eps)
-        rows = mean.shape
-        del mean, _  # CPU's statistics of the input's dtype go before CUDA's are made
-        mean, rstd = (out.new_empty(rows, dtype=torch.float32) for _ in range(2))
-        ctx.save_for_backward(input, weight, bias, mean, rstd)
-        ctx.normalized_shape = normalized_shape
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):
-        input, weight, bias, mean, rstd = ctx.saved_tensors
-        mask = [ctx.needs_input_grad[0], weight is not None and ctx.needs_input_grad[1]]
-        mask.append(bias is not None and ctx.needs_input_grad[2])
-        grads = torch.ops.aten.native_layer_norm_backward(
-            grad, input, ctx.normalized_shape, mean, rstd, weight, bias, mask
-        )
-        return *grads, None, None
 
 
 def _lower(t) -> bool:
