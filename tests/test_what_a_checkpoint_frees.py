@@ -21,6 +21,7 @@ import torch.nn as nn
 
 import remat
 from test_random_trees import _compatible_sets, assert_predicted_to_the_byte
+from remat.measure import scratch
 from remat.planner.problem import Problem
 from remat.types import Action
 
@@ -175,14 +176,72 @@ class EndsInABottleneck(nn.Module):
         return self.layers(x).sum() + held.mean()
 
 
-def test_a_run_frees_an_output_its_next_block_reads_only_when_that_block_returns():
+def _no_scratch_measured_before(monkeypatch) -> None:
+    """A real profile takes an op's scratch from an earlier measurement in this process (NOTE [Kernel scratch],
+    Rule 5), its fake-mode steps do not: a test measuring 1 MiB on one of these backward matmuls, run before in the
+    same worker, made 1.mlp's checkpoint 1,047,552 bytes high against its fake step."""
+    monkeypatch.setattr(scratch, "MEASURED", {})
+
+
+def test_a_run_frees_an_output_its_next_block_reads_only_when_that_block_returns(monkeypatch):
     """Rule 1: a checkpoint over a run drops the output of one block that the next one reads, but nn.Sequential's
     variable (or a layer loop's) holds it until the reader returns, not only until its last read.  Freed at the read,
     every run ending in the bottleneck was predicted 1,048,576 bytes (the second Linear's output) under its step."""
     torch.manual_seed(0)
     model, x = EndsInABottleneck(), torch.randn(1024, 256)
+    _no_scratch_measured_before(monkeypatch)
     prof = remat.profile(model, x)
     problem = Problem.from_profile(prof)
     units = [u for u in problem.units if u.appliable and u.action == Action.RECOMPUTE and u.group.container == "layers"]
     assert len(_compatible_sets(units)) == 13
     assert_predicted_to_the_byte(model, x, prof, problem, _compatible_sets(units), 0)
+
+
+class Widening(nn.Module):
+    """A Linear, a GELU and a Linear back: it saves four times its input's width inside."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.up, self.act, self.down = nn.Linear(width, 4 * width), nn.GELU(), nn.Linear(4 * width, width)
+
+    def forward(self, x):
+        return self.down(self.act(self.up(x)))
+
+
+class Probe(nn.Module):
+    """A Linear, then a wide temporary that nothing saves (a statistic of its output, as a router's or a logger's):
+    its forward's last ops, which a checkpoint's re-run does not repeat (torch stops at the last saved tensor)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(width, width)
+
+    def forward(self, x):
+        y = self.proj(x)
+        return y + y.detach().repeat(8, 1).square().mean()
+
+
+class Layer(nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mlp, self.probe = Widening(width), Probe(width)
+
+    def forward(self, x):
+        return self.probe(self.mlp(x))
+
+
+def test_inside_a_checkpointed_layer_each_child_lets_go_of_its_activations_when_it_returns(monkeypatch):
+    """Rule 1: a checkpointed layer's forward saves nothing, so its MLP's activations are gone when the MLP returns,
+    before the probe's temporary (the peak of the planned step).  Freed only at the layer's end, as before, a plan
+    checkpointing the last layer alone was predicted 2,096,124 bytes (about the MLP's 4x-wide activations) high;
+    now every plan is exact or 1,024 bytes high (a backward detail of every plan that re-runs inside layer 1,
+    checkpoint of its MLP alone included, as before this rule)."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(Layer(256), Layer(256)), torch.randn(256, 256)
+    _no_scratch_measured_before(monkeypatch)
+    prof = remat.profile(model, x, blocks=["0", "1", *(f"{i}.{c}" for i in "01" for c in ("mlp", "probe"))])
+    problem = Problem.from_profile(prof)
+    units = [u for u in problem.units if u.appliable and u.action == Action.RECOMPUTE]
+    sets = _compatible_sets(units)
+    assert len(sets) == 26 and [problem.unit("1")] in sets
+    assert_predicted_to_the_byte(model, x, prof, problem, sets, 1024)  # the layer's checkpoint: 2,096,124 high before

@@ -151,6 +151,20 @@ def cached_casts(b: BlockProfile) -> tuple[int, int]:
     return sum(n for _, n, _ in b.autocast_casts), max((r for *_, r in b.autocast_casts), default=-1)
 
 
+def inside_frees(b: BlockProfile, children: list[BlockProfile]) -> list[Effect]:
+    """Rule 1, inside a checkpointed forward: nothing there saves for backward, so each of `children` (the candidates
+    directly inside `b`, each called once within `b`'s forward) lets go of its own internal activations when it
+    returns, not when `b` does (BART's least unit was predicted 28,412 bytes high, its self-attention's held through
+    its MLP).  What a child's internal ops hold inside it stays counted to its end, and its casts that autocast's
+    cache holds are left to `cached_casts`.  Each effect lasts until `b`'s forward ends, where `b`'s own effect
+    frees them all."""
+    if b.calls != 1:
+        return []
+    inside = [c for c in children if c.calls == 1 and b.forward_start_op <= c.forward_start_op]
+    frees = [(c.forward_end_op + 1, c.internal_bytes - cached_casts(c)[0]) for c in inside]
+    return [Effect(start, b.forward_end_op + 1, n) for start, n in frees if n > 0 and start <= b.forward_end_op]
+
+
 def split_casts(b: BlockProfile, freed: int, casts: int, end: int) -> list[Effect]:
     """What a unit acting on `b` alone frees until op `end`: `freed` bytes from the end of its forward, but `casts`
     of them (`cached_casts`) only once autocast's cache lets go of them (none if not before `end`)."""

@@ -14,7 +14,7 @@ import numpy as np
 
 from remat.module_tree import CALLED_DIRECTLY, parent_name, within
 from remat.planner.effects import Effect, cached_casts, output_freeable, run_columns, runs_effects, shared_outputs
-from remat.planner.effects import split_casts
+from remat.planner.effects import inside_frees, split_casts
 from remat.planner.calls import call_units, calls_of
 from remat.planner.holds import Hold, freeable_outputs, freed_outputs, kept_holds, unit_holds
 from remat.planner.rerun import Rerun, rerun_effect, rerun_points, widen
@@ -47,6 +47,7 @@ def build_units(
         groups.setdefault(Group(b.parent or "", parent_name(b.name)), []).append(b.name)
     by_name = {b.name: b for b in blocks}
     nested = {b.name: frozenset(c.name for c in blocks if within(c.name, b.name)) for b in blocks}
+    inside = _inside_frees(by_name)
     units: list[Unit] = []
     live = np.asarray(prof.timeline.live_bytes, dtype=np.int64)
     uncalled = set(called_directly(prof))  # Rule 5: recomputed only
@@ -62,6 +63,7 @@ def build_units(
             uncalled,
             offload,
             prof.timeline.start_bytes,
+            inside,
         ),
     )
     for group, names in groups.items():
@@ -90,6 +92,8 @@ class _Context(NamedTuple):
     offload: tuple[float, float] | None
     start: int = -1
     """The live bytes before the step's first op (`Timeline.start_bytes`; -1: not known), for a moment from op 0."""
+    inside: dict[str, list[Effect]] | None = None
+    """Per block, what its children free inside a checkpointed forward (`effects.inside_frees`)."""
 
 
 def _group_units(
@@ -106,7 +110,7 @@ def _group_units(
     for i in range(len(names)) if first is None else [first]:
         units += _runs_from(
             names, i, 1 if first is not None else max_segment, by_name, group, c.nested,
-            per_op=c.per_op, live=c.live, wanted=c.wanted, start=c.start,
+            per_op=c.per_op, live=c.live, wanted=c.wanted, start=c.start, inside=c.inside or {},
         )  # fmt: skip
         b = by_name[names[i]]
         if names[i] in c.uncalled:
@@ -117,6 +121,18 @@ def _group_units(
         if c.offload is not None and b.call < 0:  # NOTE [A module called more than once], Rule 4
             units += _make_offload_unit(b, group, i, c.nested, *c.offload, wanted=c.wanted)
     return units
+
+
+def _inside_frees(by_name: dict[str, BlockProfile]) -> dict[str, list[Effect]]:
+    """Rule 1: per block, what its children (the nearest candidates inside it) free inside its checkpointed forward."""
+    children: dict[str, list[BlockProfile]] = {n: [] for n in by_name}
+    for b in by_name.values():
+        parent = parent_name(b.name)
+        while parent and parent not in by_name:
+            parent = parent_name(parent)
+        if parent:
+            children[parent].append(b)
+    return {n: inside_frees(by_name[n], children[n]) for n in by_name}
 
 
 def _whole_uncalled(unit: Unit, groups: dict[Group, list[str]], blocks: set[str]) -> bool:
@@ -154,14 +170,13 @@ def _runs_from(
     live: np.ndarray = np.zeros(0, dtype=np.int64),
     wanted: frozenset = frozenset(),
     start: int = -1,
+    inside: dict[str, list[Effect]] | None = None,
 ) -> list[Unit]:
     """The units for names[i..j], j = i .. i + max_segment - 1, built incrementally (Rules 1-3), also those that
     free nothing, cost memory or apply cannot build (the hand recipes are compared with them).  `per_op`: Rule 7's
     (checkpoint_op_s, selective_op_s); `live`: the live bytes, `start` before op 0; `wanted`: `freeable_outputs`."""
     first, stop = by_name[names[i]], min(len(names), i + max_segment)
-    columns = run_columns(names, i, stop, by_name)
-    at = rerun_points([by_name[n] for n in names[i:stop]])  # where each run re-runs: Rule 3
-    runs, shared = runs_effects(columns, i, [t for t, _ in at]), shared_outputs(columns, i)  # Rule 1, per run
+    columns, at, runs, shared = _run_effects(names, i, stop, by_name, inside or {})
     rerun = Rerun(live, first, max(by_name[n].forward_end_op for n in names[i:stop]), start)
     units: list[Unit] = []
     flops, seconds, ops, covers = 0, 0.0, 0, frozenset[str]()  # of the whole forwards of names[i..j-1], and covered
@@ -192,6 +207,17 @@ def _runs_from(
         )
         flops, seconds, ops = flops + last.forward_flops, seconds + last.forward_s, ops + _forward_ops(last)
     return units
+
+
+def _run_effects(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile], inside: dict) -> tuple:
+    """Per run names[i..j] (j < `stop`): `effects.run_columns`, where it re-runs (`rerun_points`, Rule 3), Rule 1's
+    effects, with what the children of its blocks free inside their forwards (`_inside_frees`), and its shared
+    outputs (`effects.shared_outputs`)."""
+    columns = run_columns(names, i, stop, by_name)
+    at = rerun_points([by_name[n] for n in names[i:stop]])
+    runs = runs_effects(columns, i, [t for t, _ in at])
+    early = [[e for n in names[i : i + k + 1] for e in inside.get(n, []) if e.start < t] for k, (t, _) in enumerate(at)]
+    return columns, at, [r + e for r, e in zip(runs, early)], shared_outputs(columns, i)
 
 
 def _run_holds(first: BlockProfile, end: int, wanted: frozenset, frees: tuple) -> dict:
