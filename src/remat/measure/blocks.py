@@ -1,8 +1,7 @@
 """Per candidate module: what it keeps for backward, what a checkpoint around it would free
 and cost, read off the tracker's records after the step (`BlockProfile`).
 
-See NOTE [When a saved tensor is attributed to a module] and NOTE [Recomputation] in
-`remat.measure.tracker`.
+See NOTE [When a saved tensor is attributed to a module] and NOTE [Recomputation] in `remat.measure.tracker`.
 """
 
 from __future__ import annotations
@@ -214,6 +213,8 @@ class _Block:
 
     def _bytes(self) -> dict[str, Any]:
         saved_outputs = [r for r in self.outputs if r.category == "activations"]
+        own, own_free = self._own_outputs(saved_outputs)
+        others = [r for r in saved_outputs if all(r is not o for o in own)]  # `output_kept_by`'s: BLOOM's states
         unsaved_inputs = self._unsaved_inputs()
         n_ops = len(self.tracker.ops)
         made, outside = cache_facts(lambda op: op.name in SAVE_OPS, self.block_ops)  # the matmul policy's
@@ -225,13 +226,14 @@ class _Block:
             output_free_op=max((_output_freed_at(r, n_ops) for r in saved_outputs), default=-1),
             input_bytes=_sum(self.inputs),
             internal_bytes=_sum(self.internal),
-            output_kept_by=_kept_by(saved_outputs, self.siblings, self.name, self._here),
+            output_kept_by=_kept_by(others, self.siblings, self.name, self._here),
             input_unsaved_bytes=_sum(unsaved_inputs),
             held_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in unsaved_inputs],
             kept_inputs=[[self.keys[id(r)], r.nbytes, _freed_at(r, n_ops)] for r in self._kept_inputs()],
             output_keys=[self.keys[id(r)] for r in saved_outputs],
             autocast_casts=[[r.alloc_step, r.nbytes, self._cast_released(r)] for r in self.internal if r.autocast_cast],
-            **self._own_outputs(saved_outputs),
+            output_own_bytes=_sum(own),
+            output_own_free_op=own_free,
             selective_free_bytes=_sum(r for r in self.internal if r.op not in SAVE_OPS),
             selective_extra_bytes=_sum(self.cached),
             selective_stranded_bytes=_sum(r for r in self.cached if r.alloc_step > self._last_rerun()),
@@ -253,21 +255,19 @@ class _Block:
         it did not in the step."""
         return next((k for k in self.tracker.cache_clears if k > rec.alloc_step), len(self.tracker.ops))
 
-    def _own_outputs(self, saved_outputs: list[StorageRecord]) -> dict[str, int]:
-        """`BlockProfile.output_own_bytes` and `output_own_free_op`: the saved outputs that only the block's own ops
-        save and read, and that the unplanned step frees by the end of the block's backward (the caller dropped them)."""
+    def _own_outputs(self, saved_outputs: list[StorageRecord]) -> tuple[list[StorageRecord], int]:
+        """`BlockProfile.output_own_bytes` (its records) and `output_own_free_op`: saved outputs only its own ops save
+        and read, freed by the end of its backward (the caller dropped them); none without a backward op after it."""
         ops, end = self.tracker.ops, (self.bwd_k[-1] + 1 if self.bwd_k else -1)
+        here = [r for r in saved_outputs if self._kept_only_here(r) and _output_freed_at(r, len(ops)) <= end]
         own = [
             r
-            for r in saved_outputs
-            if self._kept_only_here(r)
-            and r.last_forward_use >= 0
-            and self._here(r.last_forward_use, ops[r.last_forward_use].module)
-            and _output_freed_at(r, len(ops)) <= end
+            for r in here
+            if r.last_forward_use >= 0 and self._here(r.last_forward_use, ops[r.last_forward_use].module)
         ]
         after = self.fwd_k[-1] if own else len(ops)
         backward = next((k for k in range(after, len(ops)) if ops[k].phase == "backward"), -1)
-        return dict(output_own_bytes=_sum(own) if backward >= 0 else 0, output_own_free_op=backward)
+        return (own if backward >= 0 else []), backward
 
     def _held_until(self, read: int) -> int:
         """The last forward read of the output, or, when the enclosing module's own code made it (a loop keeping
@@ -329,7 +329,7 @@ class _Block:
 
     def _first_unpack(self) -> int:
         """`BlockProfile.rerun_op`: the first op before which backward unpacked a tensor an op inside the block packed,
-        from its first backward op on (NOTE [When a checkpoint re-runs] in `remat.measure.tracker`); -1: none."""
+        its first backward op or before (NOTE [When a checkpoint re-runs] in `remat.measure.tracker`); -1: none."""
         if not self.bwd_k:
             return -1
         unpacks = [
@@ -338,7 +338,7 @@ class _Block:
             for (step, m), u in zip(r.packs, r.unpacks)
             if u >= 0 and within(m, self.name) and self._in(u)  # a call's backward has its unpacks (an op packs
         ]  # its inputs before it runs: `step` may be the op before, outside the call)
-        return max(min(unpacks), self.bwd_k[0]) if unpacks and min(unpacks) < len(self.tracker.ops) else -1
+        return min(unpacks) if unpacks and min(unpacks) < len(self.tracker.ops) else -1
 
 
 def _freed_at(rec: StorageRecord, n_ops: int) -> int:

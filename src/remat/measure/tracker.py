@@ -64,7 +64,9 @@ NOTE [When a checkpoint re-runs]
   output) and allocate gradients before.  The tracker notes each pack's first unpack (`StorageRecord.unpacks`), a
   block the first of its own (`BlockProfile.rerun_op`).  Placed at the block's first backward op, the re-run of
   Mistral's last layer with LoRA on `down_proj` under bf16 autocast was 16,384 bytes above its moment, and a plan
-  over two layers was predicted 14,852 bytes low (2026-12-02, `tests/test_rerun_moment.py`).
+  over two layers was predicted 14,852 bytes low (2026-12-02, `tests/test_rerun_moment.py`).  It can also come
+  before the block's first backward op: a block returning a tensor its caller drops (BLOOM's attention weights)
+  had its first backward nodes named no module's, and its re-run was placed six ops late (2026-12-03).
 
 NOTE [A weight autocast casts]
   Under `torch.autocast` a float32 parameter is cast to the half dtype once, and autocast's cache holds the cast

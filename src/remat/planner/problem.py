@@ -40,7 +40,9 @@ NOTE [The memory model of a plan]
             once what the unplanned forward grew by over the ops it re-runs (for a run
             from the step's first op, from the bytes before it: `Timeline.start_bytes`),
             plus the inputs it keeps that the forward freed on the way; an output that U's ops
-            and later ones both save is gone before it (`effects.shared_outputs`).  At that op the
+            and later ones both save is gone before it (`effects.shared_outputs`), not one
+            only later ones save (BLOOM's states beside the weights only its own ops keep:
+            `output_kept_by` leaves those out; predicted 16,384 bytes low at its re-run).  At that op the
             plan's live bytes are at least that moment's (`remat.planner.rerun`:
             as what it adds to the most of the elementary interval starting there).  Not
             under FSDP: a block's forward all-gathers its parameters, which its

@@ -349,7 +349,8 @@ def _make_offload_unit(
     wanted: frozenset = frozenset(),
 ) -> list[Unit]:
     """Offloading one block's saved tensors to CPU memory (Rule 6); none if it would free nothing."""
-    output = output_freeable(b) if b.output_kept_by == [b.name] else 0
+    alone = b.output_kept_by == [b.name] or (not b.output_kept_by and b.output_own_bytes > 0)  # its own ops keep all
+    output = output_freeable(b) if alone else 0
     freed = b.internal_bytes + output
     if freed <= 0 or b.offload_bytes <= 0 or b.forward_end_op + 1 >= b.backward_start_op:
         return []

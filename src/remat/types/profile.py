@@ -19,7 +19,7 @@ from remat.types.reserve import GpuReserve
 from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 15
+PROFILE_VERSION = 16
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -127,7 +127,7 @@ class BlockProfile:
     output_kept_by: list[str]
     """Sibling candidates (same parent) whose ops save its output for backward, itself included if
     it saves its own output; "*" if code outside every sibling saves it too.  A checkpointed
-    segment of siblings frees the output when all of these are in the segment."""
+    segment of siblings frees the output when all of these are in the segment; `output_own_bytes` aside (v16)."""
     input_unsaved_bytes: int
     """Part of the inputs that autograd does not keep and that would otherwise be freed: a
     checkpoint around it keeps them alive until its backward."""

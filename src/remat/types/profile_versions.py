@@ -20,6 +20,8 @@ for `remat.types._json.load`).  What each version added:
    and the live bytes before the first op (`Timeline.start_bytes`).
 13: the parameters' casts autocast's cache holds (`BlockProfile.autocast_casts`, `SelectiveVariant.cast_bytes`).
 14: where a checkpoint re-runs its block's forward (`BlockProfile.rerun_op`, `freed_before_rerun_bytes`).
+15: whether torch's selective checkpoint replays a block under autocast (`BlockProfile.selective_replays`).
+16: `BlockProfile.output_kept_by` names the keepers of a block's saved outputs but those only its own ops keep.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     12: dict,
     13: dict,
     14: dict,
+    15: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
@@ -73,4 +76,5 @@ all its keepers, as before; and without the bytes before the first op: a run fro
 autocast's casts: read as none, a checkpoint frees a cast at its block's end, as before; version 13 as 14, without
 where a checkpoint re-runs: read as not recorded, at its last block's first backward op, as before; version 14 as
 15, without whether torch's selective checkpoint replays a block under autocast: read as it does, and its variants
-keeping a cast as they are)."""
+keeping a cast as they are; version 15 as 16, its `output_kept_by` naming the block itself for outputs only its own
+ops keep: planned as before, a checkpoint's re-run taking such a block's other outputs as its own ops' too)."""
