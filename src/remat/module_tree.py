@@ -167,3 +167,13 @@ def class_name(module) -> str:
 def has_remat_wrappers(model: nn.Module) -> bool:
     """`remat.apply` wrapped some module of `model` (and `remat.remove` has not undone it)."""
     return any(WRAPPED_MARK in m.__dict__ for m in model.modules())
+
+
+def container_kind(parent: nn.Module | None, forward_ran: set[int]) -> str:
+    """ "Sequential" when the parent runs its children in order (a subclass too) and its forward ran, CALLED_DIRECTLY
+    when it never did (the model calls them), else its class name."""
+    if parent is None:
+        return ""
+    if runs_children_in_order(parent):
+        return "Sequential" if id(parent) in forward_ran else CALLED_DIRECTLY
+    return "ModuleList" if isinstance(parent, nn.ModuleList) else type(parent).__name__

@@ -22,7 +22,8 @@ NOTE [How a module is checkpointed in place]
   Rule 3. BatchNorm in training mode inside a checkpoint would update its running
           statistics again when recomputed; their values (and `num_batches_tracked`)
           are saved before the recomputation and put back after it, also when torch
-          stops the recomputation early.
+          stops the recomputation early (the planner counts the copies in the
+          re-run's moment: `BlockProfile.batchnorm_stats_bytes`).
   Rule 4. A segment of several consecutive children of an `nn.Sequential` is one
           checkpoint: the first child's forward runs the whole segment, and the others
           pass their input through for that one call of the parent.  Only where the

@@ -10,7 +10,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-import torch.nn as nn
 
 from remat._torch_compat import (
     BatchNormBase,
@@ -23,8 +22,7 @@ from remat.measure.chains import uncalled_chains, with_chains
 from remat.measure.selective import BlockOps, cache_facts, selective_variants
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
 from remat.hf import checkpointed_by_hf
-from remat.module_tree import class_name, enclosing, parent_name, runs_children_in_order
-from remat.module_tree import CALLED_DIRECTLY, within
+from remat.module_tree import class_name, container_kind, enclosing, parent_name, within
 from remat.ops import RANDOM_OPS, SAVE_OPS
 from remat.types import BlockProfile, SelectiveVariant
 
@@ -128,6 +126,7 @@ class _Block:
         live, freed_before = timeline
         kind = self._checkpoint_kind()
         previous_end = previous.fwd_k[-1] if previous is not None and previous.fwd_k else None
+        bns = [m for m in self.module.modules() if isinstance(m, BatchNormBase) and m.training]
         return BlockProfile(
             name=self.name,
             type=class_name(self.module),
@@ -142,8 +141,9 @@ class _Block:
             checkpointed=bool(kind),
             checkpoint_kind=kind,
             has_dropout=any(op.name in RANDOM_OPS for op in self.fwd),
-            has_batchnorm=any(isinstance(m, BatchNormBase) and m.training for m in self.module.modules()),
-            container=_container_kind(self.io.containers.get(self.name), self.io.forward_ran),
+            has_batchnorm=bool(bns),
+            batchnorm_stats_bytes=sum(b.numel() * b.element_size() for m in bns for b in m.buffers(recurse=False)),
+            container=container_kind(self.io.containers.get(self.name), self.io.forward_ran),
             extra=self.name in self.io.extras,
             grad_ops_before=self._grad_ops_before(previous_end),
             selective_variants=self.variants,
@@ -336,9 +336,9 @@ class _Block:
             u
             for r in self.tracker.records
             for (step, m), u in zip(r.packs, r.unpacks)
-            if u >= 0 and within(m, self.name) and self._in(u)  # a call's backward has its unpacks (an op packs
-        ]  # its inputs before it runs: `step` may be the op before, outside the call)
-        return min(unpacks) if unpacks and min(unpacks) < len(self.tracker.ops) else -1
+            if 0 <= u < len(self.tracker.ops) and within(m, self.name) and self._in(u)  # a call's backward has its
+        ]  # unpacks (an op packs its inputs before it runs: `step` may be the op before, outside the call)
+        return min((u for u in unpacks if self.tracker.ops[u].phase == "backward"), default=-1)  # not a forward's grad
 
 
 def _freed_at(rec: StorageRecord, n_ops: int) -> int:
@@ -388,13 +388,3 @@ def _kept_by(records: list[StorageRecord], siblings: list[str], name: str, here)
             if owner not in found:
                 found.append(owner)
     return sorted(found)
-
-
-def _container_kind(parent: nn.Module | None, forward_ran: set[int]) -> str:
-    """ "Sequential" when the parent runs its children in order (a subclass too) and its forward ran, CALLED_DIRECTLY
-    when it never did (the model calls them), else its class name."""
-    if parent is None:
-        return ""
-    if runs_children_in_order(parent):
-        return "Sequential" if id(parent) in forward_ran else CALLED_DIRECTLY
-    return "ModuleList" if isinstance(parent, nn.ModuleList) else type(parent).__name__

@@ -34,12 +34,13 @@ NOTE [The memory model of a plan]
             predicted peak is the max over t.  A unit's cost is the forward FLOPs of
             c_1..c_{m-1} plus c_m's `checkpoint_recompute_flops` (torch stops
             recomputing at c_m's last pack: NOTE [Recomputation]).  U's recomputation runs when
-            backward first unpacks a tensor saved inside U (`rerun_op`, at or after c_m's first
-            backward op: NOTE [When a checkpoint re-runs]), after the previous backward node
+            backward first unpacks a tensor saved inside U (`rerun_op`, mostly at or after c_m's
+            first backward op: NOTE [When a checkpoint re-runs]), after the previous backward node
             released what L counts after the op before (`freed_before_rerun_bytes`); it holds at
             once what the unplanned forward grew by over the ops it re-runs (for a run
             from the step's first op, from the bytes before it: `Timeline.start_bytes`),
-            plus the inputs it keeps that the forward freed on the way; an output that U's ops
+            plus the inputs it keeps that the forward freed on the way and the BatchNorm
+            statistics remat copies while it re-runs (`batchnorm_stats_bytes`); an output that U's ops
             and later ones both save is gone before it (`effects.shared_outputs`), not one
             only later ones save (BLOOM's states beside the weights only its own ops keep:
             `output_kept_by` leaves those out; predicted 16,384 bytes low at its re-run).  At that op the

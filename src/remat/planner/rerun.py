@@ -46,25 +46,29 @@ class Rerun:
                 grown[freed - f0 :] += nbytes
         self.most = np.maximum.accumulate(grown) if len(grown) else grown
 
-    def held(self, last: BlockProfile, shared: int, taken: list[list[int]] | None = None) -> int | None:
+    def held(
+        self, last: BlockProfile, shared: int, taken: list[list[int]] | None = None, copied: int = 0
+    ) -> int | None:
         """The most bytes the re-run adds at once when it ends with `last`, which torch stops re-running after
         its last op whose output is saved inside it (NOTE [Recomputation]), above the live bytes before it; None
         if the profile cannot say.  `shared`: outputs the run and the blocks after it both keep
         (`effects.shared_outputs`), in the timeline before the re-run but gone from the planned step.  `taken`: [op
         index, bytes] a selective checkpoint's cache gives the re-run instead of running the op
-        (`SelectiveVariant.kept_made`): already live before it, they add nothing."""
+        (`SelectiveVariant.kept_made`): already live before it, they add nothing.  `copied`: what it holds from its
+        start beside that, the running statistics of the BatchNorms remat's checkpoint copies (`batchnorm_stats_bytes`:
+        RegNet's checkpoints of two layers were predicted 136 bytes under their step)."""
         if last.checkpoint_recompute_ops <= 0:
             return None
         k = min(last.forward_end_op, last.forward_start_op + last.checkpoint_recompute_ops - 1) - self.start
         if not 0 <= k < len(self.most):
             return None
         if not taken:
-            return int(self.most[k]) - shared
+            return int(self.most[k]) - shared + copied
         made = np.zeros(k + 1, dtype=np.int64)
         for op, nbytes in taken:
             if 0 <= op - self.start <= k:
                 made[op - self.start] += nbytes
-        return int((self.grown[: k + 1] - np.cumsum(made)).max()) - shared
+        return int((self.grown[: k + 1] - np.cumsum(made)).max()) - shared + copied
 
 
 def rerun_points(blocks: list[BlockProfile]) -> list[tuple[int, int]]:

@@ -185,7 +185,7 @@ def _runs_from(
         last = by_name[names[j]]
         joined = joined and (j == i or _follows(names[j - 1], last))
         end, covers, run = at[j - i][0], covers | nested[last.name], [by_name[n] for n in names[i : j + 1]]
-        held = rerun.held(last, shared[j - i], _from_autocast_cache(run, end))
+        held = rerun.held(last, shared[j - i], _from_autocast_cache(run, end), _stats_copied(run))
         moment = rerun_effect(live, runs[j - i], at[j - i], held)
         rerun_ops = ops + last.checkpoint_recompute_ops  # the moment: Rule 3
         frees = freed_outputs(run, columns, j, end, wanted)  # Rule 2
@@ -207,6 +207,11 @@ def _runs_from(
         )
         flops, seconds, ops = flops + last.forward_flops, seconds + last.forward_s, ops + _forward_ops(last)
     return units
+
+
+def _stats_copied(run: list[BlockProfile]) -> int:
+    """What remat's checkpoint of `run` copies while it re-runs it: its BatchNorms' statistics (Rule 3)."""
+    return sum(b.batchnorm_stats_bytes for b in run)
 
 
 def _run_effects(names: list[str], i: int, stop: int, by_name: dict[str, BlockProfile], inside: dict) -> tuple:

@@ -173,6 +173,8 @@ class BlockProfile:
     """A random op (dropout, ...) ran inside it."""
     has_batchnorm: bool = False
     """A BatchNorm in training mode ran inside it."""
+    batchnorm_stats_bytes: int = 0
+    """Their running statistics, which remat's checkpoint copies while it re-runs them (`remat.applier.wrapping`)."""
     checkpoint_recompute_ops: int = 0
     """How many ops a checkpoint around it re-runs (the deterministic tie-break among equal FLOPs)."""
     selective_recompute_ops: int = 0
@@ -236,12 +238,10 @@ class BlockProfile:
     (storages freed in between and that op's kernel scratch: NOTE [What counts as live memory], Rules 4-5)."""
     freed_before_backward_bytes: int = 0
     """The same before its first backward op: what the previous backward node releases before this block's
-    backward starts, and so before a checkpoint around it re-runs its forward (NOTE [The memory model of a plan],
-    Rule 3)."""
+    backward starts, and so before a checkpoint around it re-runs (NOTE [The memory model of a plan], Rule 3)."""
     rerun_op: int = -1
     """Timeline index of the op before which backward first unpacked a tensor an op inside it packed: where a checkpoint
-    around it re-runs its forward (NOTE [When a checkpoint re-runs] in `remat.measure.tracker`); -1: not recorded, its
-    first backward op."""
+    around it re-runs its forward (NOTE [When a checkpoint re-runs], tracker); -1: not recorded, its first backward op."""
     freed_before_rerun_bytes: int = 0
     """As `freed_before_backward_bytes`, before `rerun_op`."""
     selective_replays: bool = True

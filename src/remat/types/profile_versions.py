@@ -21,7 +21,8 @@ for `remat.types._json.load`).  What each version added:
 13: the parameters' casts autocast's cache holds (`BlockProfile.autocast_casts`, `SelectiveVariant.cast_bytes`).
 14: where a checkpoint re-runs its block's forward (`BlockProfile.rerun_op`, `freed_before_rerun_bytes`).
 15: whether torch's selective checkpoint replays a block under autocast (`BlockProfile.selective_replays`).
-16: `BlockProfile.output_kept_by` names the keepers of a block's saved outputs but those only its own ops keep.
+16: `BlockProfile.output_kept_by` names the keepers of a block's saved outputs but those only its own ops keep;
+   `BlockProfile.batchnorm_stats_bytes`.
 """
 
 from __future__ import annotations
@@ -77,4 +78,5 @@ autocast's casts: read as none, a checkpoint frees a cast at its block's end, as
 where a checkpoint re-runs: read as not recorded, at its last block's first backward op, as before; version 14 as
 15, without whether torch's selective checkpoint replays a block under autocast: read as it does, and its variants
 keeping a cast as they are; version 15 as 16, its `output_kept_by` naming the block itself for outputs only its own
-ops keep: planned as before, a checkpoint's re-run taking such a block's other outputs as its own ops' too)."""
+ops keep: planned as before, a checkpoint's re-run taking such a block's other outputs as its own ops' too, and
+without the BatchNorm statistics its re-run copies: read as none, not counted, as before)."""
