@@ -10,7 +10,6 @@ import itertools
 from dataclasses import dataclass
 from typing import Any
 
-
 from remat._torch_compat import (
     BatchNormBase,
     checkpoint_wrapper_type,
@@ -332,13 +331,14 @@ class _Block:
         its first backward op or before (NOTE [When a checkpoint re-runs] in `remat.measure.tracker`); -1: none."""
         if not self.bwd_k:
             return -1
-        unpacks = [
-            u
+        ops = self.tracker.ops
+        unpacks = [  # in backward only (a gradient taken inside a forward is no re-run); a call's backward has its
+            u  # unpacks (an op packs its inputs before it runs: `step` may be the op before, outside the call)
             for r in self.tracker.records
             for (step, m), u in zip(r.packs, r.unpacks)
-            if 0 <= u < len(self.tracker.ops) and within(m, self.name) and self._in(u)  # a call's backward has its
-        ]  # unpacks (an op packs its inputs before it runs: `step` may be the op before, outside the call)
-        return min((u for u in unpacks if self.tracker.ops[u].phase == "backward"), default=-1)  # not a forward's grad
+            if 0 <= u < len(ops) and ops[u].phase == "backward" and within(m, self.name) and self._in(u)
+        ]
+        return min(unpacks, default=-1)
 
 
 def _freed_at(rec: StorageRecord, n_ops: int) -> int:

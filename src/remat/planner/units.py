@@ -110,7 +110,7 @@ def _group_units(
     for i in range(len(names)) if first is None else [first]:
         units += _runs_from(
             names, i, 1 if first is not None else max_segment, by_name, group, c.nested,
-            per_op=c.per_op, live=c.live, wanted=c.wanted, start=c.start, inside=c.inside or {},
+            per_op=c.per_op, live=c.live, wanted=c.wanted, start=c.start, inside=c.inside,
         )  # fmt: skip
         b = by_name[names[i]]
         if names[i] in c.uncalled:
@@ -221,8 +221,11 @@ def _run_effects(names: list[str], i: int, stop: int, by_name: dict[str, BlockPr
     columns = run_columns(names, i, stop, by_name)
     at = rerun_points([by_name[n] for n in names[i:stop]])
     runs = runs_effects(columns, i, [t for t, _ in at])
-    early = [[e for n in names[i : i + k + 1] for e in inside.get(n, []) if e.start < t] for k, (t, _) in enumerate(at)]
-    return columns, at, [r + e for r, e in zip(runs, early)], shared_outputs(columns, i)
+    inside_so_far: list[Effect] = []  # of the run's blocks so far; each run keeps those before it re-runs
+    for k, (n, (t, _)) in enumerate(zip(names[i:stop], at)):
+        inside_so_far += inside.get(n, [])
+        runs[k] += [e for e in inside_so_far if e.start < t]
+    return columns, at, runs, shared_outputs(columns, i)
 
 
 def _run_holds(first: BlockProfile, end: int, wanted: frozenset, frees: tuple) -> dict:
