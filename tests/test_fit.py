@@ -5,6 +5,7 @@ every parameter's bytes are a multiple of the CUDA allocator's 512 bytes and the
 from __future__ import annotations
 
 import json
+import re
 import sys
 
 import pytest
@@ -195,6 +196,25 @@ def test_every_change_ruled_out_by_the_bound_runs_no_step(configs, big):
     assert {s.kind for s in answer.suggestions} == {"batch", "seq", "lora", "world-size"}
     text = str(answer)
     assert "--batch 4 .. 1" in text and "by a bound" in text and "no single change fits" in text
+
+
+def test_a_least_plan_the_allocator_fragments_far_over_the_gpu_does_not_fit_with_its_reserve(tmp_path, capsys):
+    """Qwen2-1.5B (its published shape, written here), bf16, 2 x 4096 tokens on 24 GiB: the least-memory plan's
+    tensors (22.7 GiB, most of them the 152k-word logits and their float32 loss) fit, but the replayed allocator
+    reserves 33.8 GiB for them: the 4.6 GiB loss blocks of one step are split by the next step's smaller tensors.
+    `remat fit` stopped with "remat: cannot read the budget 0" (NOTE [A plan fits the GPU's reserve], Rule 2)."""
+    config = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 1536}
+    config |= {"intermediate_size": 8960, "num_hidden_layers": 28, "num_attention_heads": 12}
+    config |= {"num_key_value_heads": 2, "vocab_size": 151936, "max_position_embeddings": 32768}
+    config |= {"rms_norm_eps": 1e-6, "rope_theta": 1e6, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    code = main(["fit", str(tmp_path), "--gpu", "24GiB", "--seq", "4096", "--batch", "2", "--changes", "none"])
+    out, err = capsys.readouterr()
+    assert code == 1, err
+    said = " ".join(out.split())
+    match = re.search(r"the least any checkpointing plan needs is ([\d.]+) GiB of GPU memory \(the caching", said)
+    assert match and float(match.group(1)) > 24, said
+    assert "remat: cannot read the budget" not in err
 
 
 # -- errors --------------------------------------------------------------------------------------------------------

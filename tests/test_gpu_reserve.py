@@ -206,6 +206,31 @@ def test_where_nothing_fits_the_error_gives_the_least_budget_that_would():
     assert f"PYTORCH_CUDA_ALLOC_CONF={EXPANDABLE}" in str(e.value)
 
 
+def test_a_reserve_over_the_budget_by_more_than_its_tensors_ends_at_the_least_plan_not_a_budget_of_nothing():
+    """Rule 2: each check lowers the target by the reserve's excess; where that excess is larger than the plan's
+    tensors (Qwen2-1.5B on a 24 GiB GPU: 11 GiB of fragmentation over a 22.7 GiB least plan) the target reached 0
+    and remat.plan refused it as a budget ("cannot read the budget 0").  It stops at the least plan, then at
+    Rule 4's error."""
+    model, x = zoo.mlp_report000()
+    prof = remat.profile(model, x, optimizer=torch.optim.Adam, mode="fake", device="cuda")
+    budget = prof.peak_bytes
+    first = remat.plan(prof, budget)
+    asked = []
+
+    def replan(target):
+        asked.append(target)
+        return remat.plan(prof, target)
+
+    swollen = _reserve(3 * budget, 3 * budget)
+    with pytest.raises(remat.InfeasibleBudget) as e:
+        fit_reserve(first, budget, replan, lambda p: swollen)
+    assert asked and min(asked) > 0
+    assert str(e.value).startswith("remat: no plan's step fits a GPU budget of")
+    with pytest.raises(remat.InfeasibleBudget) as least:
+        remat.plan(prof, 1)
+    assert asked[-1] == least.value.min_bytes  # the last plan checked is the least-memory one
+
+
 def test_remat_plan_on_the_command_line_fits_the_reserve_where_the_tensors_alone_would_not(tmp_path, capsys):
     """A budget above the unplanned step's tensors but under what the GPU reserves for them: remat.plan keeps
     everything (and says the reserve is not checked); `remat plan TARGET` recomputes until the replayed planned

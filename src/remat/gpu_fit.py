@@ -29,7 +29,9 @@ from remat.types.reserve import EXPANDABLE, GpuReserve
 #         again for tensors of the budget less the excess (at least MIN_STEP less each time) and at least MIN_STEP
 #         under the plan checked, else the same plan comes back (GPT-2 at 80% once spent all four checks on one plan
 #         470 MiB under a budget of 491); where that is below what any plan reaches, the least-memory plan, then no
-#         more; at most TRIALS plans in all; the first that fits is the plan.
+#         more (a target is never below 1 byte: Qwen2-1.5B's least plan on a 24 GiB GPU reserved 11 GiB over it,
+#         the target fell to 0 and `remat fit` stopped on a budget error); at most TRIALS plans in all; the first
+#         that fits is the plan.
 # Rule 3: if none fits, the checked plan of least cost whose reserve with expandable segments fits is the plan,
 #         `plan.allocator` says the setting it needs, and a note says to set it before torch is imported
 #         (`remat.auto`, which applies the plan in a process whose allocator is set already, warns where it is not).
@@ -73,7 +75,7 @@ def fit_reserve(
         over = int(gpu_reserve(candidate).reserved_bytes * (1 + RESERVE_MARGIN)) - budget
         if target <= least:
             break  # the least-memory plan was checked
-        target = max(min(target - max(over, MIN_STEP), candidate.peak_bytes - MIN_STEP), least)
+        target = max(min(target - max(over, MIN_STEP), candidate.peak_bytes - MIN_STEP), least, 1)
         try:
             candidate = replan(target)
         except InfeasibleBudget as e:  # below the least-memory plan: check that one last

@@ -162,7 +162,7 @@ def _replanner(prof: StepProfile, budget: int, checked: list[tuple[Plan, GpuRese
         if checked:
             plan, reserve = checked[-1]
             over = int(reserve.reserved_bytes * (1 + RESERVE_MARGIN)) - budget
-            target = min(target, plan.peak_bytes - max(over, MIN_STEP))
+            target = max(min(target, plan.peak_bytes - max(over, MIN_STEP)), 1)  # 1: the least-memory plan
         return dataclasses.replace(_dp_or_least(prof, target), budget_bytes=budget)
 
     return replan
