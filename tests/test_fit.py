@@ -138,6 +138,11 @@ def test_lora_trains_only_its_adapters_in_fp32(configs):
     assert prof.param_bytes == 2 * llama_parameters() + 4 * adapters  # the base in bf16, peft's adapters in fp32
     assert prof.grad_bytes == 4 * adapters
     assert prof.optimizer_bytes == 2 * 4 * adapters
+    head = str(answer).splitlines()[0]  # said "weights, gradients and AdamW state in bf16" of 4-byte adapters
+    assert head.endswith(
+        f"{answer.trainable / 1e6:,.1f} M trained (LoRA r=8); the base's weights in bf16, frozen; "
+        "the adapters, their gradients and AdamW state in fp32"
+    ), head
 
 
 def test_two_gpus_halve_the_parameters_gradients_and_optimizer_state(configs, big):

@@ -65,7 +65,7 @@ def render(a: FitAnswer) -> list[str]:
     trained = "all trained" if a.trainable == a.params else f"{count(a.trainable)} trained (LoRA r={setup.lora})"
     ranks = f"each of {setup.world_size} GPUs (FSDP2)" if setup.world_size > 1 else "one GPU"
     lines = [
-        (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.precision.words}"),
+        (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.trains()}"),
         (
             f"step: batch {setup.batch} x {setup.seq} tokens per GPU, AdamW, the loss kept (Hugging Face's Trainer), "
             f"on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"

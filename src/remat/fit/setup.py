@@ -150,6 +150,19 @@ class Setup:
     def precision(self) -> Precision:
         return DTYPES[self.dtype]
 
+    def trains(self) -> str:
+        """What is in which dtype, in words; with LoRA the adapters are fp32 (NOTE [A model from its config],
+        Rule 4) and the base's weights frozen, with no gradient or AdamW state."""
+        if not self.lora:
+            return self.precision.words
+        short = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+        autocast = self.precision.autocast
+        under = f", forward under {short[autocast]} autocast (mixed precision)" if autocast else ""
+        return (
+            f"the base's weights in {short[self.precision.weights]}, frozen; the adapters, their gradients and "
+            f"AdamW state in fp32{under}"
+        )
+
     def flags(self) -> str:
         """The command-line words of this setup."""
         words = f"--batch {self.batch} --seq {self.seq} --dtype {self.dtype}"
