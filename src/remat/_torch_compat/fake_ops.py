@@ -42,36 +42,32 @@ from torch._subclasses.fake_tensor import FakeTensor  # private: fake tensors
 
 from remat._torch_compat.schema import named_arguments
 
-_active = 0
-_cuda = 0
+_depth = {"rules": 0, "cuda": 0}  # how many of each region the current fake step is inside
 
 
 @contextlib.contextmanager
-def real_kernel_rules() -> Iterator[None]:
+def _within(region: str) -> Iterator[None]:
+    _depth[region] += 1
+    try:
+        yield
+    finally:
+        _depth[region] -= 1
+
+
+def real_kernel_rules() -> contextlib.AbstractContextManager[None]:
     """Rule 1 applies within."""
-    global _active
-    _active += 1
-    try:
-        yield
-    finally:
-        _active -= 1
+    return _within("rules")
 
 
-@contextlib.contextmanager
-def cuda_statistics() -> Iterator[None]:
+def cuda_statistics() -> contextlib.AbstractContextManager[None]:
     """Rule 4's layer norm as CUDA's kernel runs it, within."""
-    global _cuda
-    _cuda += 1
-    try:
-        yield
-    finally:
-        _cuda -= 1
+    return _within("cuda")
 
 
 def _grouped_mm(fake_mode, func, *args, **kwargs):
     bound = named_arguments(func, args, kwargs)
     a, b = bound["self"], bound["mat2"]
-    if not _active or (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16):
+    if not _depth["rules"] or (a.dtype == torch.bfloat16 and b.dtype == torch.bfloat16):
         return NotImplemented  # Rule 2, or torch's own meta kernel
     try:
         from torch._meta_registrations import _create_grouped_mm_output_tensor  # private: the meta kernel's shape
@@ -111,7 +107,7 @@ def _float32_statistics(func, args: tuple) -> bool:
     x, at = args[0], _MIXED_TYPE_WEIGHT[func]
     if not isinstance(x, FakeTensor) or x.dtype not in (torch.float16, torch.bfloat16):
         return False
-    if _cuda and func is torch.ops.aten.native_layer_norm.default:
+    if _depth["cuda"] and func is torch.ops.aten.native_layer_norm.default:
         return True
     return getattr(args[at] if len(args) > at else None, "dtype", None) == torch.float32
 
