@@ -83,6 +83,31 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "GPTBigCodeForCausalLM",
         dict(vocab_size=256, n_embd=64, n_layer=3, n_head=4, n_positions=64, multi_query=True),
     ),
+    "gemma2": (  # logit soft-capping, a sliding window on alternate layers, norms after each sublayer too
+        "Gemma2Config",
+        "Gemma2ForCausalLM",
+        dict(
+            DECODER,
+            num_key_value_heads=2,
+            head_dim=16,
+            sliding_window=16,
+            attn_logit_softcapping=50.0,
+            final_logit_softcapping=30.0,
+        ),
+    ),
+    "olmo2": ("Olmo2Config", "Olmo2ForCausalLM", dict(DECODER, num_key_value_heads=2)),  # norms after, q/k normed
+    "starcoder2": ("Starcoder2Config", "Starcoder2ForCausalLM", dict(DECODER, num_key_value_heads=2)),
+    "gptj": (  # attention and MLP in parallel off one norm; rotary on part of each head
+        "GPTJConfig",
+        "GPTJForCausalLM",
+        dict(vocab_size=256, n_embd=64, n_layer=3, n_head=4, n_positions=64, rotary_dim=8),
+    ),
+    "mpt": ("MptConfig", "MptForCausalLM", dict(vocab_size=256, d_model=64, n_layers=3, n_heads=4, max_seq_len=64)),
+    "stablelm": (
+        "StableLmConfig",
+        "StableLmForCausalLM",
+        dict(DECODER, num_key_value_heads=2, partial_rotary_factor=0.25),
+    ),
     "mamba": (  # state-space: on CPU a loop over the sequence, and a SiLU module made inside the forward
         "MambaConfig",
         "MambaForCausalLM",
@@ -148,6 +173,12 @@ MODELS: dict[str, tuple[str, str, dict]] = {
     ),
     "electra": ("ElectraConfig", "ElectraForMaskedLM", dict(TEXT, embedding_size=32)),
     "deberta_v2": ("DebertaV2Config", "DebertaV2ForMaskedLM", TEXT),
+    "xlm_roberta": ("XLMRobertaConfig", "XLMRobertaForMaskedLM", dict(TEXT, max_position_embeddings=72)),
+    "funnel": (  # pools the sequence between blocks
+        "FunnelConfig",
+        "FunnelForMaskedLM",
+        dict(vocab_size=256, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1, 1]),
+    ),
     "bart": (
         "BartConfig",
         "BartForConditionalGeneration",
@@ -196,6 +227,24 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             num_attention_heads=4,
             intermediate_size=128,
         ),
+    ),
+    "dinov2": (  # layer scale
+        "Dinov2Config",
+        "Dinov2ForImageClassification",
+        dict(
+            image=32,
+            image_size=32,
+            patch_size=8,
+            hidden_size=64,
+            num_hidden_layers=3,
+            num_attention_heads=4,
+            mlp_ratio=2,
+        ),
+    ),
+    "segformer": (  # hierarchical transformer with overlapping patch embeddings and reduced-key attention
+        "SegformerConfig",
+        "SegformerForImageClassification",
+        dict(image=64, hidden_sizes=[16, 32, 64, 64], depths=[1, 1, 1, 1], num_attention_heads=[1, 2, 4, 4]),
     ),
 }
 
