@@ -8,6 +8,7 @@ FLOPs counted by FlopCounterMode equal to the plan's, the step's peak by remat's
     python benchmarks/unseen_models.py --models bart,swin --no-write
     python benchmarks/unseen_models.py --autocast      # each forward under CPU bf16 autocast, as a bf16 step runs
     python benchmarks/unseen_models.py --lora --autocast --models mistral,qwen2   # peft LoRA on every Linear too
+    python benchmarks/unseen_models.py --models bloom --seq 512 --no-write   # where attention weights are most
 """
 
 from __future__ import annotations
@@ -249,8 +250,8 @@ MODELS: dict[str, tuple[str, str, dict]] = {
 }
 
 
-def build(name: str):
-    """The model of `name` from its config, and a batch for it (2 x 32 tokens with the attention mask a tokenizer
+def build(name: str, seq: int = 32):
+    """The model of `name` from its config, and a batch for it (2 x `seq` tokens with the attention mask a tokenizer
     gives them, 4 images of `image` pixels, or 2 clips of `audio` samples)."""
     import transformers as tf
 
@@ -265,17 +266,17 @@ def build(name: str):
     if audio is not None:  # 2 clips of `audio` samples, 20 labels each
         labels = torch.randint(1, kwargs["vocab_size"], (2, 20))
         return model, {"input_values": torch.randn(2, audio), "labels": labels}
-    ids = torch.randint(0, kwargs["vocab_size"], (2, 32))
+    ids = torch.randint(0, kwargs["vocab_size"], (2, seq))
     mask = {"attention_mask": torch.ones_like(ids)} if "attention_mask" in signature(model.forward).parameters else {}
     return model, {"input_ids": ids, **mask, "labels": ids}  # a tokenizer's batch: its mask, all ones
 
 
-def check(name: str, autocast: bool = False, lora: bool = False) -> dict:
+def check(name: str, autocast: bool = False, lora: bool = False, seq: int = 32) -> dict:
     """Real and fake peaks, and the least and the half-way plans verified; with `autocast`, of the model's forward
     under bf16 autocast (`_models.Autocast`: its modules are then named `inner.*`); with `lora`, of the model
     fine-tuned with peft's LoRA (rank 4) on every Linear layer but the output one, its weights frozen."""
     start = time.perf_counter()
-    model, inputs = build(name)
+    model, inputs = build(name, seq)
     if lora:
         import peft
 
@@ -346,13 +347,14 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="print only")
     parser.add_argument("--autocast", action="store_true", help="each forward under CPU bfloat16 autocast")
     parser.add_argument("--lora", action="store_true", help="each model fine-tuned with peft LoRA on its Linears")
+    parser.add_argument("--seq", type=int, default=32, help="tokens per sequence of a text model (default 32)")
     args = parser.parse_args()
     names = args.models.split(",") if args.models else list(MODELS)
     info = machine_info()
     results = []
     for name in names:
         try:
-            results.append(check(name, args.autocast, args.lora))
+            results.append(check(name, args.autocast, args.lora, args.seq))
         except Exception as e:  # one architecture's failure is a result, not the end of the run
             traceback.print_exc()
             results.append({"model": name, "error": f"{type(e).__name__}: {e}"[:300]})
@@ -362,6 +364,7 @@ def main() -> None:
     if not args.no_write:
         command = "python benchmarks/unseen_models.py" + (f" --models {args.models}" if args.models else "")
         command += (" --lora" if args.lora else "") + (" --autocast" if args.autocast else "")
+        command += f" --seq {args.seq}" if args.seq != 32 else ""
         sections = [
             (
                 "Results",
@@ -371,6 +374,7 @@ def main() -> None:
         title = "Architectures the tests do not build" + (", with LoRA adapters" if args.lora else "")
         title += ", forward under bf16 autocast" if args.autocast else ""
         stem = "unseen_models" + ("_lora" if args.lora else "") + ("_autocast" if args.autocast else "")
+        stem += f"_seq{args.seq}" if args.seq != 32 else ""
         write_results(stem, title, info, command, sections, results)
 
 

@@ -266,7 +266,8 @@ class _Block:
         ]
         after = self.fwd_k[-1] if own else len(ops)
         backward = next((k for k in range(after, len(ops)) if ops[k].phase == "backward"), -1)
-        return (own if backward >= 0 else []), backward
+        let_go = [self.io.let_go.get(id(r), backward) for r in own]  # NOTE [When the caller lets go of an output]
+        return (own if backward >= 0 else []), min(backward, max(let_go, default=backward))
 
     def _held_until(self, read: int) -> int:
         """The last forward read of the output, or, when the enclosing module's own code made it (a loop keeping

@@ -86,6 +86,7 @@ import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import torch
 
@@ -174,6 +175,15 @@ class StorageRecord:
 
     def live_at(self, k: int) -> bool:
         return self.alloc_step <= k and (self.free_step is None or k < self.free_step)
+
+
+class Packed(NamedTuple):
+    """What `Tracker.mark_saved` gives autograd to keep: a type of its own, so that a search for who refers to a
+    tensor can tell autograd's hold from the model's (NOTE [When the caller lets go of an output])."""
+
+    tensor: torch.Tensor
+    record: StorageRecord
+    pack: int
 
 
 @dataclass(slots=True)
@@ -285,7 +295,7 @@ class Tracker(SeesResizes):
         rec.saved = True
         rec.packs.append((len(self.ops) - 1, self.current_module()))
         rec.unpacks.append(-1)
-        return t, rec, len(rec.unpacks) - 1
+        return Packed(t, rec, len(rec.unpacks) - 1)
 
     def mark_unpacked(self, packed: torch.Tensor | tuple) -> torch.Tensor:
         """Unpack hook: the tensor `mark_saved` packed; notes the op before which autograd first unpacked it."""

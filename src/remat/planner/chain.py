@@ -26,13 +26,31 @@ def plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float
     return ilp.solve(problem.within(groups), budget, time_limit_s)
 
 
+SWEEP = 8
+"""How many of dp's plans above its own least `_within_reach` checks exactly."""
+
+
 def _least_within(problem: Problem, budget: int, groups: list[Group]) -> list[Unit] | None:
-    """dp's least-memory plan, if it fits `budget` by the exact evaluation.  dp counts a hold that several units share
-    once per unit (safe), so it can find no plan for a budget its own least plan meets: a 3-layer Llama's frontier
-    with two micro-batches went down to 1,615,688 bytes, where `remat.plan` at that budget said the least was
-    1,616,200, its 256 bytes of positions held by three checkpoints counted three times (2026-12-02, test_plan)."""
-    least = dp.solve(problem, dp.min_peak(problem, groups), groups)
-    return least if least is not None and problem.peak(least) <= budget else None
+    """The cheapest of dp's plans at its least peak and above (`_within_reach`) that fits `budget` by the exact
+    evaluation.  dp counts a hold that several units share once per unit (safe), so it can find no plan for a
+    budget its own plans meet: a 3-layer Llama's frontier with two micro-batches went down to 1,615,688 bytes,
+    where `remat.plan` at that budget said the least was 1,616,200, its 256 bytes of positions held by three
+    checkpoints counted three times (2026-12-02, test_plan); a BLOOM of 4 layers at 512 tokens had dp's least plan
+    at 79,262,728 bytes where two checkpoints of one layer each reach 79,067,140, their alibi and mask counted
+    twice (2026-12-03)."""
+    fits = [c for c in _within_reach(problem, groups) if problem.peak(c) <= budget]
+    return min(fits, key=lambda c: (problem.cost(c), problem.tie(c))) if fits else None
+
+
+def _within_reach(problem: Problem, groups: list[Group]) -> list[list[Unit]]:
+    """dp's plans at its least peak and at SWEEP budgets above it, up to what it counts as held: by the exact
+    evaluation one of those may peak lower than dp's least (the holds its model counts more than once)."""
+    least, units = dp.min_peak(problem, groups), [u for u in problem.units if u.group in groups]
+    blocks = {b for u in units for b in u.blocks}
+    top = least + len(blocks) * max((sum(h.bytes for h in u.holds) for u in units), default=0)  # each block's unit
+    budgets = sorted({least, *(least + (top - least) * k // SWEEP for k in range(1, SWEEP + 1))})
+    plans = [dp.solve(problem, b, groups) for b in budgets]
+    return [p for p in plans if p is not None]
 
 
 def _kept_plan(problem: Problem, budget: int, groups: list[Group], time_limit_s: float) -> list[Unit] | None:
@@ -74,4 +92,5 @@ def min_peak(problem: Problem, groups: list[Group], time_limit_s: float) -> int:
     else:
         chosen = plan(problem, dp.min_peak(problem, groups), groups, time_limit_s)
         least, reached = (problem.peak(chosen), True) if chosen is not None else (0, False)  # exact: dp's can be high
+        least = min([least, *(problem.peak(c) for c in _within_reach(problem, groups))]) if reached else least
     return least if reached else ilp.min_peak(problem.within(groups), time_limit_s)  # dp was too hopeful

@@ -214,8 +214,8 @@ class BlockProfile:
     only its own Linear saves).  A checkpoint around it frees that part from `output_own_free_op`, whoever keeps its
     other outputs (NOTE [The memory model of a plan], Rule 1)."""
     output_own_free_op: int = -1
-    """The step's first backward op after its forward (-1: none): the caller has let go of what it returned by then,
-    what a checkpoint of `output_own_bytes` frees from."""
+    """Where a checkpoint frees `output_own_bytes` (-1: none): where the step let go of them, else the first
+    backward op after the block's forward (NOTE [When the caller lets go of an output] in `remat.measure.block_io`)."""
     autocast_casts: list[list[int]] = field(default_factory=list)
     """[op index, bytes, released] of each part of `internal_bytes` that autocast's cache holds too (a parameter's
     cast to the half dtype): made by that op, let go by the cache before op `released` (the step's length if not in
