@@ -6,9 +6,10 @@ NOTE [When the caller lets go of an output]
   A block that returns several tensors (BLOOM's and MPT's layers: their states and their attention weights) may
   return one that only its own ops save: the caller drops it (`outputs = layer(...)` again at the next layer), and
   the unplanned step keeps it only for the block's backward.  Under a checkpoint nothing saves it, so it goes with
-  the caller's last Python reference; remat counted it until the step's first backward op, and a BLOOM of 4 layers
-  at 512 tokens had a checkpoint of its first layer predicted 16.8% above its step, 8.1% for its least plan
-  (2026-12-03; `tests/test_what_a_checkpoint_frees.py` holds a model shaped like it to the byte).
+  the caller's last Python reference; remat counted it until the step's first backward op: a BLOOM of 3 layers at
+  512 tokens had its plans predicted 3.9 and 8.4 MB above their 57 MB steps (docs/validation.md section 2.4), one of
+  4 layers its least plan at 108,140,548 bytes where two checkpoints reach 79,067,140
+  (`tests/test_what_a_checkpoint_frees.py`, with a model shaped like it held to the byte; 2026-12-03).
   Rule 1. Each tensor such a block returns is watched by a weak reference (torch keeps a tensor's Python object
           while autograd holds it, so the reference lives as long as what the step keeps).
   Rule 2. At the start of each later candidate, and at the end of each module around the block, every watched
