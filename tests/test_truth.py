@@ -16,6 +16,7 @@ import torch
 
 import process_targets
 import remat
+from remat.measure import scratch
 
 TOLERANCE = 0.03
 """Issue 12: the prediction within 3% of the process on CPU."""
@@ -54,7 +55,12 @@ def _close(predicted: int, measured: int) -> bool:
 
 
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_the_steady_step_is_predicted_unplanned_and_planned(name, process_peak, tmp_path):
+def test_the_steady_step_is_predicted_unplanned_and_planned(name, process_peak, tmp_path, monkeypatch):
+    """Each case profiled as a fresh process would: with no kernel scratch an earlier test in this worker measured
+    (NOTE [Kernel scratch], Rule 5).  In CI's full run of 2026-12-03 the chain's least plan came out 24,644 bytes
+    above the case's budget of half its peak; alone it passes.  Scratch taken from an earlier test is the likely
+    cause (it was for test_what_a_checkpoint_frees), not proven here."""
+    monkeypatch.setattr(scratch, "MEASURED", {})
     model, inputs, loss_fn = _target(name)
     prof = remat.profile(model, inputs, loss_fn, optimizer=_adam)
     measured = process_peak(name)
