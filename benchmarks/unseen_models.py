@@ -30,6 +30,7 @@ import remat  # noqa: E402
 
 TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4)
 DECODER = dict(TEXT, max_position_embeddings=64)
+VIT = dict(image=32, image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
 REFORMER = dict(
     vocab_size=256,
     hidden_size=64,
@@ -216,32 +217,8 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "SwinForImageClassification",
         dict(image=32, image_size=32, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[2, 2], window_size=4),
     ),
-    "deit": (
-        "DeiTConfig",
-        "DeiTForImageClassification",
-        dict(
-            image=32,
-            image_size=32,
-            patch_size=8,
-            hidden_size=64,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            intermediate_size=128,
-        ),
-    ),
-    "dinov2": (  # layer scale
-        "Dinov2Config",
-        "Dinov2ForImageClassification",
-        dict(
-            image=32,
-            image_size=32,
-            patch_size=8,
-            hidden_size=64,
-            num_hidden_layers=3,
-            num_attention_heads=4,
-            mlp_ratio=2,
-        ),
-    ),
+    "deit": ("DeiTConfig", "DeiTForImageClassification", dict(VIT, intermediate_size=128)),
+    "dinov2": ("Dinov2Config", "Dinov2ForImageClassification", dict(VIT, mlp_ratio=2)),  # layer scale
     "segformer": (  # hierarchical transformer with overlapping patch embeddings and reduced-key attention
         "SegformerConfig",
         "SegformerForImageClassification",

@@ -140,19 +140,15 @@ class BlockIO:
         span[1] = len(self.tracker.ops)
         self.call_io.setdefault(name, {})[k] = (self.inputs[name], self.grad_inputs[name], self.outputs[name])
         given = {id(t) for t in tensors}
-        made = [
-            t
-            for t in tree_flatten(_flatten_output(out))[0]
-            if isinstance(t, torch.Tensor) and t.requires_grad and id(t) not in given
-        ]
+        returned = [t for t in tree_flatten(_flatten_output(out))[0] if isinstance(t, torch.Tensor)]
+        made = [t for t in returned if t.requires_grad and id(t) not in given]
         if made:  # "any": at the first gradient, holding none (mode "all" keeps each until the last one comes)
             hook = functools.partial(self._entered_backward, span)
             self._grad_hooks.append(register_multi_grad_hook(made, hook, mode="any"))
-        self._watch(name, out)
+        self._watch(name, returned)
 
-    def _watch(self, name: str, out) -> None:
+    def _watch(self, name: str, tensors: list[torch.Tensor]) -> None:
         """Rule 1 of NOTE [When the caller lets go of an output], for a block returning more than one tensor."""
-        tensors = [t for t in tree_flatten(_flatten_output(out))[0] if isinstance(t, torch.Tensor)]
         if len(tensors) < 2:
             return
         recs = [self.tracker.record_of(t) for t in tensors]

@@ -39,12 +39,20 @@ def _least_within(problem: Problem, budget: int, groups: list[Group]) -> list[Un
     at 79,262,728 bytes where two checkpoints of one layer each reach 79,067,140, their alibi and mask counted
     twice (2026-12-03)."""
     fits = [c for c in _within_reach(problem, groups) if problem.peak(c) <= budget]
-    return min(fits, key=lambda c: (problem.cost(c), problem.tie(c))) if fits else None
+    return min(fits, key=lambda c: _costs(problem, c)) if fits else None
 
 
 def _within_reach(problem: Problem, groups: list[Group]) -> list[list[Unit]]:
     """dp's plans at its least peak and at SWEEP budgets above it, up to what it counts as held: by the exact
-    evaluation one of those may peak lower than dp's least (the holds its model counts more than once)."""
+    evaluation one of those may peak lower than dp's least (the holds its model counts more than once).  Built once
+    per problem and chain (`Problem.solver_cache`): `min_peak` asks after `plan` may have."""
+    key = ("within reach", *groups)
+    if key not in problem.solver_cache:
+        problem.solver_cache[key] = _sweep(problem, groups)
+    return problem.solver_cache[key]
+
+
+def _sweep(problem: Problem, groups: list[Group]) -> list[list[Unit]]:
     least, units = dp.min_peak(problem, groups), [u for u in problem.units if u.group in groups]
     blocks = {b for u in units for b in u.blocks}
     top = least + len(blocks) * max((sum(h.bytes for h in u.holds) for u in units), default=0)  # each block's unit
