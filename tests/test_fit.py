@@ -13,7 +13,7 @@ import pytest
 import remat
 from remat.cli import main
 from remat.fit import AS_IS, NO, WITH_PLAN, FitError, will_it_fit
-from remat.fit.outcome import fits_reserve
+from remat.fit.outcome import fits_reserve, with_margin
 
 H, I, HEADS, KV, V = 512, 1024, 8, 4, 2048  # noqa: E741  hidden, intermediate, heads, key/value heads, vocabulary
 KVD = H // HEADS * KV  # width of the key and value projections
@@ -222,6 +222,69 @@ def test_a_least_plan_the_allocator_fragments_far_over_the_gpu_does_not_fit_with
     assert "remat: cannot read the budget" not in err
 
 
+def test_an_encoder_decoder_plans_both_stacks_below_what_dp_reaches(tmp_path):
+    """A T5 whose config names no architectures (BART's on the Hub names BartModel) is a sequence-to-sequence LM
+    (it was refused: "no causal LM or masked LM head"), and it fits a GPU that only plans of both stacks reach: dp's
+    chain is the encoder's blocks alone (least 410 MiB of tensors here, its replayed reserve 463.8 MiB with the
+    margin: "does not fit"), where remat.plan's ilp over the module tree reaches 293 MiB."""
+    config = {"model_type": "t5", "d_model": 128, "d_ff": 512, "d_kv": 32, "num_layers": 8, "num_heads": 4}
+    config |= {"vocab_size": 512, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "450MiB", seq=512, batch=8, changes=())
+    assert answer.model == "T5ForConditionalGeneration"
+    assert answer.notes[:2] == [
+        "the config names no architectures: trained as a sequence-to-sequence LM",
+        "the decoder is given labels of 512 tokens per sequence, as many as the encoder reads",
+    ]
+    assert answer.outcome.verdict == WITH_PLAN, str(answer)
+    plan = answer.plan
+    with pytest.raises(remat.InfeasibleBudget) as dp:
+        remat.plan(answer.profile, 1, solver="dp")
+    assert plan.peak_bytes < dp.value.min_bytes  # under anything dp's chain reaches
+    names = [n for seg in plan.segments for n in seg]
+    assert any(n.startswith("decoder.") for n in [*names, *plan.selective])  # the stack dp's chain leaves out
+    reserve = plan.gpu_reserve
+    held = reserve.expandable_reserved_bytes if answer.outcome.allocator else reserve.reserved_bytes
+    assert fits_reserve(held, 450 * 2**20)
+
+
+def test_the_checkpoints_line_numbers_layers_in_order():
+    """T5-base's plan listed "decoder.block.10.layer.1-2, decoder.block.11.layer.1-2, decoder.block.2.layer.1-2"."""
+    from types import SimpleNamespace
+
+    from remat.fit.answer import checkpoints
+
+    names = ["decoder.block.10.layer.1", "decoder.block.10.layer.2", "decoder.block.2.layer.2", "model.layers.3"]
+    plan = SimpleNamespace(segments=[[n] for n in names], selective=["h.11", "h.9", "h.10"], offload=[])
+    assert checkpoints(plan) == (
+        "decoder.block.2.layer.2, decoder.block.10.layer.1-2, model.layers.3; selective (some ops' outputs kept): h.9-11"
+    )
+
+
+def test_an_estimate_under_the_gpu_in_tensors_but_not_in_reserve_says_its_reserve(monkeypatch):
+    """A change whose least-memory plan's tensors fit under the GPU but not with the reserve's margin: the answer said
+    "does not fit: the least is about 23.7 GiB of tensors" of a 24 GiB GPU (Falcon-7B, --world-size 8); it says what
+    the GPU would need, the replayed reserve with its margin."""
+    from remat.fit.estimate import Figures, estimate
+    from remat.fit.setup import Setup, parse_gpu
+    from remat.fit.suggest import Suggestion
+    from remat.fit.answer import _suggestion
+    from remat.types.reserve import GpuReserve
+
+    gib = 2**30
+    gpu = parse_gpu("24GiB")
+    tensors = 23.7 * gib  # under 24 GiB, over 24 GiB / 1.04: the least-memory plan fits no reserve
+    shallow = Figures(30 * gib, gib, gib, tensors, 1.0, 4.0, 1.0, 4.0, 10 * gib)
+    replay = GpuReserve(0, int(tensors + 1.5 * gib), int(tensors + 0.9 * gib))
+    monkeypatch.setattr("remat.fit.estimate.figures", lambda *args: (shallow, lambda: replay))
+    outcome = estimate(None, "causal", Setup(seq=2048, world_size=8), gpu, 32)
+    assert outcome.verdict == NO and not outcome.close
+    need = with_margin(replay.expandable_reserved_bytes)  # the lesser reserve, expandable segments', with the margin
+    assert outcome.least_is_reserve and abs(outcome.least_bytes - need) <= 2 and need > gpu.memory_bytes
+    said = _suggestion(Suggestion("world-size", "--world-size 8", outcome))
+    assert said == "does not fit: the least is about 25.6 GiB reserved", said
+
+
 # -- errors --------------------------------------------------------------------------------------------------------
 
 
@@ -245,7 +308,7 @@ def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expect
     [
         ("no_type", 'has no "model_type"'),
         ("empty", "is a folder without a config.json"),
-        ("vit", "has no causal LM or masked LM head"),
+        ("vit", "has no causal LM, masked LM or sequence-to-sequence LM head"),
         ("missing/config.json", "does not exist"),
     ],
 )

@@ -89,6 +89,8 @@ def will_it_fit(
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
     name, notes = built.name if not lora else f"{built.name} with LoRA", [head_note] if head_note else []
+    if head == "seq2seq":  # NOTE [A model from its config], Rule 5
+        notes.append(f"the decoder is given labels of {seq} tokens per sequence, as many as the encoder reads")
     # NOTE [A kernel Hugging Face runs as its reference]: the answer says which layers the prediction ran as such
     notes += [n for n in prof.notes if n.startswith(REFERENCE_NOTE)]
     answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)

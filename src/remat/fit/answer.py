@@ -135,6 +135,11 @@ def checkpoints(plan: Plan) -> str:
     return "; ".join(p for p in parts if p) or "none"
 
 
+def _natural(name: str) -> list:
+    """ "decoder.block.2." before "decoder.block.10."."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", name)]
+
+
 def _ranges(names: list[str]) -> str:
     groups: dict[str, list[int]] = {}
     loose = []
@@ -145,7 +150,7 @@ def _ranges(names: list[str]) -> str:
         else:
             loose.append(name)
     out = []
-    for prefix, numbers in groups.items():
+    for prefix, numbers in sorted(groups.items(), key=lambda kv: _natural(kv[0])):
         numbers, runs = sorted(numbers), list[list[int]]()
         for n in numbers:
             if runs and n == runs[-1][1] + 1:

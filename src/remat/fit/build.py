@@ -4,8 +4,9 @@ NOTE [A model from its config]
   Rule 1. CONFIG is a `config.json`, a folder holding one, or a model name `transformers.AutoConfig` resolves
           (which needs the network, or the name in the Hugging Face cache).
   Rule 2. The head is the one `architectures` names where it is a causal LM, masked LM, sequence or token
-          classification, or sequence-to-sequence LM; otherwise a masked LM for a model type that has one (BERT
-          and other encoders), else a causal LM.  The model is built with `from_config` on the meta device: no
+          classification, or sequence-to-sequence LM; otherwise, for an encoder-decoder config (BART, T5), a
+          sequence-to-sequence LM, else a masked LM for a model type that has one (BERT and other encoders), else a
+          causal LM.  The model is built with `from_config` on the meta device: no
           weights exist, and the fake step materialises them as fake tensors.
   Rule 3. `--dtype` bf16/fp16/fp32 builds the weights in that dtype, so the gradients and AdamW's two moments
           are in it too (8 bytes per parameter in bf16); amp-bf16/amp-fp16 keeps fp32 weights and runs the
@@ -14,7 +15,8 @@ NOTE [A model from its config]
           target_modules="all-linear"))`: adapters on every linear layer but the output head, the base frozen.
           peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
-          head's shape; the loss is the model's own (`output.loss`).
+          head's shape; the loss is the model's own (`output.loss`).  A sequence-to-sequence LM shifts its labels
+          into the decoder's input: its decoder takes `seq` tokens too (the answer notes it).
   Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
           (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
           remat.profile runs).
@@ -43,6 +45,10 @@ HEADS = {  # head -> (Auto class, the mapping of model types to that head's clas
     "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
 }
+FALLBACK = ("masked", "causal", "seq2seq")
+FALLBACK_SEQ2SEQ_FIRST = ("seq2seq", "masked", "causal")
+"""Rule 2's order where `architectures` names no head: an encoder-decoder config (BART, T5) is a seq2seq LM first."""
+FALLBACK_WORDS = {"masked": "masked LM", "causal": "causal LM", "seq2seq": "sequence-to-sequence LM"}
 PEFT_TASKS = {"causal": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "seq-cls": "SEQ_CLS", "token-cls": "TOKEN_CLS"}
 CONFIG_FIX = "Fix: pass the path of the model's config.json (or the folder holding it)"
 
@@ -141,13 +147,14 @@ def head_of(config) -> tuple[str, str]:
             if arch in classes(mapping):
                 return head, ""
     kind = config.model_type
-    for head in ("masked", "causal"):
+    for head in FALLBACK_SEQ2SEQ_FIRST if getattr(config, "is_encoder_decoder", False) else FALLBACK:
         if kind in getattr(modeling_auto, HEADS[head][1]):
             named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
-            return head, f"{named}: trained as a {'masked' if head == 'masked' else 'causal'} LM"
+            return head, f"{named}: trained as a {FALLBACK_WORDS[head]}"
     raise FitError(
-        f"remat: the config's model type {kind!r} (architectures: {', '.join(archs) or 'none'}) has no causal LM or "
-        f"masked LM head in transformers {_version()}; expected a text model (LlamaForCausalLM, BertForMaskedLM, ...). "
+        f"remat: the config's model type {kind!r} (architectures: {', '.join(archs) or 'none'}) has no causal LM, "
+        f"masked LM or sequence-to-sequence LM head in transformers {_version()}; expected a text model "
+        "(LlamaForCausalLM, BertForMaskedLM, T5ForConditionalGeneration, ...). "
         "Fix: pass the config.json of a text model, or profile your own model and batch with "
         "`remat profile file.py:factory --mode fake --device cuda`."
     )

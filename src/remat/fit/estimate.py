@@ -105,14 +105,15 @@ def estimate(config, head: str, setup: Setup, gpu: Gpu, layers: int) -> Outcome:
     base = Outcome(setup, NO, states_bytes=int(f.states), least_tensors_bytes=int(f.least_tensors), estimated=how)
     replayed = functools.cache(replay)
     strict = _decide(base, f, two.least_tensors, replayed, int(gpu.memory_bytes / (1 + ESTIMATE_MARGIN)))
-    if not strict.fits and _decide(base, f, two.least_tensors, replayed, gpu.memory_bytes).fits:
-        return _replace(strict, close=True)  # Rule 4
-    return strict
+    if strict.fits:
+        return strict
+    loose = _decide(base, f, two.least_tensors, replayed, gpu.memory_bytes)
+    return _replace(strict, close=True) if loose.fits else loose  # Rule 4; the least as the GPU's own size has it
 
 
 def _decide(base: Outcome, f: Figures, deeper_least: float, replay: Callable[[], GpuReserve], budget: int) -> Outcome:
     """NOTE [Does a step fit] on the extrapolated figures (Rules 2-3), for a GPU of `budget` bytes."""
-    if not fits_reserve(int(f.least_tensors), budget):
+    if f.least_tensors > budget:  # tensors alone over it; tensors under it may still reserve over it (below)
         return _replace(base, least_bytes=int(f.least_tensors))
     for allocator, over in (("", f.reserved_over), (EXPANDABLE, f.expandable_over)):
         if fits_reserve(int(f.tensors + over), budget):

@@ -126,16 +126,20 @@ def make_plan(prof: StepProfile, budget: int) -> Plan:
 
 
 def _dp_or_least(prof: StepProfile, budget: int) -> Plan:
-    """dp's plan for `budget`, or dp's least-memory plan where `budget` is below it (Rule 5)."""
+    """dp's plan for `budget`; where dp has none, remat.plan's own pick for it, whose ilp may reach lower (an
+    encoder-decoder's chain is one of its two stacks); below both, the least-memory plan of the two (Rule 5)."""
     try:
         return remat_plan(prof, budget, solver="dp")
     except InfeasibleBudget as e:
-        return remat_plan(prof, e.min_bytes, solver="dp")
+        dp_least = e.min_bytes
     except RematError:
-        try:
-            return remat_plan(prof, budget)
-        except InfeasibleBudget as e:
-            return remat_plan(prof, e.min_bytes)
+        dp_least = None
+    try:
+        return remat_plan(prof, budget)
+    except InfeasibleBudget as e:
+        if dp_least is not None and dp_least <= e.min_bytes:
+            return remat_plan(prof, dp_least, solver="dp")
+        return remat_plan(prof, e.min_bytes)
 
 
 def least_tensors(prof: StepProfile) -> int:
@@ -156,14 +160,21 @@ def least_plan(prof: StepProfile) -> Plan:
 
 def _replanner(prof: StepProfile, budget: int, checked: list[tuple[Plan, GpuReserve]]) -> Callable[[int], Plan]:
     """fit_reserve's replan, stepping down from the last checked plan's own tensors (not from the target, which may
-    lie far above them: the same plan again) by its reserve's excess, and never below the least-memory plan."""
+    lie far above them: the same plan again) by its reserve's excess, and never below the least-memory plan (planned
+    once: the ilp finds it in seconds on an encoder-decoder, where dp's chain is one of its stacks)."""
+    least: list[Plan] = []
 
     def replan(target: int) -> Plan:
         if checked:
             plan, reserve = checked[-1]
             over = int(reserve.reserved_bytes * (1 + RESERVE_MARGIN)) - budget
             target = max(min(target, plan.peak_bytes - max(over, MIN_STEP)), 1)  # 1: the least-memory plan
-        return dataclasses.replace(_dp_or_least(prof, target), budget_bytes=budget)
+        if least and target <= least[0].peak_bytes:
+            return least[0]
+        plan = dataclasses.replace(_dp_or_least(prof, target), budget_bytes=budget)
+        if plan.peak_bytes > target:  # the target is below any plan: this is the least-memory plan
+            least.append(plan)
+        return plan
 
     return replan
 
