@@ -13,6 +13,7 @@ import pytest
 import remat
 from remat.cli import main
 from remat.fit import AS_IS, NO, WITH_PLAN, FitError, will_it_fit
+from remat.fit.answer import gib
 from remat.fit.outcome import fits_reserve, with_margin
 
 H, I, HEADS, KV, V = 512, 1024, 8, 4, 2048  # noqa: E741  hidden, intermediate, heads, key/value heads, vocabulary
@@ -178,6 +179,23 @@ def test_does_not_fit_gives_the_least_budget_of_remat_plan(configs, big):
     assert answer.outcome.least_bytes == e.value.min_bytes > budget
     assert answer.outcome.states_bytes == 4 * big.profile.param_bytes  # parameters + gradients + 2 moments
     assert "answer: does not fit: the least any checkpointing plan needs is" in str(answer)
+
+
+def test_a_least_at_the_optimizer_step_says_so_with_adamws_temporaries(configs):
+    """Falcon-7B on 24 GiB: "the least any checkpointing plan needs is 64.5 GiB ...; parameters, gradients and
+    optimizer state alone are 51.6 GiB" left 12.9 GiB unexplained: AdamW's foreach kernels make a temporary of
+    every parameter's size in the optimizer step, which no plan changes."""
+    answer = will_it_fit(configs["llama"], "4MiB", seq=16, batch=1, changes=())
+    prof, o = answer.profile, answer.outcome
+    assert o.verdict == NO and o.least_bytes == prof.peak_bytes and prof.peak_phase == "optimizer"
+    lines = str(answer).splitlines()
+    line = lines[next(i for i, s in enumerate(lines) if s.startswith("answer:")) + 1]
+    states, temporaries = gib(o.states_bytes), gib(prof.param_bytes)  # sqrt(exp_avg_sq) of every parameter
+    assert line == (
+        f"  the least is the optimizer step's peak, which no checkpoint lowers: those {states}, {temporaries} of "
+        "AdamW's temporaries (its foreach kernels' intermediates; torch.optim.AdamW(params, foreach=False) makes them "
+        "one tensor at a time), and cuBLAS's workspaces, 64.0 MiB"
+    ), line
 
 
 def test_a_suggested_batch_estimated_from_shallow_copies_fits_when_run(configs, monkeypatch):
