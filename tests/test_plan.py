@@ -176,6 +176,30 @@ def test_a_tie_break_highs_cannot_answer_leaves_the_cheapest_plan_and_tries_byte
     assert seen[1] > 100 * ilp.SCALED_PEAK  # the tie-break program's first form: memory rows in bytes
 
 
+def test_a_cost_program_that_spends_the_time_limit_leaves_no_tie_break(monkeypatch):
+    """A T5 of 12 + 12 layers at 512 tokens: the cheapest plan's program ran into the 60 s limit, then the tie-break
+    program did too, 120 s a plan.  The tie-break now has what the first program left of the limit."""
+    import scipy.optimize
+
+    model = nn.Sequential(*[nn.Sequential(nn.Linear(64, 64), nn.ReLU()) for _ in range(6)])
+    prof = remat.profile(model, torch.randn(4096, 64), optimizer=torch.optim.Adam, mode="fake")
+    problem, budget = Problem.from_profile(prof), int(0.85 * prof.peak_bytes)
+    real, tie_break, clock, ties = scipy.optimize.milp, ilp._least_tie_then_peak, [1000.0], []
+
+    def spends_the_limit(c, **kw):
+        clock[0] += kw["options"]["time_limit"]
+        return real(c, **kw)
+
+    monkeypatch.setattr(ilp.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(scipy.optimize, "milp", spends_the_limit)
+    monkeypatch.setattr(ilp, "_least_tie_then_peak", lambda *a: ties.append(a) or tie_break(*a))
+    cheapest = ilp.solve(problem, budget, time_limit_s=60.0)
+    monkeypatch.undo()
+    assert ties == []  # the cost program took the whole limit: no tie-break program ran
+    assert cheapest and problem.peak(cheapest) <= budget
+    assert problem.cost(cheapest) == problem.cost(ilp.solve(problem, budget))
+
+
 @settings(max_examples=60, deadline=None)
 @given(graphs(), st.integers(0, 130))
 def test_ilp_equals_brute_force_on_graphs(problem, budget):
