@@ -99,7 +99,7 @@ def _memory(prof: StepProfile) -> list[str]:
 
 
 def _verdict(a: FitAnswer) -> list[str]:
-    o, room, prof = a.outcome, gib(a.gpu.memory_bytes), a.outcome.step_profile
+    o, room = a.outcome, gib(a.gpu.memory_bytes)
     setting = allocator_words(o.allocator)
     if o.verdict == AS_IS:
         return [f"answer: fits as is{setting}: the step reserves {gib(o.reserve_bytes)} of the GPU's {room}."]
@@ -116,26 +116,31 @@ def _verdict(a: FitAnswer) -> list[str]:
         ]
     what = "of GPU memory (the caching allocator's reserve)" if o.least_is_reserve else "of tensors"
     more = "" if o.least_is_reserve else ", and the caching allocator reserves more than its tensors"
-    lines = [
+    return [
         (
             f"answer: does not fit: the least any checkpointing plan needs is {gib(o.least_bytes)} {what}, over "
             f"the GPU's {room}{more}; parameters, gradients and optimizer state alone are {gib(o.states_bytes)}."
-        )
+        ),
+        *_optimizer_floor(o),
     ]
-    optimizer_peak = max(
-        (b for b, phase in zip(prof.timeline.live_bytes, prof.timeline.phases) if phase == "optimizer"), default=0
-    )
+
+
+def _optimizer_floor(o: Outcome) -> list[str]:
+    """Where the least any plan reaches is the optimizer step's own peak, which no checkpoint changes: a line that
+    says so, with AdamW's temporaries (its foreach kernels make one of every parameter's size)."""
+    prof = o.step_profile
+    optimizer_peak = prof.timeline.phase_peak("optimizer")
     least = o.least_tensors_bytes or (0 if o.least_is_reserve else o.least_bytes)
-    if least and optimizer_peak >= least:  # no plan goes below the optimizer step, which no checkpoint changes
-        p = prof.at_peak
-        besides = p.workspaces_bytes + p.buffers_bytes + p.inputs_bytes  # there all step long
-        workspaces = f", and cuBLAS's workspaces, {gib(p.workspaces_bytes)}" if p.workspaces_bytes else ""
-        lines.append(
-            f"  the least is the optimizer step's peak, which no checkpoint lowers: those {gib(o.states_bytes)}, "
-            f"{gib(optimizer_peak - o.states_bytes - besides)} of AdamW's temporaries (its foreach kernels' "
-            f"intermediates; torch.optim.AdamW(params, foreach=False) makes them one tensor at a time){workspaces}"
-        )
-    return lines
+    if not least or optimizer_peak < least:
+        return []
+    p = prof.at_peak
+    besides = p.workspaces_bytes + p.buffers_bytes + p.inputs_bytes  # there all step long
+    workspaces = f", and cuBLAS's workspaces, {gib(p.workspaces_bytes)}" if p.workspaces_bytes else ""
+    return [
+        f"  the least is the optimizer step's peak, which no checkpoint lowers: those {gib(o.states_bytes)}, "
+        f"{gib(optimizer_peak - o.states_bytes - besides)} of AdamW's temporaries (its foreach kernels' "
+        f"intermediates; torch.optim.AdamW(params, foreach=False) makes them one tensor at a time){workspaces}"
+    ]
 
 
 def checkpoints(plan: Plan) -> str:

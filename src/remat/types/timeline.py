@@ -24,6 +24,10 @@ class Timeline:
     def __len__(self) -> int:
         return len(self.live_bytes)
 
+    def phase_peak(self, phase: str) -> int:
+        """The most live tensor bytes after an op of `phase` (0 where none ran)."""
+        return max((b for b, ph in zip(self.live_bytes, self.phases) if ph == phase), default=0)
+
     def phase_spans(self) -> list[tuple[str, int, int]]:
         """[(phase, first index, last index + 1)] in order."""
         spans: list[tuple[str, int, int]] = []
