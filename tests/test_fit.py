@@ -132,6 +132,42 @@ def test_a_bert_config_is_a_masked_lm_with_its_embedding_tied(configs):
     assert answer.profile.param_bytes == 2 * bert_parameters()
 
 
+def test_a_question_answering_head_is_built_not_a_masked_lm(configs, tmp_path):
+    """BertForQuestionAnswering was trained as a masked LM: its step held logits over the vocabulary, where the QA
+    head gives two numbers a token, and the answer said "BertForMaskedLM"."""
+    (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": ["BertForQuestionAnswering"]}))
+    qa = will_it_fit(str(tmp_path), "80GB", seq=512, batch=8, changes=())
+    mlm = will_it_fit(configs["bert"], "80GB", seq=512, batch=8, changes=())
+    assert qa.model == "BertForQuestionAnswering" and qa.notes == []
+    mlm_head = (H * H + H) + 2 * H + V  # the transform, its LayerNorm, the decoder's bias
+    assert qa.params == bert_parameters() - mlm_head + (2 * H + 2)  # qa_outputs: a start and an end logit
+    logits = 8 * 512 * V * 2  # the masked LM's bf16 logits, which the QA step never makes
+    assert qa.profile.peak_bytes <= mlm.profile.peak_bytes - logits
+
+
+@pytest.mark.parametrize(
+    "arch, task",
+    [("BertForMultipleChoice", "multiple choice"), ("BertForNextSentencePrediction", "next sentence prediction")],
+)
+def test_a_head_of_another_task_is_refused_not_replaced(tmp_path, arch, task):
+    (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": [arch]}))
+    with pytest.raises(FitError, match=f"^remat: the config's architectures name {arch}, .* its {task} models") as e:
+        will_it_fit(str(tmp_path), "80GB", seq=128)
+    assert "question answering heads" in str(e.value) and "Fix: profile your own model" in str(e.value)
+
+
+def test_a_bart_for_conditional_generation_is_a_seq2seq_lm(tmp_path):
+    """BartForConditionalGeneration is in transformers' masked LM mapping too: it was built as a masked LM, the same
+    class, without the note that its decoder is given labels of --seq tokens."""
+    config = {"model_type": "bart", "architectures": ["BartForConditionalGeneration"], "d_model": 256}
+    config |= {"encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 512, "decoder_ffn_dim": 512}
+    config |= {"encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=128, changes=())
+    assert answer.model == "BartForConditionalGeneration"
+    assert answer.notes == ["the decoder is given labels of 128 tokens per sequence, as many as the encoder reads"]
+
+
 def test_lora_trains_only_its_adapters_in_fp32(configs):
     answer = will_it_fit(configs["llama"], "80GB", seq=128, batch=2, lora=8)
     prof, adapters = answer.profile, lora_parameters(8)
@@ -326,7 +362,7 @@ def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expect
     [
         ("no_type", 'has no "model_type"'),
         ("empty", "is a folder without a config.json"),
-        ("vit", "has no causal LM, masked LM or sequence-to-sequence LM head"),
+        ("vit", "name ViTForImageClassification, which transformers"),
         ("missing/config.json", "does not exist"),
     ],
 )

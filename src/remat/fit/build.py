@@ -3,11 +3,13 @@
 NOTE [A model from its config]
   Rule 1. CONFIG is a `config.json`, a folder holding one, or a model name `transformers.AutoConfig` resolves
           (which needs the network, or the name in the Hugging Face cache).
-  Rule 2. The head is the one `architectures` names where it is a causal LM, masked LM, sequence or token
-          classification, or sequence-to-sequence LM; otherwise, for an encoder-decoder config (BART, T5), a
-          sequence-to-sequence LM, else a masked LM for a model type that has one (BERT and other encoders), else a
-          causal LM.  The model is built with `from_config` on the meta device: no
-          weights exist, and the fake step materialises them as fake tensors.
+  Rule 2. The head is the one `architectures` names where it is a causal LM, sequence-to-sequence LM, masked LM,
+          sequence or token classification, or question answering head.  A head of another task (Whisper's speech
+          model, a ViT classifier, multiple choice) is refused: another head in its place is another model.
+          Otherwise (a base class such as BartModel, a pretraining class, or no architectures), for an
+          encoder-decoder config (BART, T5), a sequence-to-sequence LM, else a masked LM for a model type that has
+          one (BERT and other encoders), else a causal LM.  The model is built with `from_config` on the meta
+          device: no weights exist, and the fake step materialises them as fake tensors.
   Rule 3. `--dtype` bf16/fp16/fp32 builds the weights in that dtype, so the gradients and AdamW's two moments
           are in it too (8 bytes per parameter in bf16); amp-bf16/amp-fp16 keeps fp32 weights and runs the
           model's forward under `torch.autocast` (16 bytes per parameter).
@@ -15,8 +17,9 @@ NOTE [A model from its config]
           target_modules="all-linear"))`: adapters on every linear layer but the output head, the base frozen.
           peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
-          head's shape; the loss is the model's own (`output.loss`).  A sequence-to-sequence LM shifts its labels
-          into the decoder's input: its decoder takes `seq` tokens too (the answer notes it).
+          head's shape (a question answering head: one answer span per row); the loss is the model's own
+          (`output.loss`).  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
+          `seq` tokens too (the answer notes it).
   Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
           (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
           remat.profile runs).
@@ -38,18 +41,28 @@ from torch import nn
 
 from remat.fit.setup import FitError, Setup
 
-HEADS = {  # head -> (Auto class, the mapping of model types to that head's classes)
+HEADS = {  # head -> (Auto class, the mapping of model types to that head's classes), in the order Rule 2 asks
     "causal": ("AutoModelForCausalLM", "MODEL_FOR_CAUSAL_LM_MAPPING_NAMES"),
-    "masked": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),
+    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),  # before masked: BART's
+    "masked": ("AutoModelForMaskedLM", "MODEL_FOR_MASKED_LM_MAPPING_NAMES"),  # ForConditionalGeneration is in both
     "seq-cls": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
-    "seq2seq": ("AutoModelForSeq2SeqLM", "MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES"),
+    "qa": ("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
 }
+HEAD_WORDS = "causal LM, sequence-to-sequence LM, masked LM, sequence or token classification and question answering"
+NOT_A_HEAD = ("MODEL_MAPPING_NAMES", "MODEL_FOR_PRETRAINING_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES")
+"""Mappings of classes that name no task of their own (base models, pretraining's): Rule 2 falls back for them."""
 FALLBACK = ("masked", "causal", "seq2seq")
 FALLBACK_SEQ2SEQ_FIRST = ("seq2seq", "masked", "causal")
 """Rule 2's order where `architectures` names no head: an encoder-decoder config (BART, T5) is a seq2seq LM first."""
 FALLBACK_WORDS = {"masked": "masked LM", "causal": "causal LM", "seq2seq": "sequence-to-sequence LM"}
-PEFT_TASKS = {"causal": "CAUSAL_LM", "seq2seq": "SEQ_2_SEQ_LM", "seq-cls": "SEQ_CLS", "token-cls": "TOKEN_CLS"}
+PEFT_TASKS = {
+    "causal": "CAUSAL_LM",
+    "seq2seq": "SEQ_2_SEQ_LM",
+    "seq-cls": "SEQ_CLS",
+    "token-cls": "TOKEN_CLS",
+    "qa": "QUESTION_ANS",
+}
 CONFIG_FIX = "Fix: pass the path of the model's config.json (or the folder holding it)"
 
 
@@ -133,22 +146,16 @@ def _version() -> str:
 
 def head_of(config) -> tuple[str, str]:
     """(head, note): the head `architectures` names, else the model type's (Rule 2)."""
-    from transformers.models.auto import modeling_auto
-
-    def classes(mapping: str) -> set[str]:
-        names: set[str] = set()
-        for value in getattr(modeling_auto, mapping).values():
-            names.update(value if isinstance(value, (list, tuple)) else [value])
-        return names
-
     archs = list(getattr(config, "architectures", None) or [])
     for arch in archs:
         for head, (_, mapping) in HEADS.items():
-            if arch in classes(mapping):
+            if arch in _classes(mapping):
                 return head, ""
+    for arch in archs:
+        _refuse_other_task(arch)
     kind = config.model_type
     for head in FALLBACK_SEQ2SEQ_FIRST if getattr(config, "is_encoder_decoder", False) else FALLBACK:
-        if kind in getattr(modeling_auto, HEADS[head][1]):
+        if kind in _mapping(HEADS[head][1]):
             named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
             return head, f"{named}: trained as a {FALLBACK_WORDS[head]}"
     raise FitError(
@@ -158,6 +165,38 @@ def head_of(config) -> tuple[str, str]:
         "Fix: pass the config.json of a text model, or profile your own model and batch with "
         "`remat profile file.py:factory --mode fake --device cuda`."
     )
+
+
+def _refuse_other_task(arch: str) -> None:
+    """Rule 2: a head of a task `remat fit` does not build is refused, never replaced by another head (a masked LM's
+    logits in place of a QA head's two numbers, or Whisper's decoder alone in place of the speech model)."""
+    from transformers.models.auto import modeling_auto
+
+    for mapping in sorted(vars(modeling_auto)):
+        if mapping.startswith("MODEL_") and mapping.endswith("_MAPPING_NAMES") and mapping not in NOT_A_HEAD:
+            if arch in _classes(mapping):
+                task = mapping.removeprefix("MODEL_FOR_").removesuffix("_MAPPING_NAMES")
+                task = task.replace("SEQ_2_SEQ", "SEQUENCE_TO_SEQUENCE").replace("_", " ").lower()
+                raise FitError(
+                    f"remat: the config's architectures name {arch}, which transformers {_version()} lists among "
+                    f"its {task} models; remat fit builds {HEAD_WORDS} heads, and another head in its place would "
+                    "predict the memory of another model. Fix: profile your own model and batch with "
+                    "`remat profile file.py:factory --mode fake --device cuda`."
+                )
+
+
+def _mapping(name: str) -> dict:
+    from transformers.models.auto import modeling_auto
+
+    return getattr(modeling_auto, name)
+
+
+def _classes(mapping: str) -> set[str]:
+    """The class names a `transformers` auto mapping holds."""
+    names: set[str] = set()
+    for value in _mapping(mapping).values():
+        names.update(value if isinstance(value, (list, tuple)) else [value])
+    return names
 
 
 def layers_of(config) -> int | None:
@@ -215,6 +254,9 @@ def batch_of(head: str, setup: Setup) -> dict[str, torch.Tensor]:
     """Rule 5: the global batch of token ids and labels, on the meta device."""
     rows = setup.batch * setup.world_size
     ids = torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")
+    if head == "qa":  # each row's answer span: its first and last token
+        span = torch.zeros(rows, dtype=torch.long, device="meta")
+        return {"input_ids": ids, "start_positions": span, "end_positions": span.clone()}
     labels = torch.zeros(rows, *(() if head == "seq-cls" else (setup.seq,)), dtype=torch.long, device="meta")
     return {"input_ids": ids, "labels": labels}
 
