@@ -248,6 +248,45 @@ def test_a_suggested_batch_estimated_from_shallow_copies_fits_when_run(configs, 
     assert f"so: {least.change}" in str(answer)
 
 
+def test_layers_are_counted_and_cut_where_each_config_keeps_them():
+    """GPT-2 counts its layers in "n_layer", T5 in "num_layers" and "num_decoder_layers", BART in "encoder_layers"
+    and "decoder_layers": the estimate's shallow copies raised KeyError('num_hidden_layers') on all three (a T5-base
+    that did not fit 2 GiB ended in a traceback)."""
+    from transformers import BartConfig, GPT2Config, T5Config
+
+    from remat.fit.build import layers_of, stacks_of, with_layers
+
+    gpt2, t5, bart = GPT2Config(n_layer=6), T5Config(num_layers=6), BartConfig(encoder_layers=6, decoder_layers=3)
+    assert [stacks_of(c) for c in (gpt2, t5, bart)] == [[6], [6, 6], [6, 3]]
+    assert [stacks_of(with_layers(c, 2)) for c in (gpt2, t5, bart)] == [[2], [2, 2], [2, 2]]
+    assert with_layers(gpt2, 2).num_hidden_layers == 2 and with_layers(t5, 2).num_decoder_layers == 2
+    assert layers_of(gpt2) == 6
+    assert layers_of(t5) is layers_of(bart) is None  # an encoder-decoder's changes are its whole model's steps
+
+
+def test_a_gpt2_config_changes_are_estimated_from_copies_cut_in_n_layer(monkeypatch, tmp_path):
+    monkeypatch.setattr("remat.fit.suggest.EXTRAPOLATE_FROM", 4)
+    config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4, "n_embd": 256}
+    config |= {"n_head": 4, "vocab_size": 1024, "n_positions": 1024, "bos_token_id": 0, "eos_token_id": 0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "64MiB", seq=1024, batch=8, changes=("batch",))
+    assert answer.outcome.verdict == NO
+    assert "what to change, one at a time (estimated from copies with 1 and 2 of its 4 layers)" in str(answer)
+    assert answer.suggestions[-1].change == "--batch 1" and answer.suggestions[-1].outcome.estimated
+
+
+def test_an_encoder_decoders_changes_are_its_whole_models_steps(monkeypatch, tmp_path):
+    """Its copies with 1 and 2 layers of each stack do not extrapolate: T5-base, 8 x 1024 on 2 GiB, was told
+    "--seq 128  fits with a plan" by them, where its whole model's least at 128 tokens is 2.1 GiB."""
+    monkeypatch.setattr("remat.fit.suggest.EXTRAPOLATE_FROM", 2)
+    config = {"model_type": "t5", "d_model": 128, "d_ff": 512, "d_kv": 32, "num_layers": 2, "num_heads": 4}
+    config |= {"vocab_size": 512, "decoder_start_token_id": 0, "pad_token_id": 0, "eos_token_id": 1}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "16MiB", seq=512, batch=8, changes=("batch",))
+    assert answer.outcome.verdict == NO and answer.suggestions
+    assert not any(s.outcome.estimated for s in answer.suggestions)
+
+
 def test_every_change_ruled_out_by_the_bound_runs_no_step(configs, big):
     budget = 4 * 2**20  # under the parameters alone: no change of batch, sequence, LoRA or GPUs up to 8 fits
     answer = will_it_fit(configs["llama"], f"{budget}B", seq=512, batch=8)

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
-from remat.fit.build import head_of, layers_of, load_config
+from remat.fit.build import head_of, layers_of, load_config, stacks_of
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (
     DTYPES,
@@ -84,7 +84,7 @@ def will_it_fit(
     say("reading the config")
     config, source = load_config(config)
     head, head_note = head_of(config)
-    say(f"predicting the step ({layers_of(config) or '?'} layers, fake tensors)")
+    say(f"predicting the step ({' + '.join(map(str, stacks_of(config))) or '?'} layers, fake tensors)")
     built, prof = profile_step(config, head, setup, gpu)
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)

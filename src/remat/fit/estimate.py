@@ -9,7 +9,10 @@ NOTE [A deep model from two shallow ones]
           `remat.fit.build.with_layers`) and extrapolated, v(L) = v(1) + (L - 1)(v(2) - v(1)).  With many layers
           a plan may also wrap several layers in one checkpoint (Chen's sqrt(n)), and the copies' plans may differ
           in kind from the whole model's: the extrapolation is an estimate, not a bound (docs/fit.md holds it
-          next to the whole model's answer: within 1.1% for Llama-3-8B with LoRA at 8192 tokens).
+          next to the whole model's answer: within 1.1% for Llama-3-8B with LoRA at 8192 tokens).  Not an
+          encoder-decoder's: its least-memory plan is far from linear in the copies' layers (T5-base, 8 x 1024
+          tokens, one rank of 8: 1.73, 1.86, 1.91 and 2.38 GiB with 1, 2, 3 and 12 layers in each stack, so the
+          copies said 3.1 GiB), and `layers_of` gives it no L.
   Rule 2. What the caching allocator reserves beyond the tensors is not linear, nor monotone: it comes from a few
           large blocks (the logits, their gradient) cached where smaller ones cannot use them, and from 2 MiB
           segments (Llama-3-8B's least plan, one rank of 4: 3.0, 2.8, 2.5 GiB with 1, 2, 3 layers; a 4-layer test

@@ -14,9 +14,10 @@ NOTE [What to change]
           attention's scores where no fused kernel runs): the change reaches at least max(S, P + O + f A).  LoRA
           keeps P.  N GPUs keep 1/N of S each, and the same A (each computes the same batch): max(S/N, (P + O)/N
           + A).
-  Rule 3. A change is evaluated by the whole model's step where it has fewer than EXTRAPOLATE_FROM layers, else
-          estimated from copies with 1 and 2 (NOTE [A deep model from two shallow ones]): at 8 layers the two
-          copies and a replay cost about as much as the whole step.
+  Rule 3. A change is evaluated by the whole model's step where it has fewer than EXTRAPOLATE_FROM layers (or is
+          an encoder-decoder), else estimated from copies with 1 and 2
+          (NOTE [A deep model from two shallow ones]): at 8 layers the two copies and a replay cost about as much
+          as the whole step.
 """
 
 from __future__ import annotations
