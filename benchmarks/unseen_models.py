@@ -196,6 +196,28 @@ MODELS: dict[str, tuple[str, str, dict]] = {
             max_position_embeddings=64,
         ),
     ),
+    "whisper": (  # speech seq2seq: 2 clips' log-mel frames (2 x max_source_positions of them), 20 labels each
+        "WhisperConfig",
+        "WhisperForConditionalGeneration",
+        dict(
+            features=16,
+            vocab_size=256,
+            d_model=64,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=128,
+            decoder_ffn_dim=128,
+            num_mel_bins=16,
+            max_source_positions=64,
+            max_target_positions=32,
+            pad_token_id=0,
+            bos_token_id=1,
+            eos_token_id=1,
+            decoder_start_token_id=2,
+        ),
+    ),
     "convnext": (
         "ConvNextConfig",
         "ConvNextForImageClassification",
@@ -229,13 +251,13 @@ MODELS: dict[str, tuple[str, str, dict]] = {
 
 def build(name: str, seq: int = 32):
     """The model of `name` from its config, and a batch for it (2 x `seq` tokens with the attention mask a tokenizer
-    gives them, 4 images of `image` pixels, or 2 clips of `audio` samples)."""
+    gives them, 4 images of `image` pixels, 2 clips of `audio` samples, or 2 clips' log-mel frames)."""
     import transformers as tf
 
     tf.logging.set_verbosity_error()
     config_name, model_name, kwargs = MODELS[name]
     kwargs = dict(kwargs)
-    image, audio = kwargs.pop("image", None), kwargs.pop("audio", None)
+    image, audio, features = kwargs.pop("image", None), kwargs.pop("audio", None), kwargs.pop("features", None)
     torch.manual_seed(0)
     model = getattr(tf, model_name)(getattr(tf, config_name)(**kwargs, **({} if image is None else {"num_labels": 10})))
     if image is not None:
@@ -243,6 +265,9 @@ def build(name: str, seq: int = 32):
     if audio is not None:  # 2 clips of `audio` samples, 20 labels each
         labels = torch.randint(1, kwargs["vocab_size"], (2, 20))
         return model, {"input_values": torch.randn(2, audio), "labels": labels}
+    if features is not None:  # 2 clips of log-mel frames, 20 labels each
+        frames = torch.randn(2, features, 2 * kwargs["max_source_positions"])
+        return model, {"input_features": frames, "labels": torch.randint(3, kwargs["vocab_size"], (2, 20))}
     ids = torch.randint(0, kwargs["vocab_size"], (2, seq))
     mask = {"attention_mask": torch.ones_like(ids)} if "attention_mask" in signature(model.forward).parameters else {}
     return model, {"input_ids": ids, **mask, "labels": ids}  # a tokenizer's batch: its mask, all ones

@@ -9,6 +9,7 @@ import re
 import sys
 
 import pytest
+import torch
 
 import remat
 from remat.cli import main
@@ -166,6 +167,61 @@ def test_a_bart_for_conditional_generation_is_a_seq2seq_lm(tmp_path):
     answer = will_it_fit(str(tmp_path), "80GB", seq=128, changes=())
     assert answer.model == "BartForConditionalGeneration"
     assert answer.notes == ["the decoder is given labels of 128 tokens per sequence, as many as the encoder reads"]
+
+
+def whisper(**changes) -> dict:
+    return {
+        "architectures": ["WhisperForConditionalGeneration"],
+        "model_type": "whisper",
+        "d_model": 256,
+        "encoder_layers": 2,
+        "decoder_layers": 2,
+        "encoder_attention_heads": 4,
+        "decoder_attention_heads": 4,
+        "encoder_ffn_dim": 512,
+        "decoder_ffn_dim": 512,
+        "num_mel_bins": 128,
+        "vocab_size": 1024,
+        "max_source_positions": 1500,
+        "max_target_positions": 64,
+        "pad_token_id": 0,
+        "bos_token_id": 1,
+        "eos_token_id": 1,
+        "decoder_start_token_id": 2,
+        **changes,
+    }
+
+
+def test_whisper_is_its_speech_model_reading_30_s_of_audio_a_row(tmp_path):
+    """WhisperForConditionalGeneration was trained as WhisperForCausalLM: its decoder alone, without the encoder that
+    reads the audio (most of the step's activations)."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    (tmp_path / "config.json").write_text(json.dumps(whisper()))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, changes=())
+    assert answer.model == "WhisperForConditionalGeneration" and answer.notes == []
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(WhisperConfig(**whisper()))
+    assert answer.params == sum(p.numel() for p in model.parameters())
+    assert answer.params - answer.trainable == 1500 * 256  # the encoder's positions, which Whisper freezes
+    assert "trained, the rest frozen;" in str(answer).splitlines()[0]
+    assert "step: batch 2 x 30 s of audio (3000 log-mel frames) and 64 label tokens per GPU" in str(answer)
+    frames = 2 * 128 * 3000 * 2  # the batch's bf16 log-mel frames
+    assert answer.profile.input_bytes >= frames
+    assert {b.name for b in answer.profile.blocks} >= {"model.encoder.layers.0", "model.decoder.layers.1"}
+
+
+def test_a_whisper_config_without_architectures_is_not_its_decoder_alone(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(whisper(architectures=None)))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, changes=())
+    assert answer.model == "WhisperForConditionalGeneration"
+    assert answer.notes == ["the config names no architectures: trained as a speech sequence-to-sequence model"]
+
+
+def test_more_label_tokens_than_whisper_allows(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(whisper()))
+    with pytest.raises(FitError, match=r"at most 64 positions \(max_target_positions\)\. Fix: --seq 64 or shorter"):
+        will_it_fit(str(tmp_path), "80GB", seq=128, changes=())
 
 
 def test_lora_trains_only_its_adapters_in_fp32(configs):

@@ -38,7 +38,9 @@ def register(verbs) -> None:
 
 def _add_step_shape(p: argparse.ArgumentParser) -> None:
     """The step `remat fit` predicts: its size, dtype, adapters, ranks, and what to try where it does not fit."""
-    p.add_argument("--seq", type=int, default=2048, metavar="N", help="tokens per sequence (default: 2048)")
+    p.add_argument(
+        "--seq", type=int, default=2048, metavar="N", help="tokens per sequence (Whisper: label tokens; default: 2048)"
+    )
     p.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per GPU and step (default: 1)")
     p.add_argument(
         "--dtype",

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
-from remat.fit.build import head_of, layers_of, load_config, stacks_of
+from remat.fit.build import head_of, layers_of, load_config, row_words, stacks_of
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (
     DTYPES,
@@ -93,7 +93,8 @@ def will_it_fit(
         notes.append(f"the decoder is given labels of {seq} tokens per sequence, as many as the encoder reads")
     # NOTE [A kernel Hugging Face runs as its reference]: the answer says which layers the prediction ran as such
     notes += [n for n in prof.notes if n.startswith(REFERENCE_NOTE)]
-    answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
+    row = row_words(config, head, seq)
+    answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes, row=row)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)
     return answer

@@ -31,6 +31,8 @@ class FitAnswer:
     suggestions: list[Suggestion] = field(default_factory=list)
     """Where it does not fit: each change tried (NOTE [What to change])."""
     notes: list[str] = field(default_factory=list)
+    row: str = ""
+    """What one row of the batch is, where not `setup.seq` tokens ("30 s of audio (3000 log-mel frames) and ...")."""
 
     @property
     def fits(self) -> bool:
@@ -62,12 +64,14 @@ def count(n: int) -> str:
 
 def render(a: FitAnswer) -> list[str]:
     setup, prof = a.outcome.setup, a.outcome.step_profile
-    trained = "all trained" if a.trainable == a.params else f"{count(a.trainable)} trained (LoRA r={setup.lora})"
+    trained = "all trained"
+    if a.trainable != a.params:  # LoRA's adapters, or what the model freezes itself (Whisper's audio positions)
+        trained = f"{count(a.trainable)} trained" + (f" (LoRA r={setup.lora})" if setup.lora else ", the rest frozen")
     ranks = f"each of {setup.world_size} GPUs (FSDP2)" if setup.world_size > 1 else "one GPU"
     lines = [
         (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.trains()}"),
         (
-            f"step: batch {setup.batch} x {setup.seq} tokens per GPU, AdamW, the loss kept (Hugging Face's Trainer), "
+            f"step: batch {setup.batch} x {a.row or f'{setup.seq} tokens'} per GPU, AdamW, the loss kept (Hugging Face's Trainer), "
             f"on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
         ),
         *_memory(prof),

@@ -3,13 +3,14 @@
 NOTE [A model from its config]
   Rule 1. CONFIG is a `config.json`, a folder holding one, or a model name `transformers.AutoConfig` resolves
           (which needs the network, or the name in the Hugging Face cache).
-  Rule 2. The head is the one `architectures` names where it is a causal LM, sequence-to-sequence LM, masked LM,
-          sequence or token classification, or question answering head.  A head of another task (Whisper's speech
-          model, a ViT classifier, multiple choice) is refused: another head in its place is another model.
-          Otherwise (a base class such as BartModel, a pretraining class, or no architectures), for an
-          encoder-decoder config (BART, T5), a sequence-to-sequence LM, else a masked LM for a model type that has
-          one (BERT and other encoders), else a causal LM.  The model is built with `from_config` on the meta
-          device: no weights exist, and the fake step materialises them as fake tensors.
+  Rule 2. The head is the one `architectures` names where it is a causal LM, sequence-to-sequence LM (Whisper's
+          speech one too), masked LM, sequence or token classification, or question answering head.  A head of
+          another task (a ViT classifier, multiple choice, another speech model) is refused: another head in its
+          place is another model.  Otherwise (a base class such as BartModel, a pretraining class, or no
+          architectures), for an encoder-decoder config (BART, T5, Whisper), a sequence-to-sequence LM, never its
+          decoder alone as a causal LM; else a masked LM for a model type that has one (BERT and other encoders),
+          else a causal LM.  The model is built with `from_config` on the meta device: no weights exist, and the
+          fake step materialises them as fake tensors.
   Rule 3. `--dtype` bf16/fp16/fp32 builds the weights in that dtype, so the gradients and AdamW's two moments
           are in it too (8 bytes per parameter in bf16); amp-bf16/amp-fp16 keeps fp32 weights and runs the
           model's forward under `torch.autocast` (16 bytes per parameter).
@@ -19,7 +20,9 @@ NOTE [A model from its config]
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
           head's shape (a question answering head: one answer span per row); the loss is the model's own
           (`output.loss`).  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
-          `seq` tokens too (the answer notes it).
+          `seq` tokens too (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row
+          (2 x max_source_positions, in the weights' dtype), however long the clip: its feature extractor pads
+          every clip to that; `seq` is the labels' tokens, at most max_target_positions.
   Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
           (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
           remat.profile runs).
@@ -48,21 +51,34 @@ HEADS = {  # head -> (Auto class, the mapping of model types to that head's clas
     "seq-cls": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     "qa": ("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
 }
-HEAD_WORDS = "causal LM, sequence-to-sequence LM, masked LM, sequence or token classification and question answering"
+SPEECH = ("whisper",)
+"""Model types whose audio input Rule 5 knows (log-mel frames): other speech heads are refused (Rule 2)."""
+FRAMES_PER_SECOND = 100  # Whisper's feature extractor: a frame every 160 samples at 16 kHz
+HEAD_WORDS = (
+    "causal LM, sequence-to-sequence LM (Whisper's speech one too), masked LM, sequence or token classification and "
+    "question answering"
+)
 NOT_A_HEAD = ("MODEL_MAPPING_NAMES", "MODEL_FOR_PRETRAINING_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES")
 """Mappings of classes that name no task of their own (base models, pretraining's): Rule 2 falls back for them."""
 FALLBACK = ("masked", "causal", "seq2seq")
-FALLBACK_SEQ2SEQ_FIRST = ("seq2seq", "masked", "causal")
-"""Rule 2's order where `architectures` names no head: an encoder-decoder config (BART, T5) is a seq2seq LM first."""
-FALLBACK_WORDS = {"masked": "masked LM", "causal": "causal LM", "seq2seq": "sequence-to-sequence LM"}
+FALLBACK_SEQ2SEQ_FIRST = ("seq2seq", "speech-seq2seq", "masked")
+"""Rule 2's order where `architectures` names no head: an encoder-decoder config (BART, T5) is a seq2seq LM first,
+and never a causal LM (Whisper's is its decoder alone)."""
+FALLBACK_WORDS = {
+    "masked": "masked LM",
+    "causal": "causal LM",
+    "seq2seq": "sequence-to-sequence LM",
+    "speech-seq2seq": "speech sequence-to-sequence model",
+}
 PEFT_TASKS = {
     "causal": "CAUSAL_LM",
     "seq2seq": "SEQ_2_SEQ_LM",
     "seq-cls": "SEQ_CLS",
     "token-cls": "TOKEN_CLS",
     "qa": "QUESTION_ANS",
-}
+}  # none for Whisper: peft's seq2seq model passes `input_ids`, and Hugging Face's Whisper recipe names no task
 CONFIG_FIX = "Fix: pass the path of the model's config.json (or the folder holding it)"
 
 
@@ -149,13 +165,13 @@ def head_of(config) -> tuple[str, str]:
     archs = list(getattr(config, "architectures", None) or [])
     for arch in archs:
         for head, (_, mapping) in HEADS.items():
-            if arch in _classes(mapping):
+            if arch in _classes(mapping) and (head != "speech-seq2seq" or config.model_type in SPEECH):
                 return head, ""
     for arch in archs:
         _refuse_other_task(arch)
     kind = config.model_type
     for head in FALLBACK_SEQ2SEQ_FIRST if getattr(config, "is_encoder_decoder", False) else FALLBACK:
-        if kind in _mapping(HEADS[head][1]):
+        if kind in _mapping(HEADS[head][1]) and (head != "speech-seq2seq" or kind in SPEECH):
             named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
             return head, f"{named}: trained as a {FALLBACK_WORDS[head]}"
     raise FitError(
@@ -270,18 +286,37 @@ def build(config, head: str, setup: Setup) -> Built:
         _Autocast(precision.autocast).register(model)
     unique = {id(p): p for p in model.parameters()}.values()
     trainable = [p for p in unique if p.requires_grad]
-    return Built(model, batch_of(head, setup), sum(p.numel() for p in unique), sum(p.numel() for p in trainable), name)
+    return Built(
+        model, batch_of(config, head, setup), sum(p.numel() for p in unique), sum(p.numel() for p in trainable), name
+    )
 
 
-def batch_of(head: str, setup: Setup) -> dict[str, torch.Tensor]:
-    """Rule 5: the global batch of token ids and labels, on the meta device."""
+def batch_of(config, head: str, setup: Setup) -> dict[str, torch.Tensor]:
+    """Rule 5: the global batch of token ids (Whisper: log-mel frames) and labels, on the meta device."""
     rows = setup.batch * setup.world_size
+    if head == "speech-seq2seq":  # the 30 s of audio Whisper's encoder takes, whatever the clip's length
+        frames = (config.num_mel_bins, audio_frames(config))
+        features = torch.zeros(rows, *frames, dtype=setup.precision.weights, device="meta")
+        return {"input_features": features, "labels": torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")}
     ids = torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")
     if head == "qa":  # each row's answer span: its first and last token
         span = torch.zeros(rows, dtype=torch.long, device="meta")
         return {"input_ids": ids, "start_positions": span, "end_positions": span.clone()}
     labels = torch.zeros(rows, *(() if head == "seq-cls" else (setup.seq,)), dtype=torch.long, device="meta")
     return {"input_ids": ids, "labels": labels}
+
+
+def audio_frames(config) -> int:
+    """The log-mel frames a row of Whisper's batch holds: its encoder's positions after the stride-2 convolution."""
+    return 2 * config.max_source_positions
+
+
+def row_words(config, head: str, seq: int) -> str:
+    """What one row of the batch is, in the answer's words: "2048 tokens", or Whisper's audio and labels."""
+    if head == "speech-seq2seq":
+        frames = audio_frames(config)
+        return f"{frames // FRAMES_PER_SECOND} s of audio ({frames} log-mel frames) and {seq} label tokens"
+    return f"{seq} tokens"
 
 
 def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:

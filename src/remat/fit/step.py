@@ -20,6 +20,9 @@ from remat.planner.api import plan as remat_plan
 from remat.types import Plan, StepProfile
 from remat.types.reserve import EXPANDABLE, GpuReserve
 
+POSITIONS = ("max_position_embeddings", "max_target_positions")
+"""The config fields that bound `--seq`: a text model's positions, Whisper's decoder's (its labels' tokens)."""
+
 Progress = Callable[[str], None]
 
 
@@ -50,12 +53,13 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
                 f"({type(config).__name__} has no attribute {missing!r}). Expected the model's own config.json, "
                 f'where it is set. Fix: add "{missing}" to the config.json, with the value of the model\'s own.'
             ) from e
-        limit = getattr(config, "max_position_embeddings", None)
+        known = [k for k in POSITIONS if isinstance(getattr(config, k, None), int)]
+        field, limit = (known[0], getattr(config, known[0])) if known else ("", None)
         if not (isinstance(limit, int) and setup.seq > limit) and isinstance(e, RematError):
             raise
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
         hint = (
-            f"its config allows at most {limit} positions (max_position_embeddings). Fix: --seq {limit} or shorter"
+            f"its config allows at most {limit} positions ({field}). Fix: --seq {limit} or shorter"
             if isinstance(limit, int) and setup.seq > limit
             else "Fix: check the config and the --seq and --batch asked for"
         )
