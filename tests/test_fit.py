@@ -277,17 +277,36 @@ def test_a_least_at_the_optimizer_step_says_so_with_adamws_temporaries(configs):
     """Falcon-7B on 24 GiB: "the least any checkpointing plan needs is 64.5 GiB ...; parameters, gradients and
     optimizer state alone are 51.6 GiB" left 12.9 GiB unexplained: AdamW's foreach kernels make a temporary of
     every parameter's size in the optimizer step, which no plan changes."""
-    answer = will_it_fit(configs["llama"], "4MiB", seq=16, batch=1, changes=())
+    answer = will_it_fit(configs["llama"], "4MiB", seq=16, batch=1, optim="adamw_torch", changes=())
     prof, o = answer.profile, answer.outcome
     assert o.verdict == NO and o.least_bytes == prof.peak_bytes and prof.peak_phase == "optimizer"
-    lines = str(answer).splitlines()
-    line = lines[next(i for i, s in enumerate(lines) if s.startswith("answer:")) + 1]
     states, temporaries = gib(o.states_bytes), gib(prof.param_bytes)  # sqrt(exp_avg_sq) of every parameter
-    assert line == (
+    assert _line_after_answer(answer) == (
         f"  the least is the optimizer step's peak, which no checkpoint lowers: those {states}, {temporaries} of "
-        "AdamW's temporaries (its foreach kernels' intermediates; torch.optim.AdamW(params, foreach=False) makes them "
-        "one tensor at a time), and cuBLAS's workspaces, 64.0 MiB"
-    ), line
+        "AdamW's temporaries (its foreach kernels' intermediates; fused AdamW, --optim adamw_torch_fused, updates in "
+        "place), and cuBLAS's workspaces, 64.0 MiB"
+    )
+    assert "per GPU, AdamW (foreach kernels), the loss kept" in str(answer)
+
+
+def test_fused_adamw_the_trainers_default_makes_no_temporaries(configs):
+    """Hugging Face's Trainer trains with torch's fused AdamW (optim="adamw_torch_fused", its default with torch 2.8
+    or newer), which updates each tensor in place: `remat fit` predicted the foreach kernels' temporaries of every
+    parameter's size for it (Llama-3-8B's full fine-tuning: 15.0 GiB)."""
+    foreach = will_it_fit(configs["llama"], "4MiB", seq=16, batch=1, optim="adamw_torch", changes=())
+    fused = will_it_fit(configs["llama"], "4MiB", seq=16, batch=1, changes=())
+    assert fused.outcome.setup.optim == "adamw_torch_fused" and "per GPU, fused AdamW, the loss kept" in str(fused)
+    optimizer = [a.profile.timeline.phase_peak("optimizer") for a in (foreach, fused)]
+    tensors = 2 * 9 + 3  # per layer q, k, v, o, gate, up, down and two norms; the embedding, final norm and head
+    # the foreach kernels' sqrt(exp_avg_sq) of every parameter, less the step counters fused AdamW keeps on the GPU
+    assert optimizer[0] - optimizer[1] == fused.profile.param_bytes - 512 * tensors
+    assert fused.outcome.least_bytes < foreach.outcome.least_bytes
+    assert "AdamW's temporaries" not in str(fused)
+
+
+def _line_after_answer(answer) -> str:
+    lines = str(answer).splitlines()
+    return lines[next(i for i, s in enumerate(lines) if s.startswith("answer:")) + 1]
 
 
 def test_a_suggested_batch_estimated_from_shallow_copies_fits_when_run(configs, monkeypatch):
@@ -470,6 +489,8 @@ def test_configs_that_cannot_be_built(configs, name, expected):
 def test_unknown_dtype_and_a_name_that_needs_the_network(configs, monkeypatch):
     with pytest.raises(FitError, match=r"^remat: --dtype is the precision .* saw 'int8'"):
         will_it_fit(configs["llama"], "24GiB", dtype="int8")
+    with pytest.raises(FitError, match=r"^remat: --optim is the optimizer, .* saw 'adam8bit'\. Fix: e\.g\. --optim"):
+        will_it_fit(configs["llama"], "24GiB", optim="adam8bit")
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
     with pytest.raises(FitError, match="^remat: could not resolve the model name 'meta-llama/Meta-Llama-3-8B'") as e:
         will_it_fit("meta-llama/Meta-Llama-3-8B", "24GiB")

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from remat.cli.common import spinner, write
-from remat.fit import DTYPES, KINDS, will_it_fit
+from remat.fit import DEFAULT_OPTIM, DTYPES, KINDS, OPTIMS, will_it_fit
 from remat.measure.device.roofline import GPUS
 
 
@@ -48,6 +48,14 @@ def _add_step_shape(p: argparse.ArgumentParser) -> None:
         default="bf16",
         help="bf16/fp16/fp32: weights, gradients and AdamW state in that dtype; amp-bf16/amp-fp16: fp32 "
         "weights, forward under autocast (default: bf16)",
+    )
+    p.add_argument(
+        "--optim",
+        choices=tuple(OPTIMS),
+        default=DEFAULT_OPTIM,
+        help="the optimizer, as Hugging Face's Trainer names it: adamw_torch_fused (its default: torch's AdamW, "
+        "fused, updating in place) or adamw_torch (AdamW's foreach kernels, a plain loop's default, with "
+        f"temporaries of every parameter's size) (default: {DEFAULT_OPTIM})",
     )
     p.add_argument(
         "--lora",
@@ -95,6 +103,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             dtype=args.dtype,
             lora=args.lora,
             world_size=args.world_size,
+            optim=args.optim,
             hardware=args.hardware,
             changes=_changes(args.changes),
             progress=lambda phase, done: status.update(phase),

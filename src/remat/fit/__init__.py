@@ -17,8 +17,10 @@ from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
 from remat.fit.build import head_of, layers_of, load_config, row_words, stacks_of
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (
+    DEFAULT_OPTIM,
     DTYPES,
     GPUS_BY_NAME,
+    OPTIMS,
     FitError,
     Gpu,
     Setup,
@@ -31,12 +33,14 @@ from remat.hf import REFERENCE_NOTE
 
 __all__ = [
     "AS_IS",
+    "DEFAULT_OPTIM",
     "DTYPES",
     "EXIT_DOES_NOT_FIT",
     "EXIT_FITS",
     "GPUS_BY_NAME",
     "KINDS",
     "NO",
+    "OPTIMS",
     "WITH_PLAN",
     "FitAnswer",
     "FitError",
@@ -57,6 +61,7 @@ def will_it_fit(
     dtype: str = "bf16",
     lora: int | None = None,
     world_size: int = 1,
+    optim: str = DEFAULT_OPTIM,
     hardware: str | None = None,
     changes: tuple[str, ...] = KINDS,
     progress: Callable[[str, int], None] | None = None,
@@ -74,12 +79,13 @@ def will_it_fit(
     `hardware` the roofline for seconds where `gpu` is a size ("H100" by default).  `batch` sequences of `seq`
     tokens per GPU; `dtype` bf16/fp16/fp32 (weights, gradients and AdamW state in it) or amp-bf16/amp-fp16 (fp32
     weights, forward under autocast); `lora=R` peft LoRA adapters of rank R; `world_size=N` one GPU of N sharding
-    the model with FSDP2.  `changes`: the kinds of change tried where it does not fit (NOTE [What to change]),
+    the model with FSDP2; `optim` "adamw_torch_fused" (Hugging Face's Trainer's default: torch's AdamW, fused) or
+    "adamw_torch" (its foreach kernels, a plain loop's default, which make temporaries of every parameter's size).  `changes`: the kinds of change tried where it does not fit (NOTE [What to change]),
     any of "batch", "seq", "lora", "world-size"; () for none (faster).  `progress(phase, done)` is called as each
     phase begins, as remat.profile's is.  A `remat:` error (FitError) for a config, GPU or setup it cannot read.
     """
     gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
-    setup = check_setup(Setup(seq=seq, batch=batch, dtype=dtype, lora=lora, world_size=world_size))
+    setup = check_setup(Setup(seq=seq, batch=batch, dtype=dtype, lora=lora, world_size=world_size, optim=optim))
     changes, say = check_kinds(tuple(changes)), _announcer(progress)
     say("reading the config")
     config, source = load_config(config)

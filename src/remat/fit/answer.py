@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from remat.fit.estimate import ESTIMATE_MARGIN
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, allocator_words
-from remat.fit.setup import Gpu
+from remat.fit.setup import DEFAULT_OPTIM, OPTIMS, Gpu
 from remat.gpu_fit import gpu_reserve
 from remat.fit.suggest import Suggestion
 from remat.report.text import fmt_bytes
@@ -71,7 +71,7 @@ def render(a: FitAnswer) -> list[str]:
     lines = [
         (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.trains()}"),
         (
-            f"step: batch {setup.batch} x {a.row or f'{setup.seq} tokens'} per GPU, AdamW, the loss kept (Hugging Face's Trainer), "
+            f"step: batch {setup.batch} x {a.row or f'{setup.seq} tokens'} per GPU, {OPTIMS[setup.optim]}, the loss kept (Hugging Face's Trainer), "
             f"on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
         ),
         *_memory(prof),
@@ -131,7 +131,7 @@ def _verdict(a: FitAnswer) -> list[str]:
 
 def _optimizer_floor(o: Outcome) -> list[str]:
     """Where the least any plan reaches is the optimizer step's own peak, which no checkpoint changes: a line that
-    says so, with AdamW's temporaries (its foreach kernels make one of every parameter's size)."""
+    says so, with AdamW's temporaries where it makes them (its foreach kernels: one of every parameter's size)."""
     prof = o.step_profile
     optimizer_peak = prof.timeline.phase_peak("optimizer")
     least = o.least_tensors_bytes or (0 if o.least_is_reserve else o.least_bytes)
@@ -139,11 +139,17 @@ def _optimizer_floor(o: Outcome) -> list[str]:
         return []
     p = prof.at_peak
     besides = p.workspaces_bytes + p.buffers_bytes + p.inputs_bytes  # there all step long
+    temporaries = optimizer_peak - o.states_bytes - besides
+    made = (
+        f", {gib(temporaries)} of AdamW's temporaries (its foreach kernels' intermediates; fused AdamW, "
+        f"--optim {DEFAULT_OPTIM}, updates in place)"
+        if o.setup.optim != DEFAULT_OPTIM
+        else ""
+    )
     workspaces = f", and cuBLAS's workspaces, {gib(p.workspaces_bytes)}" if p.workspaces_bytes else ""
     return [
-        f"  the least is the optimizer step's peak, which no checkpoint lowers: those {gib(o.states_bytes)}, "
-        f"{gib(optimizer_peak - o.states_bytes - besides)} of AdamW's temporaries (its foreach kernels' "
-        f"intermediates; torch.optim.AdamW(params, foreach=False) makes them one tensor at a time){workspaces}"
+        f"  the least is the optimizer step's peak, which no checkpoint lowers: those {gib(o.states_bytes)}{made}"
+        f"{workspaces}"
     ]
 
 

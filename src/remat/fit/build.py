@@ -82,9 +82,10 @@ PEFT_TASKS = {
 CONFIG_FIX = "Fix: pass the path of the model's config.json (or the folder holding it)"
 
 
-def adamw(params) -> torch.optim.Optimizer:
-    """The optimizer `remat fit` assumes: torch's AdamW (two moments per trained parameter, in its dtype)."""
-    return torch.optim.AdamW(params)
+def adamw(params, fused: bool = True) -> torch.optim.Optimizer:
+    """The optimizer `remat fit` assumes: torch's AdamW (two moments per trained parameter, in its dtype), fused as
+    Hugging Face's Trainer makes it by default, else with the foreach kernels torch picks for CUDA parameters."""
+    return torch.optim.AdamW(params, fused=True) if fused else torch.optim.AdamW(params)
 
 
 # -- Rule 1: the config ------------------------------------------------------------------------------------------

@@ -136,6 +136,15 @@ DTYPES: dict[str, Precision] = {
 }
 
 
+OPTIMS = {  # --optim, by the names of Hugging Face's TrainingArguments.optim -> the answer's words
+    "adamw_torch_fused": "fused AdamW",
+    "adamw_torch": "AdamW (foreach kernels)",
+}
+DEFAULT_OPTIM = "adamw_torch_fused"
+"""The Trainer's default optimizer with torch 2.8 or newer: torch's AdamW(fused=True), which updates each tensor in
+place; "adamw_torch" is AdamW as torch picks it for CUDA (foreach), a plain training loop's."""
+
+
 @dataclass(frozen=True)
 class Setup:
     """One training step to fit: `batch` sequences of `seq` tokens per GPU, on `world_size` GPUs (FSDP2)."""
@@ -145,6 +154,7 @@ class Setup:
     dtype: str = "bf16"
     lora: int | None = None
     world_size: int = 1
+    optim: str = DEFAULT_OPTIM
 
     @property
     def precision(self) -> Precision:
@@ -167,6 +177,7 @@ class Setup:
         """The command-line words of this setup."""
         words = f"--batch {self.batch} --seq {self.seq} --dtype {self.dtype}"
         words += f" --lora {self.lora}" if self.lora else ""
+        words += f" --optim {self.optim}" if self.optim != DEFAULT_OPTIM else ""
         return words + (f" --world-size {self.world_size}" if self.world_size > 1 else "")
 
 
@@ -176,6 +187,12 @@ def check_setup(setup: Setup) -> Setup:
         raise FitError(
             f"remat: --dtype is the precision the model trains in: one of {', '.join(DTYPES)}; saw {setup.dtype!r}. "
             "Fix: e.g. --dtype bf16 (weights in bf16, as a model loaded with torch_dtype=torch.bfloat16 trains)."
+        )
+    if setup.optim not in OPTIMS:
+        raise FitError(
+            f"remat: --optim is the optimizer, by the name Hugging Face's Trainer gives it: one of "
+            f"{', '.join(OPTIMS)}; saw {setup.optim!r}. Fix: e.g. --optim {DEFAULT_OPTIM} (the Trainer's default), "
+            "or leave it out."
         )
     for flag, value, example in (
         ("--seq", setup.seq, 2048),

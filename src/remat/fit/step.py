@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -27,10 +28,10 @@ Progress = Callable[[str], None]
 
 
 def options_for(setup: Setup, gpu: Gpu) -> dict[str, Any]:
-    """remat.profile's arguments for the step `remat fit` predicts: a steady AdamW step on a CUDA GPU, the loss
+    """remat.profile's arguments for the step `remat fit` predicts: a steady AdamW step (`setup.optim`) on a CUDA GPU, the loss
     kept and the output let go before backward (Hugging Face's Trainer), one rank of `world_size` (FSDP2)."""
     return {
-        "optimizer": adamw,
+        "optimizer": functools.partial(adamw, fused=setup.optim == "adamw_torch_fused"),
         "mode": "fake",
         "device": "cuda",
         "hardware": gpu.hardware,
