@@ -31,6 +31,16 @@ import remat  # noqa: E402
 TEXT = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=3, num_attention_heads=4)
 DECODER = dict(TEXT, max_position_embeddings=64)
 VIT = dict(image=32, image_size=32, patch_size=8, hidden_size=64, num_hidden_layers=3, num_attention_heads=4)
+SEQ2SEQ = dict(  # an encoder-decoder's two stacks (BART, Whisper)
+    vocab_size=256,
+    d_model=64,
+    encoder_layers=2,
+    decoder_layers=2,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=128,
+    decoder_ffn_dim=128,
+)
 REFORMER = dict(
     vocab_size=256,
     hidden_size=64,
@@ -181,34 +191,13 @@ MODELS: dict[str, tuple[str, str, dict]] = {
         "FunnelForMaskedLM",
         dict(vocab_size=256, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1, 1]),
     ),
-    "bart": (
-        "BartConfig",
-        "BartForConditionalGeneration",
-        dict(
-            vocab_size=256,
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
-            max_position_embeddings=64,
-        ),
-    ),
+    "bart": ("BartConfig", "BartForConditionalGeneration", dict(SEQ2SEQ, max_position_embeddings=64)),
     "whisper": (  # speech seq2seq: 2 clips' log-mel frames (2 x max_source_positions of them), 20 labels each
         "WhisperConfig",
         "WhisperForConditionalGeneration",
         dict(
+            SEQ2SEQ,
             features=16,
-            vocab_size=256,
-            d_model=64,
-            encoder_layers=2,
-            decoder_layers=2,
-            encoder_attention_heads=4,
-            decoder_attention_heads=4,
-            encoder_ffn_dim=128,
-            decoder_ffn_dim=128,
             num_mel_bins=16,
             max_source_positions=64,
             max_target_positions=32,

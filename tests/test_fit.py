@@ -61,6 +61,15 @@ def bert() -> dict:
     }
 
 
+STEP = 512
+"""Fused AdamW keeps each parameter tensor's step count on the GPU: a float32 scalar, one 512-byte block."""
+
+
+def llama_tensors(layers: int = 2) -> int:
+    """Per layer q, k, v, o, gate, up, down and two norms; the embedding, the final norm and the head."""
+    return 9 * layers + 3
+
+
 def llama_parameters(layers: int = 2) -> int:
     """Embedding, per layer q/k/v/o + gate/up/down + two RMSNorms, the final norm, an untied output head."""
     per_layer = H * H + 2 * H * KVD + H * H + 3 * H * I + 2 * H
@@ -111,7 +120,7 @@ def test_parameters_gradients_and_adamw_state_are_the_configs_in_bf16(big):
     prof = big.profile
     assert big.params == big.trainable == n
     assert prof.param_bytes == prof.grad_bytes == 2 * n  # bf16
-    assert prof.optimizer_bytes == 2 * 2 * n  # AdamW's two moments, in the parameters' dtype
+    assert prof.optimizer_bytes == 2 * 2 * n + STEP * llama_tensors()  # AdamW's two moments, in the parameters' dtype
     assert big.outcome.verdict == AS_IS and big.fits and big.exit_status == 0
     assert fits_reserve(prof.gpu_reserve.reserved_bytes, 80 * 10**9)
     assert "answer: fits as is" in str(big)
@@ -122,7 +131,7 @@ def test_fp32_weights_with_and_without_autocast(configs, dtype, size, autocast):
     prof = will_it_fit(configs["llama"], "80GB", seq=128, batch=2, dtype=dtype).profile
     n = llama_parameters()
     assert prof.param_bytes == prof.grad_bytes == size * n
-    assert prof.optimizer_bytes == 2 * size * n
+    assert prof.optimizer_bytes == 2 * size * n + STEP * llama_tensors()
     assert any("autocast('cuda', bfloat16)" in note for note in prof.notes) == autocast
 
 
@@ -230,7 +239,7 @@ def test_lora_trains_only_its_adapters_in_fp32(configs):
     assert answer.trainable == adapters and answer.params == llama_parameters() + adapters
     assert prof.param_bytes == 2 * llama_parameters() + 4 * adapters  # the base in bf16, peft's adapters in fp32
     assert prof.grad_bytes == 4 * adapters
-    assert prof.optimizer_bytes == 2 * 4 * adapters
+    assert prof.optimizer_bytes == 2 * 4 * adapters + STEP * 2 * 7 * 2  # 2 layers of 7 adapters, A and B
     head = str(answer).splitlines()[0]  # said "weights, gradients and AdamW state in bf16" of 4-byte adapters
     assert head.endswith(
         f"{answer.trainable / 1e6:,.1f} M trained (LoRA r=8); the base's weights in bf16, frozen; "
@@ -242,7 +251,8 @@ def test_two_gpus_halve_the_parameters_gradients_and_optimizer_state(configs, bi
     prof = will_it_fit(configs["llama"], "80GB", seq=512, batch=8, world_size=2).profile
     assert (prof.parallel, prof.world_size) == ("fsdp", 2)
     assert 2 * prof.param_bytes == big.profile.param_bytes
-    assert 2 * prof.optimizer_bytes == big.profile.optimizer_bytes
+    steps = STEP * llama_tensors()  # each rank keeps every tensor's step counter
+    assert 2 * (prof.optimizer_bytes - steps) == big.profile.optimizer_bytes - steps
 
 
 # -- the three answers ---------------------------------------------------------------------------------------------
@@ -269,7 +279,8 @@ def test_does_not_fit_gives_the_least_budget_of_remat_plan(configs, big):
     with pytest.raises(remat.InfeasibleBudget) as e:
         remat.plan(answer.profile, budget)
     assert answer.outcome.least_bytes == e.value.min_bytes > budget
-    assert answer.outcome.states_bytes == 4 * big.profile.param_bytes  # parameters + gradients + 2 moments
+    states = 4 * big.profile.param_bytes + STEP * llama_tensors()  # parameters + gradients + 2 moments + steps
+    assert answer.outcome.states_bytes == states
     assert "answer: does not fit: the least any checkpointing plan needs is" in str(answer)
 
 
@@ -297,9 +308,8 @@ def test_fused_adamw_the_trainers_default_makes_no_temporaries(configs):
     fused = will_it_fit(configs["llama"], "4MiB", seq=16, batch=1, changes=())
     assert fused.outcome.setup.optim == "adamw_torch_fused" and "per GPU, fused AdamW, the loss kept" in str(fused)
     optimizer = [a.profile.timeline.phase_peak("optimizer") for a in (foreach, fused)]
-    tensors = 2 * 9 + 3  # per layer q, k, v, o, gate, up, down and two norms; the embedding, final norm and head
     # the foreach kernels' sqrt(exp_avg_sq) of every parameter, less the step counters fused AdamW keeps on the GPU
-    assert optimizer[0] - optimizer[1] == fused.profile.param_bytes - 512 * tensors
+    assert optimizer[0] - optimizer[1] == fused.profile.param_bytes - STEP * llama_tensors()
     assert fused.outcome.least_bytes < foreach.outcome.least_bytes
     assert "AdamW's temporaries" not in str(fused)
 

@@ -33,6 +33,7 @@ def register(verbs) -> None:
         "4090, 3090, A10G, T4)",
     )
     _add_step_shape(p)
+    _add_optimizer(p)
     p.set_defaults(command=_cmd_fit)
 
 
@@ -48,14 +49,6 @@ def _add_step_shape(p: argparse.ArgumentParser) -> None:
         default="bf16",
         help="bf16/fp16/fp32: weights, gradients and AdamW state in that dtype; amp-bf16/amp-fp16: fp32 "
         "weights, forward under autocast (default: bf16)",
-    )
-    p.add_argument(
-        "--optim",
-        choices=tuple(OPTIMS),
-        default=DEFAULT_OPTIM,
-        help="the optimizer, as Hugging Face's Trainer names it: adamw_torch_fused (its default: torch's AdamW, "
-        "fused, updating in place) or adamw_torch (AdamW's foreach kernels, a plain loop's default, with "
-        f"temporaries of every parameter's size) (default: {DEFAULT_OPTIM})",
     )
     p.add_argument(
         "--lora",
@@ -90,6 +83,17 @@ def _add_step_shape(p: argparse.ArgumentParser) -> None:
         metavar="F",
         type=Path,
         help="write the plan as JSON to F when it fits with one (remat.load_plan reads it)",
+    )
+
+
+def _add_optimizer(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--optim",
+        choices=tuple(OPTIMS),
+        default=DEFAULT_OPTIM,
+        help="the optimizer, as Hugging Face's Trainer names it: adamw_torch_fused (its default: torch's AdamW, "
+        "fused, updating in place) or adamw_torch (AdamW's foreach kernels, a plain loop's default, with "
+        f"temporaries of every parameter's size) (default: {DEFAULT_OPTIM})",
     )
 
 

@@ -80,8 +80,9 @@ def will_it_fit(
     tokens per GPU; `dtype` bf16/fp16/fp32 (weights, gradients and AdamW state in it) or amp-bf16/amp-fp16 (fp32
     weights, forward under autocast); `lora=R` peft LoRA adapters of rank R; `world_size=N` one GPU of N sharding
     the model with FSDP2; `optim` "adamw_torch_fused" (Hugging Face's Trainer's default: torch's AdamW, fused) or
-    "adamw_torch" (its foreach kernels, a plain loop's default, which make temporaries of every parameter's size).  `changes`: the kinds of change tried where it does not fit (NOTE [What to change]),
-    any of "batch", "seq", "lora", "world-size"; () for none (faster).  `progress(phase, done)` is called as each
+    "adamw_torch" (its foreach kernels, a plain loop's default, with temporaries of every parameter's size).
+    `changes`: the kinds of change tried where it does not fit (NOTE [What to change]), any of "batch", "seq",
+    "lora", "world-size"; () for none (faster).  `progress(phase, done)` is called as each
     phase begins, as remat.profile's is.  A `remat:` error (FitError) for a config, GPU or setup it cannot read.
     """
     gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
@@ -94,16 +95,22 @@ def will_it_fit(
     built, prof = profile_step(config, head, setup, gpu)
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
-    name, notes = built.name if not lora else f"{built.name} with LoRA", [head_note] if head_note else []
-    if head == "seq2seq":  # NOTE [A model from its config], Rule 5
-        notes.append(f"the decoder is given labels of {seq} tokens per sequence, as many as the encoder reads")
-    # NOTE [A kernel Hugging Face runs as its reference]: the answer says which layers the prediction ran as such
-    notes += [n for n in prof.notes if n.startswith(REFERENCE_NOTE)]
-    row = row_words(config, head, seq)
-    answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes, row=row)
+    name, notes = built.name if not lora else f"{built.name} with LoRA", _notes(head, head_note, seq, prof)
+    answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
+    answer.row = row_words(config, head, seq)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)
     return answer
+
+
+def _notes(head: str, head_note: str, seq: int, prof) -> list[str]:
+    """The answer's notes: the head it was trained as, a seq2seq decoder's labels
+    (NOTE [A model from its config], Rule 5), and the layers predicted as Hugging Face's reference code
+    (NOTE [A kernel Hugging Face runs as its reference])."""
+    notes = [head_note] if head_note else []
+    if head == "seq2seq":
+        notes.append(f"the decoder is given labels of {seq} tokens per sequence, as many as the encoder reads")
+    return notes + [n for n in prof.notes if n.startswith(REFERENCE_NOTE)]
 
 
 def _announcer(progress: Callable[[str, int], None] | None) -> Callable[[str], None]:
