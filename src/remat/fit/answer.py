@@ -71,8 +71,8 @@ def render(a: FitAnswer) -> list[str]:
     lines = [
         (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.trains()}"),
         (
-            f"step: batch {setup.batch} x {a.row or f'{setup.seq} tokens'} per GPU, {OPTIMS[setup.optim]}, the loss kept (Hugging Face's Trainer), "
-            f"on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
+            f"step: batch {setup.batch} x {a.row or f'{setup.seq} tokens'} per GPU, {OPTIMS[setup.optim]}, "
+            f"the loss kept (Hugging Face's Trainer), on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
         ),
         *_memory(prof),
         "",

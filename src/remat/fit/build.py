@@ -78,7 +78,7 @@ PEFT_TASKS = {
     "seq-cls": "SEQ_CLS",
     "token-cls": "TOKEN_CLS",
     "qa": "QUESTION_ANS",
-}  # none for Whisper: peft's seq2seq model passes `input_ids`, and Hugging Face's Whisper recipe names no task
+}  # none for Whisper: the plain PeftModel passes its batch (`input_features`) on as it is
 CONFIG_FIX = "Fix: pass the path of the model's config.json (or the folder holding it)"
 
 

@@ -173,13 +173,6 @@ class Setup:
             f"AdamW state in fp32{under}"
         )
 
-    def flags(self) -> str:
-        """The command-line words of this setup."""
-        words = f"--batch {self.batch} --seq {self.seq} --dtype {self.dtype}"
-        words += f" --lora {self.lora}" if self.lora else ""
-        words += f" --optim {self.optim}" if self.optim != DEFAULT_OPTIM else ""
-        return words + (f" --world-size {self.world_size}" if self.world_size > 1 else "")
-
 
 def check_setup(setup: Setup) -> Setup:
     """A `remat:` error for a setup that cannot be trained as asked."""

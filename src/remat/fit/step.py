@@ -28,8 +28,9 @@ Progress = Callable[[str], None]
 
 
 def options_for(setup: Setup, gpu: Gpu) -> dict[str, Any]:
-    """remat.profile's arguments for the step `remat fit` predicts: a steady AdamW step (`setup.optim`) on a CUDA GPU, the loss
-    kept and the output let go before backward (Hugging Face's Trainer), one rank of `world_size` (FSDP2)."""
+    """remat.profile's arguments for the step `remat fit` predicts: a steady AdamW step (`setup.optim`) on a CUDA
+    GPU, the loss kept and the output let go before backward (Hugging Face's Trainer), one rank of `world_size`
+    (FSDP2)."""
     return {
         "optimizer": functools.partial(adamw, fused=setup.optim == "adamw_torch_fused"),
         "mode": "fake",
