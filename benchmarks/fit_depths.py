@@ -32,7 +32,8 @@ def main() -> None:
     setup = check_setup(Setup(seq=args.seq, batch=args.batch, dtype=args.dtype, world_size=args.world_size))
     gpu, depths = parse_gpu(args.gpu, None), [int(d) for d in args.depths.split(",")]
     print(
-        f"{args.config}: stacks {stacks_of(config)}, {args.batch} x {args.seq} tokens, {args.dtype}, {setup.world_size} rank(s)"
+        f"{args.config}: stacks {stacks_of(config)}, {args.batch} x {args.seq} tokens, {args.dtype}, "
+        f"{setup.world_size} rank(s)"
     )
     least: list[float] = []
     for depth in depths:

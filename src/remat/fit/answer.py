@@ -72,7 +72,8 @@ def render(a: FitAnswer) -> list[str]:
         (f"remat fit: {a.model} from {a.source}: {count(a.params)} parameters, {trained}; {setup.trains()}"),
         (
             f"step: batch {setup.batch} x {a.row or f'{setup.seq} tokens'} per GPU, {OPTIMS[setup.optim]}, "
-            f"the loss kept (Hugging Face's Trainer), on {ranks} of {gib(a.gpu.memory_bytes)} ({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
+            f"the loss kept (Hugging Face's Trainer), on {ranks} of {gib(a.gpu.memory_bytes)} "
+            f"({a.gpu.label}{'; ' + a.gpu.note if a.gpu.note else ''})"
         ),
         *_memory(prof),
         "",
@@ -143,7 +144,7 @@ def _optimizer_floor(o: Outcome) -> list[str]:
     made = (
         f", {gib(temporaries)} of AdamW's temporaries (its foreach kernels' intermediates; fused AdamW, "
         f"--optim {DEFAULT_OPTIM}, updates in place)"
-        if o.setup.optim != DEFAULT_OPTIM
+        if not o.setup.fused
         else ""
     )
     workspaces = f", and cuBLAS's workspaces, {gib(p.workspaces_bytes)}" if p.workspaces_bytes else ""

@@ -166,13 +166,13 @@ def head_of(config) -> tuple[str, str]:
     archs = list(getattr(config, "architectures", None) or [])
     for arch in archs:
         for head, (_, mapping) in HEADS.items():
-            if arch in _classes(mapping) and (head != "speech-seq2seq" or config.model_type in SPEECH):
+            if arch in _classes(mapping) and _builds(head, config.model_type):
                 return head, ""
     for arch in archs:
         _refuse_other_task(arch)
     kind = config.model_type
     for head in FALLBACK_SEQ2SEQ_FIRST if getattr(config, "is_encoder_decoder", False) else FALLBACK:
-        if kind in _mapping(HEADS[head][1]) and (head != "speech-seq2seq" or kind in SPEECH):
+        if kind in _mapping(HEADS[head][1]) and _builds(head, kind):
             named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
             return head, f"{named}: trained as a {FALLBACK_WORDS[head]}"
     raise FitError(
@@ -182,6 +182,11 @@ def head_of(config) -> tuple[str, str]:
         "Fix: pass the config.json of a text model, or profile your own model and batch with "
         "`remat profile file.py:factory --mode fake --device cuda`."
     )
+
+
+def _builds(head: str, kind: str) -> bool:
+    """Whether Rule 5 knows the batch of `head` for model type `kind` (of speech models, Whisper's alone)."""
+    return head != "speech-seq2seq" or kind in SPEECH
 
 
 def _refuse_other_task(arch: str) -> None:

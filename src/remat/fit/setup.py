@@ -160,6 +160,11 @@ class Setup:
     def precision(self) -> Precision:
         return DTYPES[self.dtype]
 
+    @property
+    def fused(self) -> bool:
+        """AdamW fused (the Trainer's default), else its foreach kernels."""
+        return self.optim == "adamw_torch_fused"
+
     def trains(self) -> str:
         """What is in which dtype, in words; with LoRA the adapters are fp32 (NOTE [A model from its config],
         Rule 4) and the base's weights frozen, with no gradient or AdamW state."""

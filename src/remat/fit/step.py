@@ -32,7 +32,7 @@ def options_for(setup: Setup, gpu: Gpu) -> dict[str, Any]:
     GPU, the loss kept and the output let go before backward (Hugging Face's Trainer), one rank of `world_size`
     (FSDP2)."""
     return {
-        "optimizer": functools.partial(adamw, fused=setup.optim == "adamw_torch_fused"),
+        "optimizer": functools.partial(adamw, fused=setup.fused),
         "mode": "fake",
         "device": "cuda",
         "hardware": gpu.hardware,
