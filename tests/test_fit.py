@@ -473,6 +473,7 @@ def test_an_estimate_under_the_gpu_in_tensors_but_not_in_reserve_says_its_reserv
         (["--gpu", "24GiB", "--seq", "0"], "remat: --seq is a whole number of at least 1"),
         (["--gpu", "24GiB", "--changes", "vocab"], "remat: the changes to try are some of batch, seq"),
         (["--gpu", "80GB", "--hardware", "A100", "--lora", "0"], "remat: --lora is the LoRA rank"),
+        (["--gpu", "80GB", "--optim", "adam"], "remat: --optim is the optimizer"),
     ],
 )
 def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expected):

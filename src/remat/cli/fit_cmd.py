@@ -89,8 +89,8 @@ def _add_step_shape(p: argparse.ArgumentParser) -> None:
 def _add_optimizer(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--optim",
-        choices=tuple(OPTIMS),
         default=DEFAULT_OPTIM,
+        metavar="|".join(OPTIMS),
         help="the optimizer, as Hugging Face's Trainer names it: adamw_torch_fused (its default: torch's AdamW, "
         "fused, updating in place) or adamw_torch (AdamW's foreach kernels, a plain loop's default, with "
         f"temporaries of every parameter's size) (default: {DEFAULT_OPTIM})",
