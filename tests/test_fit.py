@@ -96,7 +96,7 @@ def configs(tmp_path_factory):
         "llama": llama(),
         "bert": bert(),
         "llama4": llama(4, **SMALL),
-        "vit": {"model_type": "vit", "architectures": ["ViTForImageClassification"]},
+        "vit_mim": {"model_type": "vit", "architectures": ["ViTForMaskedImageModeling"]},
         "no_type": {"hidden_size": 8},
     }
     for name, config in made.items():
@@ -163,7 +163,9 @@ def test_a_head_of_another_task_is_refused_not_replaced(tmp_path, arch, task):
     (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": [arch]}))
     with pytest.raises(FitError, match=f"^remat: the config's architectures name {arch}, .* its {task} models") as e:
         will_it_fit(str(tmp_path), "80GB", seq=128)
-    assert "question answering heads" in str(e.value) and "Fix: profile your own model" in str(e.value)
+    assert "question answering and image classification heads" in str(e.value) and "Fix: profile your own model" in str(
+        e.value
+    )
 
 
 def test_a_bart_for_conditional_generation_is_a_seq2seq_lm(tmp_path):
@@ -231,6 +233,94 @@ def test_more_label_tokens_than_whisper_allows(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(whisper()))
     with pytest.raises(FitError, match=r"at most 64 positions \(max_target_positions\)\. Fix: --seq 64 or shorter"):
         will_it_fit(str(tmp_path), "80GB", seq=128, changes=())
+
+
+def vit(**changes) -> dict:
+    return {
+        "architectures": ["ViTForImageClassification"],
+        "model_type": "vit",
+        "hidden_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "intermediate_size": 256,
+        "image_size": 32,
+        "patch_size": 8,
+        "num_labels": 10,
+        **changes,
+    }
+
+
+def _hf_parameters(config: dict) -> int:
+    """The parameters transformers' own image classifier of `config` has."""
+    from transformers import AutoConfig, AutoModelForImageClassification
+
+    with torch.device("meta"):
+        model = AutoModelForImageClassification.from_config(AutoConfig.for_model(**config))
+    return sum(p.numel() for p in model.parameters())
+
+
+def test_an_image_classifier_is_built_reading_images_of_its_configs_size(tmp_path):
+    """ViTForImageClassification was refused (only text heads were built): remat fit answered nothing for the
+    image models people fine-tune most."""
+    (tmp_path / "config.json").write_text(json.dumps(vit()))
+    answer = will_it_fit(str(tmp_path), "80GB", batch=4, dtype="fp32", changes=())
+    assert answer.model == "ViTForImageClassification" and answer.notes == []
+    assert answer.params == answer.trainable == _hf_parameters(vit())
+    assert "step: batch 4 x 3 x 32 x 32 pixels (the config's image_size; --image-size for another) per GPU" in str(
+        answer
+    )
+    assert "tokens" not in str(answer)
+    assert answer.profile.input_bytes >= 4 * 3 * 32 * 32 * 4  # the batch's fp32 pixels
+    layers = {b.name for b in answer.profile.blocks if re.fullmatch(r"vit\.(encoder\.layer|layers)\.\d", b.name)}
+    assert len(layers) == 2  # the encoder's blocks profiled (transformers 5.25 names them vit.layers.N)
+    with pytest.raises(FitError, match=r"^remat: ViT is an image classifier: .* \(3 x 32 x 32 pixels\), not tokens; "):
+        will_it_fit(str(tmp_path), "80GB", seq=512)
+
+
+def test_another_image_size_interpolates_the_position_embeddings(tmp_path):
+    """`--image-size 64` on a config of 32: ViT refuses another size unless asked to interpolate, as Hugging Face
+    fine-tunes it at 384 from 224; the parameters stay the checkpoint's, the activations grow with the patches."""
+    (tmp_path / "config.json").write_text(json.dumps(vit()))
+    small = will_it_fit(str(tmp_path), "80GB", batch=4, dtype="fp32", changes=())
+    large = will_it_fit(str(tmp_path), "80GB", batch=4, dtype="fp32", image_size=64, changes=())
+    assert large.params == small.params and "step: batch 4 x 3 x 64 x 64 pixels per GPU" in str(large)
+    patches = lambda a: 4 * 128 * 4 * (a // 8) ** 2  # noqa: E731  one fp32 hidden state of the batch's patches
+    assert large.profile.activation_bytes - small.profile.activation_bytes >= 2 * (patches(64) - patches(32))
+
+
+def test_a_base_vision_model_is_trained_as_an_image_classifier(tmp_path):
+    config = {"architectures": ["Dinov2Model"], "model_type": "dinov2", "hidden_size": 64, "num_hidden_layers": 1}
+    config |= {"num_attention_heads": 4, "image_size": 28, "patch_size": 14}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "80GB", batch=2, changes=())
+    assert answer.model == "Dinov2ForImageClassification"
+    assert answer.notes == ["architectures names Dinov2Model: trained as an image classifier"]
+
+
+def test_lora_on_an_image_classifier_trains_its_new_classifier_in_full(tmp_path):
+    """peft's "all-linear" put adapters on the classifier too, a head with no pretrained weights to adapt."""
+    (tmp_path / "config.json").write_text(json.dumps(vit()))
+    answer = will_it_fit(str(tmp_path), "80GB", batch=2, lora=4, changes=())
+    linears = 2 * (4 * 4 * (128 + 128) + 4 * (128 + 256) + 4 * (256 + 128))  # q, k, v, o; the MLP's two
+    assert answer.trainable == linears + (128 * 10 + 10)
+
+
+def test_image_classifiers_that_cannot_be_trained_as_asked(tmp_path):
+    resnet = {"architectures": ["ResNetForImageClassification"], "model_type": "resnet", "embedding_size": 8}
+    resnet |= {"hidden_sizes": [8, 16], "depths": [1, 1], "num_labels": 10}
+    (tmp_path / "config.json").write_text(json.dumps(resnet))
+    with pytest.raises(
+        FitError, match=r"^remat: an image classifier's rows .* ResNetConfig has none .*--image-size 224"
+    ):
+        will_it_fit(str(tmp_path), "80GB")
+    assert will_it_fit(str(tmp_path), "80GB", image_size=32, changes=()).params == _hf_parameters(resnet)
+    with pytest.raises(FitError, match=r"^remat: --lora 4 adds .* ResNetForImageClassification has none but its head"):
+        will_it_fit(str(tmp_path), "80GB", image_size=32, lora=4)
+    deit = vit(architectures=["DeiTForImageClassificationWithTeacher"], model_type="deit")
+    (tmp_path / "config.json").write_text(json.dumps(deit))
+    expected = r"^remat: DeiTForImageClassificationWithTeacher returned no loss from .* Fix: name the class that trains"
+    with pytest.raises(FitError, match=expected):
+        will_it_fit(str(tmp_path), "80GB")
 
 
 def test_lora_trains_only_its_adapters_in_fp32(configs):
@@ -474,6 +564,8 @@ def test_an_estimate_under_the_gpu_in_tensors_but_not_in_reserve_says_its_reserv
         (["--gpu", "24GiB", "--changes", "vocab"], "remat: the changes to try are some of batch, seq"),
         (["--gpu", "80GB", "--hardware", "A100", "--lora", "0"], "remat: --lora is the LoRA rank"),
         (["--gpu", "80GB", "--optim", "adam"], "remat: --optim is the optimizer"),
+        (["--gpu", "80GB", "--dtype", "int8"], "remat: --dtype is the precision the model trains in"),
+        (["--gpu", "80GB", "--image-size", "224"], "remat: --image-size is the side in pixels of an image"),
     ],
 )
 def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expected):
@@ -487,7 +579,7 @@ def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expect
     [
         ("no_type", 'has no "model_type"'),
         ("empty", "is a folder without a config.json"),
-        ("vit", "name ViTForImageClassification, which transformers"),
+        ("vit_mim", "name ViTForMaskedImageModeling, which transformers"),
         ("missing/config.json", "does not exist"),
     ],
 )

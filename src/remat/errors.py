@@ -14,6 +14,10 @@ class RematError(Exception):
     """A user-facing error: bad input, an unsupported model part, an impossible request."""
 
 
+class NoLoss(RematError):
+    """The model's output holds no loss, and no loss_fn says how to make one."""
+
+
 class UnsupportedOp(RematError):
     """Fake mode met an op it cannot run without real data."""
 

@@ -7,7 +7,7 @@ import argparse
 from pathlib import Path
 
 from remat.cli.common import spinner, write
-from remat.fit import DEFAULT_OPTIM, DTYPES, KINDS, OPTIMS, will_it_fit
+from remat.fit import DEFAULT_OPTIM, DEFAULT_SEQ, DTYPES, KINDS, OPTIMS, will_it_fit
 from remat.measure.device.roofline import GPUS
 
 
@@ -39,14 +39,11 @@ def register(verbs) -> None:
 
 def _add_step_shape(p: argparse.ArgumentParser) -> None:
     """The step `remat fit` predicts: its size, dtype, adapters, ranks, and what to try where it does not fit."""
-    p.add_argument(
-        "--seq", type=int, default=2048, metavar="N", help="tokens per sequence (Whisper: label tokens; default: 2048)"
-    )
-    p.add_argument("--batch", type=int, default=1, metavar="B", help="sequences per GPU and step (default: 1)")
+    _add_rows(p)
     p.add_argument(
         "--dtype",
-        choices=tuple(DTYPES),
         default="bf16",
+        metavar="|".join(DTYPES),
         help="bf16/fp16/fp32: weights, gradients and AdamW state in that dtype; amp-bf16/amp-fp16: fp32 "
         "weights, forward under autocast (default: bf16)",
     )
@@ -86,6 +83,28 @@ def _add_step_shape(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_rows(p: argparse.ArgumentParser) -> None:
+    """What one row of the batch is (tokens, or an image classifier's images), and how many a GPU takes."""
+    p.add_argument(
+        "--seq",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"tokens per sequence (Whisper: label tokens; an image classifier takes none: it reads images of its "
+        f"config's image_size) (default: {DEFAULT_SEQ})",
+    )
+    p.add_argument(
+        "--image-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="an image classifier's images: N x N pixels (default: its config's image_size)",
+    )
+    p.add_argument(
+        "--batch", type=int, default=1, metavar="B", help="sequences (or images) per GPU and step (default: 1)"
+    )
+
+
 def _add_optimizer(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--optim",
@@ -103,6 +122,7 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             args.config,
             args.gpu,
             seq=args.seq,
+            image_size=args.image_size,
             batch=args.batch,
             dtype=args.dtype,
             lora=args.lora,

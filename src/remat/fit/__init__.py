@@ -14,10 +14,12 @@ from collections.abc import Callable
 from typing import Any
 
 from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
-from remat.fit.build import head_of, layers_of, load_config, row_words, stacks_of
+from remat.fit.build import head_of, layers_of, load_config, stacks_of
+from remat.fit.rows import IMAGE, image_shape, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (
     DEFAULT_OPTIM,
+    DEFAULT_SEQ,
     DTYPES,
     GPUS_BY_NAME,
     OPTIMS,
@@ -34,6 +36,7 @@ from remat.hf import REFERENCE_NOTE
 __all__ = [
     "AS_IS",
     "DEFAULT_OPTIM",
+    "DEFAULT_SEQ",
     "DTYPES",
     "EXIT_DOES_NOT_FIT",
     "EXIT_FITS",
@@ -56,12 +59,13 @@ def will_it_fit(
     config: Any,
     gpu: str | int | Gpu,
     *,
-    seq: int = 2048,
+    seq: int | None = None,
     batch: int = 1,
     dtype: str = "bf16",
     lora: int | None = None,
     world_size: int = 1,
     optim: str = DEFAULT_OPTIM,
+    image_size: int | None = None,
     hardware: str | None = None,
     changes: tuple[str, ...] = KINDS,
     progress: Callable[[str, int], None] | None = None,
@@ -72,35 +76,57 @@ def will_it_fit(
         >>> answer = will_it_fit("docs/configs/llama-3-8b", "24GiB", seq=8192, batch=1, dtype="bf16")
         >>> answer.outcome.verdict, answer.fits
         ('does not fit', False)
-        >>> print(answer)                      # the breakdown, the answer, the changes that would fit
 
     `config` is a config.json path, a folder holding one, a model name (needs the network) or a
     `transformers.PretrainedConfig`; `gpu` a size ("24GiB", "80GB", bytes) or a GPU name ("H100", "4090");
     `hardware` the roofline for seconds where `gpu` is a size ("H100" by default).  `batch` sequences of `seq`
-    tokens per GPU; `dtype` bf16/fp16/fp32 (weights, gradients and AdamW state in it) or amp-bf16/amp-fp16 (fp32
-    weights, forward under autocast); `lora=R` peft LoRA adapters of rank R; `world_size=N` one GPU of N sharding
-    the model with FSDP2; `optim` "adamw_torch_fused" (Hugging Face's Trainer's default: torch's AdamW, fused) or
-    "adamw_torch" (its foreach kernels, a plain loop's default, with temporaries of every parameter's size).
-    `changes`: the kinds of change tried where it does not fit (NOTE [What to change]), any of "batch", "seq",
-    "lora", "world-size"; () for none (faster).  `progress(phase, done)` is called as each
-    phase begins, as remat.profile's is.  A `remat:` error (FitError) for a config, GPU or setup it cannot read.
+    tokens per GPU (2048 by default; an image classifier's rows are images of `image_size` pixels square, by
+    default its config's, and it takes no `seq`); `dtype` bf16/fp16/fp32 (weights, gradients and AdamW state in
+    it) or amp-bf16/amp-fp16 (fp32 weights, forward under autocast); `lora=R` peft LoRA adapters of rank R;
+    `world_size=N` one GPU of N sharding the model with FSDP2; `optim` "adamw_torch_fused" (the Trainer's default:
+    torch's AdamW, fused) or "adamw_torch" (its foreach kernels, with temporaries of every parameter's size).
+    `changes`: the kinds of change tried where it does not fit (NOTE [What to change]), of "batch", "seq", "lora",
+    "world-size" (() for none); `progress(phase, done)` is told each phase.  A `remat:` FitError for bad input.
     """
     gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
-    setup = check_setup(Setup(seq=seq, batch=batch, dtype=dtype, lora=lora, world_size=world_size, optim=optim))
-    changes, say = check_kinds(tuple(changes)), _announcer(progress)
+    setup = Setup(DEFAULT_SEQ if seq is None else seq, batch, dtype, lora, world_size, optim, image_size)
+    setup, changes, say = check_setup(setup), check_kinds(tuple(changes)), _announcer(progress)
     say("reading the config")
     config, source = load_config(config)
     head, head_note = head_of(config)
+    changes = _check_rows(config, head, setup, seq, changes)
     say(f"predicting the step ({' + '.join(map(str, stacks_of(config))) or '?'} layers, fake tensors)")
     built, prof = profile_step(config, head, setup, gpu)
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
-    name, notes = built.name if not lora else f"{built.name} with LoRA", _notes(head, head_note, seq, prof)
+    name, notes = built.name if not lora else f"{built.name} with LoRA", _notes(head, head_note, setup.seq, prof)
     answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
-    answer.row = row_words(config, head, seq)
+    answer.row = row_words(config, head, setup)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)
     return answer
+
+
+def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple[str, ...]) -> tuple[str, ...]:
+    """NOTE [A model from its config], Rule 5: an image classifier's rows are images of `--image-size` pixels (by
+    default its config's), and take no `--seq` (nor a shorter one among `changes`, which are returned); a text
+    model's rows are tokens, and take no `--image-size`."""
+    if head != IMAGE:
+        if setup.image_size is not None:
+            raise FitError(
+                f"remat: --image-size is the side in pixels of an image classifier's images, and "
+                f"{type(config).__name__.removesuffix('Config')} reads tokens; saw --image-size {setup.image_size}. "
+                "Fix: leave --image-size out (--seq sets the tokens per sequence)."
+            )
+        return changes
+    channels, height, width = image_shape(config, setup)
+    if seq is not None:
+        raise FitError(
+            f"remat: {type(config).__name__.removesuffix('Config')} is an image classifier: each row of its batch is "
+            f"an image ({channels} x {height} x {width} pixels), not tokens; saw --seq {seq}. "
+            "Fix: leave --seq out, and pass --image-size N for images of N x N pixels."
+        )
+    return tuple(k for k in changes if k != "seq")
 
 
 def _notes(head: str, head_note: str, seq: int, prof) -> list[str]:

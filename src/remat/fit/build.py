@@ -4,25 +4,35 @@ NOTE [A model from its config]
   Rule 1. CONFIG is a `config.json`, a folder holding one, or a model name `transformers.AutoConfig` resolves
           (which needs the network, or the name in the Hugging Face cache).
   Rule 2. The head is the one `architectures` names where it is a causal LM, sequence-to-sequence LM (Whisper's
-          speech one too), masked LM, sequence or token classification, or question answering head.  A head of
-          another task (a ViT classifier, multiple choice, another speech model) is refused: another head in its
-          place is another model.  Otherwise (a base class such as BartModel, a pretraining class, or no
-          architectures), for an encoder-decoder config (BART, T5, Whisper), a sequence-to-sequence LM, never its
-          decoder alone as a causal LM; else a masked LM for a model type that has one (BERT and other encoders),
-          else a causal LM.  The model is built with `from_config` on the meta device: no weights exist, and the
-          fake step materialises them as fake tensors.
+          speech one too), masked LM, sequence or token classification, question answering or image
+          classification head.  A head of another task (multiple choice, object detection, another speech model)
+          is refused: another head in its place is another model.  Otherwise (a base class such as BartModel or
+          ViTModel, a pretraining class, or no architectures), for an encoder-decoder config (BART, T5, Whisper),
+          a sequence-to-sequence LM, never its decoder alone as a causal LM; else a masked LM for a model type
+          that has one (BERT and other encoders), else a causal LM, else an image classifier (ViT, DINOv2, Swin,
+          ConvNeXt).  The model is built with `from_config` on the meta device: no weights exist, and the fake
+          step materialises them as fake tensors.
   Rule 3. `--dtype` bf16/fp16/fp32 builds the weights in that dtype, so the gradients and AdamW's two moments
           are in it too (8 bytes per parameter in bf16); amp-bf16/amp-fp16 keeps fp32 weights and runs the
           model's forward under `torch.autocast` (16 bytes per parameter).
   Rule 4. `--lora R` wraps the model with peft's `get_peft_model(model, LoraConfig(r=R, lora_alpha=2R,
           target_modules="all-linear"))`: adapters on every linear layer but the output head, the base frozen.
-          peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).
+          peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).  An image
+          classifier's `classifier` is trained in full (peft's `modules_to_save`, as its image classification
+          guide does: the new head has no pretrained weights to adapt); a model with no other linear layer
+          (ResNet) has nothing to adapt, and is refused.
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
           head's shape (a question answering head: one answer span per row); the loss is the model's own
           (`output.loss`).  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
           `seq` tokens too (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row
           (2 x max_source_positions, in the weights' dtype), however long the clip: its feature extractor pads
-          every clip to that; `seq` is the labels' tokens, at most max_target_positions.
+          every clip to that; `seq` is the labels' tokens, at most max_target_positions.  An image classifier
+          takes square images of `--image-size` pixels, by default the config's `image_size` (its vision_config's
+          for CLIP), `num_channels` deep, in the weights' dtype, and one class label a row: its image processor
+          resizes every image to one size.  The config's size is not always the one trained at (DINOv2's says 518,
+          its processor crops 224): `--image-size` says it, and a model that interpolates its position embeddings
+          to another size is asked to (`interpolate_pos_encoding=True`, as for ViT at 384).  There are no tokens:
+          `--seq` is refused, and no shorter sequence is suggested.
   Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
           (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
           remat.profile runs).
@@ -42,6 +52,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from remat.fit.rows import IMAGE, batch_for
 from remat.fit.setup import FitError, Setup
 
 HEADS = {  # head -> (Auto class, the mapping of model types to that head's classes), in the order Rule 2 asks
@@ -52,25 +63,31 @@ HEADS = {  # head -> (Auto class, the mapping of model types to that head's clas
     "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     "qa": ("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
     "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
+    "image-cls": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
 }
 SPEECH = ("whisper",)
 """Model types whose audio input Rule 5 knows (log-mel frames): other speech heads are refused (Rule 2)."""
-FRAMES_PER_SECOND = 100  # Whisper's feature extractor: a frame every 160 samples at 16 kHz
 HEAD_WORDS = (
-    "causal LM, sequence-to-sequence LM (Whisper's speech one too), masked LM, sequence or token classification and "
-    "question answering"
+    "causal LM, sequence-to-sequence LM (Whisper's speech one too), masked LM, sequence or token classification, "
+    "question answering and image classification"
 )
-NOT_A_HEAD = ("MODEL_MAPPING_NAMES", "MODEL_FOR_PRETRAINING_MAPPING_NAMES", "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES")
+NOT_A_HEAD = (
+    "MODEL_MAPPING_NAMES",
+    "MODEL_FOR_IMAGE_MAPPING_NAMES",  # the base vision models (Dinov2Model)
+    "MODEL_FOR_PRETRAINING_MAPPING_NAMES",
+    "MODEL_FOR_TEXT_ENCODING_MAPPING_NAMES",
+)
 """Mappings of classes that name no task of their own (base models, pretraining's): Rule 2 falls back for them."""
-FALLBACK = ("masked", "causal", "seq2seq")
+FALLBACK = ("masked", "causal", "seq2seq", IMAGE)
 FALLBACK_SEQ2SEQ_FIRST = ("seq2seq", "speech-seq2seq", "masked")
 """Rule 2's order where `architectures` names no head: an encoder-decoder config (BART, T5) is a seq2seq LM first,
 and never a causal LM (Whisper's is its decoder alone)."""
 FALLBACK_WORDS = {
-    "masked": "masked LM",
-    "causal": "causal LM",
-    "seq2seq": "sequence-to-sequence LM",
-    "speech-seq2seq": "speech sequence-to-sequence model",
+    "masked": "a masked LM",
+    "causal": "a causal LM",
+    "seq2seq": "a sequence-to-sequence LM",
+    "speech-seq2seq": "a speech sequence-to-sequence model",
+    IMAGE: "an image classifier",
 }
 PEFT_TASKS = {
     "causal": "CAUSAL_LM",
@@ -174,12 +191,13 @@ def head_of(config) -> tuple[str, str]:
     for head in FALLBACK_SEQ2SEQ_FIRST if getattr(config, "is_encoder_decoder", False) else FALLBACK:
         if kind in _mapping(HEADS[head][1]) and _builds(head, kind):
             named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
-            return head, f"{named}: trained as a {FALLBACK_WORDS[head]}"
+            return head, f"{named}: trained as {FALLBACK_WORDS[head]}"
     raise FitError(
         f"remat: the config's model type {kind!r} (architectures: {', '.join(archs) or 'none'}) has no causal LM, "
-        f"masked LM or sequence-to-sequence LM head in transformers {_version()}; expected a text model "
-        "(LlamaForCausalLM, BertForMaskedLM, T5ForConditionalGeneration, ...). "
-        "Fix: pass the config.json of a text model, or profile your own model and batch with "
+        f"masked LM, sequence-to-sequence LM or image classification head in transformers {_version()}; expected a "
+        "text model (LlamaForCausalLM, BertForMaskedLM, T5ForConditionalGeneration, ...) or an image classifier "
+        "(ViTForImageClassification, ...). Fix: pass the config.json of such a model, or profile your own model and "
+        "batch with "
         "`remat profile file.py:factory --mode fake --device cuda`."
     )
 
@@ -266,7 +284,7 @@ class Built:
     """The model on the meta device, its batch, and what the answer says about it."""
 
     model: nn.Module
-    inputs: dict[str, torch.Tensor]
+    inputs: dict[str, Any]
     params: int
     trainable: int
     name: str
@@ -292,37 +310,8 @@ def build(config, head: str, setup: Setup) -> Built:
         _Autocast(precision.autocast).register(model)
     unique = {id(p): p for p in model.parameters()}.values()
     trainable = [p for p in unique if p.requires_grad]
-    return Built(
-        model, batch_of(config, head, setup), sum(p.numel() for p in unique), sum(p.numel() for p in trainable), name
-    )
-
-
-def batch_of(config, head: str, setup: Setup) -> dict[str, torch.Tensor]:
-    """Rule 5: the global batch of token ids (Whisper: log-mel frames) and labels, on the meta device."""
-    rows = setup.batch * setup.world_size
-    if head == "speech-seq2seq":  # the 30 s of audio Whisper's encoder takes, whatever the clip's length
-        frames = (config.num_mel_bins, audio_frames(config))
-        features = torch.zeros(rows, *frames, dtype=setup.precision.weights, device="meta")
-        return {"input_features": features, "labels": torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")}
-    ids = torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")
-    if head == "qa":  # each row's answer span: its first and last token
-        span = torch.zeros(rows, dtype=torch.long, device="meta")
-        return {"input_ids": ids, "start_positions": span, "end_positions": span.clone()}
-    labels = torch.zeros(rows, *(() if head == "seq-cls" else (setup.seq,)), dtype=torch.long, device="meta")
-    return {"input_ids": ids, "labels": labels}
-
-
-def audio_frames(config) -> int:
-    """The log-mel frames a row of Whisper's batch holds: its encoder's positions after the stride-2 convolution."""
-    return 2 * config.max_source_positions
-
-
-def row_words(config, head: str, seq: int) -> str:
-    """What one row of the batch is, in the answer's words: "2048 tokens", or Whisper's audio and labels."""
-    if head == "speech-seq2seq":
-        frames = audio_frames(config)
-        return f"{frames // FRAMES_PER_SECOND} s of audio ({frames} log-mel frames) and {seq} label tokens"
-    return f"{seq} tokens"
+    batch = batch_for(model, config, head, setup)
+    return Built(model, batch, sum(p.numel() for p in unique), sum(p.numel() for p in trainable), name)
 
 
 def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
@@ -334,7 +323,17 @@ def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
             f"remat: --lora {rank} adds LoRA adapters with peft, which is not installed here ({e}). "
             "Fix: pip install peft, or leave --lora out for full fine-tuning."
         ) from e
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type=PEFT_TASKS.get(head))
+    whole = ["classifier"] if head == IMAGE and isinstance(getattr(model, "classifier", None), nn.Module) else None
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type=PEFT_TASKS.get(head), modules_to_save=whole
+    )
+    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.split(".")[0] not in (whole or [])]
+    if not linear:
+        raise FitError(
+            f"remat: --lora {rank} adds LoRA adapters to every linear layer, and {type(model).__name__} has none "
+            "but its head (its layers are convolutions); expected a model with linear layers (a transformer). "
+            "Fix: leave --lora out for full fine-tuning."
+        )
     with quiet():
         return get_peft_model(model, config)
 

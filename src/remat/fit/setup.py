@@ -145,9 +145,14 @@ DEFAULT_OPTIM = "adamw_torch_fused"
 place; "adamw_torch" is AdamW as torch picks it for CUDA (foreach), a plain training loop's."""
 
 
+DEFAULT_SEQ = 2048
+"""`--seq` where it is not given (a text model's tokens per sequence)."""
+
+
 @dataclass(frozen=True)
 class Setup:
-    """One training step to fit: `batch` sequences of `seq` tokens per GPU, on `world_size` GPUs (FSDP2)."""
+    """One training step to fit: `batch` sequences of `seq` tokens (an image classifier: images of `image_size`
+    pixels square, `seq` unused) per GPU, on `world_size` GPUs (FSDP2)."""
 
     seq: int
     batch: int = 1
@@ -155,6 +160,7 @@ class Setup:
     lora: int | None = None
     world_size: int = 1
     optim: str = DEFAULT_OPTIM
+    image_size: int | None = None
 
     @property
     def precision(self) -> Precision:
@@ -196,6 +202,7 @@ def check_setup(setup: Setup) -> Setup:
         ("--seq", setup.seq, 2048),
         ("--batch", setup.batch, 1),
         ("--world-size", setup.world_size, 8),
+        *([("--image-size", setup.image_size, 224)] if setup.image_size is not None else []),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise FitError(f"remat: {flag} is a whole number of at least 1; saw {value!r}. Fix: e.g. {flag} {example}.")

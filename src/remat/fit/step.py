@@ -10,8 +10,9 @@ from typing import Any, cast
 from torch import nn
 
 from remat.applier.apply import apply, remove
-from remat.errors import InfeasibleBudget, RematError
+from remat.errors import InfeasibleBudget, NoLoss, RematError
 from remat.fit.build import Built, adamw, build, quiet
+from remat.fit.rows import IMAGE, image_shape, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
 from remat.fit.setup import FitError, Gpu, Setup
 from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve, gpu_reserve
@@ -48,6 +49,13 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
     try:
         prof = _profile(built.model, built.inputs, options_for(setup, gpu))
     except Exception as e:
+        if isinstance(e, NoLoss):
+            raise FitError(
+                f"remat: {built.name} returned no loss from the batch's labels, so it trains nothing as built (a "
+                f"class for inference); remat fit predicts a training step with the model's own loss. Fix: name "
+                f'the class that trains in the config\'s "architectures" (e.g. {built.name.removesuffix("WithTeacher")}'
+                "), or profile your own model and loss with `remat profile file.py:factory --mode fake --device cuda`."
+            ) from e
         missing = _missing_setting(e)
         if missing is not None:
             raise FitError(
@@ -55,21 +63,39 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
                 f"({type(config).__name__} has no attribute {missing!r}). Expected the model's own config.json, "
                 f'where it is set. Fix: add "{missing}" to the config.json, with the value of the model\'s own.'
             ) from e
-        known = [k for k in POSITIONS if isinstance(getattr(config, k, None), int)]
-        field, limit = (known[0], getattr(config, known[0])) if known else ("", None)
-        if not (isinstance(limit, int) and setup.seq > limit) and isinstance(e, RematError):
+        hint = _hint(config, head, setup)
+        if hint is None and isinstance(e, RematError):
             raise
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
-        hint = (
-            f"its config allows at most {limit} positions ({field}). Fix: --seq {limit} or shorter"
-            if isinstance(limit, int) and setup.seq > limit
-            else "Fix: check the config and the --seq and --batch asked for"
-        )
+        hint = hint or f"Fix: check the config and the {'--batch' if head == IMAGE else '--seq and --batch'} asked for"
+        rows = setup.batch * setup.world_size
         raise FitError(
-            f"remat: {built.name}'s training step failed on a batch of {setup.batch * setup.world_size} x {setup.seq} "
-            f"tokens: {hint}. (It said: {why.removeprefix('remat: ')})"
+            f"remat: {built.name}'s training step failed on a batch of {rows} x {row_words(config, head, setup)}: "
+            f"{hint}. (It said: {why.removeprefix('remat: ')})"
         ) from e
     return built, prof
+
+
+def _hint(config, head: str, setup: Setup) -> str | None:
+    """Why a step the model refused failed, with the fix, where the setup asked for more than the config allows: a
+    text model's positions, or another image size than a model that cannot interpolate its own."""
+    if head == IMAGE:
+        own = image_shape(config) if setup.image_size is None or _has_size(config) else None
+        if own is None or image_shape(config, setup) == own:
+            return None
+        return f"its config's images are {own[1]} x {own[2]} pixels. Fix: --image-size {own[1]}, or leave it out"
+    known = [k for k in POSITIONS if isinstance(getattr(config, k, None), int)]
+    if known and setup.seq > getattr(config, known[0]):
+        limit = getattr(config, known[0])
+        return f"its config allows at most {limit} positions ({known[0]}). Fix: --seq {limit} or shorter"
+    return None
+
+
+def _has_size(config) -> bool:
+    try:
+        return bool(image_shape(config))
+    except FitError:
+        return False
 
 
 def _missing_setting(e: BaseException | None) -> str | None:

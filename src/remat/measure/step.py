@@ -15,7 +15,7 @@ import torch
 import torch.nn as nn
 
 from remat._torch_compat import FAKE_OP_ERRORS, tensor_leaves
-from remat.errors import RematError, UnsupportedOp
+from remat.errors import NoLoss, RematError, UnsupportedOp
 
 FIX_INPUTS = "Fix: pass a tensor, a tuple of positional arguments, or a dict of keyword arguments."
 
@@ -113,7 +113,7 @@ def compute_loss(out: Any, loss_fn: Callable | None) -> torch.Tensor:
         loss = out.loss
         what = "output.loss"
     else:
-        raise RematError(
+        raise NoLoss(
             f"remat: the model returned {_describe(out)}, and no loss_fn was given; expected a tensor "
             "or an object with a .loss (a Hugging Face output computed with labels). "
             "Fix: pass loss_fn=lambda out: <a scalar tensor from out>, or give the model labels."
