@@ -439,6 +439,17 @@ def test_layers_are_counted_and_cut_where_each_config_keeps_them():
     assert layers_of(t5) is layers_of(bart) is None  # an encoder-decoder's changes are its whole model's steps
 
 
+def test_a_vision_backbones_stages_are_cut_with_its_layers():
+    """DINOv2's config names its backbone's output stage by its last layer ("stage24"): a copy with 2 layers raised
+    ValueError (out_features not among its stages), and `remat fit` on a DINOv2-L that did not fit a traceback."""
+    from transformers import Dinov2Config
+
+    from remat.fit.build import with_layers
+
+    copy = with_layers(Dinov2Config(num_hidden_layers=24), 2)
+    assert copy.num_hidden_layers == 2 and copy.out_features == ["stage2"]
+
+
 def test_a_gpt2_config_changes_are_estimated_from_copies_cut_in_n_layer(monkeypatch, tmp_path):
     monkeypatch.setattr("remat.fit.suggest.EXTRAPOLATE_FROM", 4)
     config = {"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"], "n_layer": 4, "n_embd": 256}

@@ -239,6 +239,7 @@ def _classes(mapping: str) -> set[str]:
     return names
 
 
+BACKBONE = ("stage_names", "out_features", "out_indices")
 DECODER_LAYERS = ("decoder_layers", "num_decoder_layers")  # an encoder-decoder's second stack (BART, T5)
 
 
@@ -276,6 +277,8 @@ def with_layers(config, layers: int):
         if isinstance(value, list) and len(value) == total and key != "architectures":
             data[key] = value[:layers]
     data.update(dict.fromkeys(keys, layers))
+    for key in BACKBONE:  # a vision config's backbone stages, named by layer (DINOv2's "stage24"): rebuilt from it
+        data.pop(key, None)
     return type(config).from_dict(data)
 
 
