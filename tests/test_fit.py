@@ -235,6 +235,18 @@ def test_more_label_tokens_than_whisper_allows(tmp_path):
         will_it_fit(str(tmp_path), "80GB", seq=128, changes=())
 
 
+def test_a_deberta_classifier_is_trained_with_single_label_cross_entropy(tmp_path):
+    """DeBERTa-v3's sequence classifier, its config's problem_type unset, picks its labelled rows with nonzero():
+    `remat fit` stopped with "fake mode cannot run op aten.nonzero" on the model most used for classification."""
+    config = {"architectures": ["DebertaV2ForSequenceClassification"], "model_type": "deberta-v2", "num_labels": 3}
+    config |= {"hidden_size": 64, "num_hidden_layers": 1, "num_attention_heads": 4, "intermediate_size": 128}
+    config |= {"vocab_size": 512, "relative_attention": True, "pos_att_type": ["p2c", "c2p"], "type_vocab_size": 0}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, changes=())
+    assert answer.model == "DebertaV2ForSequenceClassification" and answer.fits
+    assert answer.params == _hf_parameters(config, "AutoModelForSequenceClassification")
+
+
 def vit(**changes) -> dict:
     return {
         "architectures": ["ViTForImageClassification"],
@@ -250,12 +262,12 @@ def vit(**changes) -> dict:
     }
 
 
-def _hf_parameters(config: dict) -> int:
-    """The parameters transformers' own image classifier of `config` has."""
-    from transformers import AutoConfig, AutoModelForImageClassification
+def _hf_parameters(config: dict, auto: str = "AutoModelForImageClassification") -> int:
+    """The parameters transformers' own model of `config` has (an image classifier's by default)."""
+    import transformers
 
     with torch.device("meta"):
-        model = AutoModelForImageClassification.from_config(AutoConfig.for_model(**config))
+        model = getattr(transformers, auto).from_config(transformers.AutoConfig.for_model(**config))
     return sum(p.numel() for p in model.parameters())
 
 

@@ -23,7 +23,9 @@ NOTE [A model from its config]
           (ResNet) has nothing to adapt, and is refused.
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
           head's shape (a question answering head: one answer span per row); the loss is the model's own
-          (`output.loss`).  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
+          (`output.loss`).  A classifier of more than one label whose config leaves `problem_type` unset is set
+          to single-label classification, the cross entropy most models infer from class labels: DeBERTa-v2's
+          own path for an unset one picks the labelled rows with `nonzero`, which a fake step cannot run.  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
           `seq` tokens too (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row
           (2 x max_source_positions, in the weights' dtype), however long the clip: its feature extractor pads
           every clip to that; `seq` is the labels' tokens, at most max_target_positions.  An image classifier
@@ -302,6 +304,8 @@ def build(config, head: str, setup: Setup) -> Built:
         config.use_cache = False  # Rule 6: training builds no key/value cache
     if head == "seq-cls" and getattr(config, "pad_token_id", None) is None:
         config.pad_token_id = 0  # decoder classifiers find each row's last token by it
+    if head in ("seq-cls", IMAGE) and getattr(config, "problem_type", None) is None and config.num_labels > 1:
+        config.problem_type = "single_label_classification"  # Rule 5: as the model infers it from class labels
     auto = getattr(transformers, HEADS[head][0])
     with torch.device("meta"):
         model = auto.from_config(config, dtype=precision.weights)
