@@ -247,6 +247,22 @@ def test_a_deberta_classifier_is_trained_with_single_label_cross_entropy(tmp_pat
     assert answer.params == _hf_parameters(config, "AutoModelForSequenceClassification")
 
 
+def test_lora_trains_a_question_answering_or_classification_head_in_full_without_adapters(tmp_path):
+    """peft's QA and classification models train their head in full (`modules_to_save`, picked by the end of the
+    module's name), and cannot wrap one "all-linear" gave adapters: BERT's `qa_outputs` and DistilBERT's
+    `pre_classifier` stopped `remat fit --lora` with peft's TypeError."""
+    (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": ["BertForQuestionAnswering"]}))
+    qa = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, lora=4, changes=())
+    per_layer = 4 * 4 * (H + H) + 4 * (H + I) + 4 * (I + H)  # q, k, v, o; the MLP's two
+    assert qa.trainable == 2 * per_layer + (H * 2 + 2)  # the adapters, and qa_outputs in full
+    distil = {"architectures": ["DistilBertForSequenceClassification"], "model_type": "distilbert", "dim": 64}
+    distil |= {"n_layers": 1, "n_heads": 4, "hidden_dim": 128, "vocab_size": 512}
+    (tmp_path / "config.json").write_text(json.dumps(distil))
+    cls = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, lora=4, changes=())
+    adapters = 4 * 4 * (64 + 64) + 4 * (64 + 128) + 4 * (128 + 64)
+    assert cls.trainable == adapters + (64 * 64 + 64) + (64 * 2 + 2)  # pre_classifier and classifier in full
+
+
 def vit(**changes) -> dict:
     return {
         "architectures": ["ViTForImageClassification"],

@@ -20,13 +20,15 @@ NOTE [A model from its config]
           peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).  An image
           classifier's `classifier` is trained in full (peft's `modules_to_save`, as its image classification
           guide does: the new head has no pretrained weights to adapt); a model with no other linear layer
-          (ResNet) has nothing to adapt, and is refused.
+          (ResNet) has nothing to adapt, and is refused.  The modules a head trains in full (a classifier's, a
+          question answering head's `qa_outputs`, chosen by peft by the end of their names) get no adapters.
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
           head's shape (a question answering head: one answer span per row); the loss is the model's own
           (`output.loss`).  A classifier of more than one label whose config leaves `problem_type` unset is set
           to single-label classification, the cross entropy most models infer from class labels: DeBERTa-v2's
-          own path for an unset one picks the labelled rows with `nonzero`, which a fake step cannot run.  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
-          `seq` tokens too (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row
+          own path for an unset one picks the labelled rows with `nonzero`, which a fake step cannot run.  A
+          sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes `seq` tokens too
+          (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row
           (2 x max_source_positions, in the weights' dtype), however long the clip: its feature extractor pads
           every clip to that; `seq` is the labels' tokens, at most max_target_positions.  An image classifier
           takes square images of `--image-size` pixels, by default the config's `image_size` (its vision_config's
@@ -65,7 +67,7 @@ HEADS = {  # head -> (Auto class, the mapping of model types to that head's clas
     "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     "qa": ("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
     "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
-    "image-cls": ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
+    IMAGE: ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
 }
 SPEECH = ("whisper",)
 """Model types whose audio input Rule 5 knows (log-mel frames): other speech heads are refused (Rule 2)."""
@@ -199,8 +201,7 @@ def head_of(config) -> tuple[str, str]:
         f"masked LM, sequence-to-sequence LM or image classification head in transformers {_version()}; expected a "
         "text model (LlamaForCausalLM, BertForMaskedLM, T5ForConditionalGeneration, ...) or an image classifier "
         "(ViTForImageClassification, ...). Fix: pass the config.json of such a model, or profile your own model and "
-        "batch with "
-        "`remat profile file.py:factory --mode fake --device cuda`."
+        "batch with `remat profile file.py:factory --mode fake --device cuda`."
     )
 
 
@@ -330,12 +331,16 @@ def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
             f"remat: --lora {rank} adds LoRA adapters with peft, which is not installed here ({e}). "
             "Fix: pip install peft, or leave --lora out for full fine-tuning."
         ) from e
-    whole = ["classifier"] if head == IMAGE and isinstance(getattr(model, "classifier", None), nn.Module) else None
+    saved = _trained_whole(model, head)
     config = LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type=PEFT_TASKS.get(head), modules_to_save=whole
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules="all-linear",
+        exclude_modules=saved or None,
+        task_type=PEFT_TASKS.get(head),
+        modules_to_save=list(HEAD_MODULES[IMAGE]) if head == IMAGE else None,
     )
-    linear = [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n.split(".")[0] not in (whole or [])]
-    if not linear:
+    if not [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in saved]:
         raise FitError(
             f"remat: --lora {rank} adds LoRA adapters to every linear layer, and {type(model).__name__} has none "
             "but its head (its layers are convolutions); expected a model with linear layers (a transformer). "
@@ -343,6 +348,20 @@ def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
         )
     with quiet():
         return get_peft_model(model, config)
+
+
+HEAD_MODULES = {"seq-cls": ("classifier", "score"), "token-cls": ("classifier", "score"), "qa": ("qa_outputs",)}
+HEAD_MODULES[IMAGE] = ("classifier",)
+"""Rule 4: a head's modules peft trains in full (`modules_to_save`): the ones its task's PeftModel names, and an
+image classifier's `classifier`."""
+
+
+def _trained_whole(model: nn.Module, head: str) -> list[str]:
+    """The modules peft's `modules_to_save` will train in full, and all they hold: peft picks them by the end of
+    their name ("pre_classifier" too, for "classifier"), and cannot wrap one it has given adapters, so none get any."""
+    ends = HEAD_MODULES.get(head, ())
+    roots = [n for n, _ in model.named_modules() if n and n.endswith(ends)]
+    return [n for n, _ in model.named_modules() if any(n == r or n.startswith(r + ".") for r in roots)]
 
 
 @contextlib.contextmanager
