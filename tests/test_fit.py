@@ -255,12 +255,15 @@ def test_lora_trains_a_question_answering_or_classification_head_in_full_without
     qa = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, lora=4, changes=())
     per_layer = 4 * 4 * (H + H) + 4 * (H + I) + 4 * (I + H)  # q, k, v, o; the MLP's two
     assert qa.trainable == 2 * per_layer + (H * 2 + 2)  # the adapters, and qa_outputs in full
+    saved = "trained in full, not by adapters (peft's modules_to_save for this head): in bf16, with their gradients"
+    assert qa.notes == [f"qa_outputs {saved} and AdamW state"]
     distil = {"architectures": ["DistilBertForSequenceClassification"], "model_type": "distilbert", "dim": 64}
     distil |= {"n_layers": 1, "n_heads": 4, "hidden_dim": 128, "vocab_size": 512}
     (tmp_path / "config.json").write_text(json.dumps(distil))
     cls = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, lora=4, changes=())
     adapters = 4 * 4 * (64 + 64) + 4 * (64 + 128) + 4 * (128 + 64)
     assert cls.trainable == adapters + (64 * 64 + 64) + (64 * 2 + 2)  # pre_classifier and classifier in full
+    assert cls.notes == [f"pre_classifier, classifier {saved} and AdamW state"]
 
 
 def vit(**changes) -> dict:

@@ -99,12 +99,16 @@ def will_it_fit(
     built, prof = profile_step(config, head, setup, gpu)
     say("planning")
     outcome = judge(built, prof, setup, gpu, progress=say)
-    name, notes = built.name if not lora else f"{built.name} with LoRA", _notes(head, head_note, setup.seq, prof)
+    name, notes = built.name if not lora else f"{built.name} with LoRA", _notes(head, head_note, setup, built, prof)
     answer = FitAnswer(name, _source(source), built.params, built.trainable, gpu, outcome, notes=notes)
     answer.row = row_words(config, head, setup)
     if not outcome.fits and changes:
         answer.suggestions = try_changes(config, head, outcome, gpu, layers_of(config), progress=say, kinds=changes)
     return answer
+
+
+SAVED = "ModulesToSaveWrapper"
+"""peft's wrapper of a module `modules_to_save` trains in full (NOTE [A model from its config], Rule 4)."""
 
 
 def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple[str, ...]) -> tuple[str, ...]:
@@ -129,13 +133,20 @@ def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple
     return tuple(k for k in changes if k != "seq")
 
 
-def _notes(head: str, head_note: str, seq: int, prof) -> list[str]:
+def _notes(head: str, head_note: str, setup: Setup, built, prof) -> list[str]:
     """The answer's notes: the head it was trained as, a seq2seq decoder's labels
-    (NOTE [A model from its config], Rule 5), and the layers predicted as Hugging Face's reference code
-    (NOTE [A kernel Hugging Face runs as its reference])."""
+    (NOTE [A model from its config], Rules 4 and 5), the modules LoRA leaves to train in full, and the layers
+    predicted as Hugging Face's reference code (NOTE [A kernel Hugging Face runs as its reference])."""
     notes = [head_note] if head_note else []
     if head == "seq2seq":
-        notes.append(f"the decoder is given labels of {seq} tokens per sequence, as many as the encoder reads")
+        notes.append(f"the decoder is given labels of {setup.seq} tokens per sequence, as many as the encoder reads")
+    whole = [n.removeprefix("base_model.model.") for n, m in built.model.named_modules() if type(m).__name__ == SAVED]
+    if whole:
+        dtype = str(setup.precision.weights).removeprefix("torch.").replace("bfloat", "bf").replace("float", "fp")
+        notes.append(
+            f"{', '.join(whole)} trained in full, not by adapters (peft's modules_to_save for this head): in {dtype}, "
+            "with their gradients and AdamW state"
+        )
     return notes + [n for n in prof.notes if n.startswith(REFERENCE_NOTE)]
 
 
