@@ -90,8 +90,8 @@ def _add_rows(p: argparse.ArgumentParser) -> None:
         type=int,
         default=None,
         metavar="N",
-        help=f"tokens per sequence (Whisper: label tokens; an image classifier takes none: it reads images of its "
-        f"config's image_size) (default: {DEFAULT_SEQ})",
+        help=f"tokens per sequence (Whisper: label tokens; an image classifier takes none: its rows are images, "
+        f"see --image-size) (default: {DEFAULT_SEQ})",
     )
     p.add_argument(
         "--image-size",

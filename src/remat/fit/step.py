@@ -80,9 +80,9 @@ def _hint(config, head: str, setup: Setup) -> str | None:
     """Why a step the model refused failed, with the fix, where the setup asked for more than the config allows: a
     text model's positions, or another image size than a model that cannot interpolate its own."""
     if head == IMAGE:
-        own = image_shape(config) if setup.image_size is None or _has_size(config) else None
-        if own is None or image_shape(config, setup) == own:
+        if setup.image_size is None or not _has_size(config) or image_shape(config, setup) == image_shape(config):
             return None
+        own = image_shape(config)
         return f"its config's images are {own[1]} x {own[2]} pixels. Fix: --image-size {own[1]}, or leave it out"
     known = [k for k in POSITIONS if isinstance(getattr(config, k, None), int)]
     if known and setup.seq > getattr(config, known[0]):
