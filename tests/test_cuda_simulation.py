@@ -205,3 +205,21 @@ def test_the_cublas_workspace_is_sized_as_torch_sizes_it(monkeypatch):
 
 
 OP_FACTS_CUBLAS = json.loads((FACTS / "op_facts.json").read_text())["cublas_forward_thread_bytes"]
+
+
+def test_a_weight_broadcast_over_a_batched_matmul_is_not_copied():
+    """F.linear on a non-contiguous 3-D input runs as `bmm` with the weight expanded over the batch (stride 0), and
+    torch hands cuBLAS that batch stride as it is (`prepare_batch_matrix_for_cublas` clones only an operand with a
+    stride-0 row or column).  Counted as a dense copy, the input projection of nn.MultiheadAttention in a SigLIP
+    classifier's head with LoRA was predicted 441 MiB of kernel scratch (196 x 768 x 1536 bf16) it never takes."""
+    from remat.measure.device.cuda_workspaces import op_workspace_bytes
+
+    x, weight = torch.randn(196, 16, 768), torch.randn(768, 1536)
+    threads = 132 * 2048
+    assert op_workspace_bytes("bmm", (x, weight.expand(196, 768, 1536)), {}, "sm90", threads) == 0
+    mask = torch.randn(1, 16, 1536).expand(196, 16, 1536)  # baddbmm's added input: copied into the output
+    assert op_workspace_bytes("baddbmm", (mask, x, weight.expand(196, 768, 1536)), {}, "sm90", threads) == 0
+    column = torch.randn(196, 768, 1).expand(196, 768, 1536)  # a stride-0 column: cuBLAS cannot read it
+    assert op_workspace_bytes("bmm", (x, column), {}, "sm90", threads) == 196 * 768 * 1536 * 4
+    summed = torch.ones(()).expand(64, 16)  # a sum's gradient reaching mm: copied dense (Rule 2)
+    assert op_workspace_bytes("mm", (summed, torch.randn(16, 8)), {}, "sm90", threads) == 64 * 16 * 4

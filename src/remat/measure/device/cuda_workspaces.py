@@ -15,7 +15,11 @@ NOTE [CUDA memory that is no tensor]
           the attention backwards' output gradient, the normalisation, pooling, upsampling and
           embedding backwards: DENSE_OPS) copies an argument that is expanded (a dimension of stride
           0, as the gradient of a `sum()` arrives) into a dense tensor first, live during the op: its
-          dense bytes.  Elementwise kernels, and attention's broadcast masks, are read as they are.
+          dense bytes.  Elementwise kernels, and attention's broadcast masks, are read as they are.  A
+          batched matmul (`bmm`, `baddbmm`) hands cuBLAS each operand's batch stride as it is, 0 too (a
+          weight `matmul` broadcast over a non-contiguous input's batch): only an operand expanded within
+          its matrices is copied (torch's `prepare_batch_matrix_for_cublas` clones for a stride-0 row or
+          column), and the added `input` of `baddbmm` is copied into the output, no extra.
   Rule 3. cuDNN's convolution, for input channels per group of CONV_WORKSPACE_MIN_CHANNELS or more,
           takes a workspace of twice its output plus its weight in forward (64 -> 64 channels 3x3:
           256 MiB beyond a 128 MiB output) and twice the output gradient plus 2 MiB in backward
@@ -84,6 +88,8 @@ REDUCE_THREADS, REDUCE_VALUES_MIN, REDUCE_VALUES_MAX = 512, 16, 256
 """Rule 6: torch's reduction kernel's most threads a block, and its least and most values per thread."""
 
 MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "addbmm", "_scaled_mm"})
+BATCHED_MATMULS = {"bmm": slice(0, 2), "baddbmm": slice(1, 3)}
+"""Rule 2: the batched matmuls, and where their two batched operands are among the arguments."""
 ATTENTION_BACKWARDS = {
     "_scaled_dot_product_flash_attention_backward": 1,  # Rule 4: float32 row statistics kept
     "_scaled_dot_product_cudnn_attention_backward": 1,
@@ -173,7 +179,10 @@ def op_workspace_bytes(name: str, args, kwargs, arch: str, device_threads: int) 
     if name in REDUCTIONS and args and isinstance(args[0], torch.Tensor):
         return _reduction_staging(args[0], args[1] if len(args) > 1 else kwargs.get("dim"), device_threads)
     extra = 0
-    if name in DENSE_OPS:  # attention reads a broadcast mask as it is: only its output gradient is copied
+    if name in BATCHED_MATMULS:  # Rule 2: the batch's stride reaches cuBLAS as it is
+        operands = args[BATCHED_MATMULS[name]]
+        extra += sum(_rounded(_dense_bytes(t)) for t in operands if isinstance(t, torch.Tensor) and _expanded(t, 1))
+    elif name in DENSE_OPS:  # attention reads a broadcast mask as it is: only its output gradient is copied
         dense = args[:1] if name in ATTENTION_BACKWARDS else tensor_leaves((args, kwargs))
         extra += sum(_rounded(_dense_bytes(t)) for t in dense if _expanded(t))
     if name == "convolution":
@@ -348,9 +357,9 @@ def _last_pow2(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-def _expanded(t: torch.Tensor) -> bool:
-    """Rule 2: a dimension of more than one element at stride 0 (an expanded tensor)."""
-    return any(st == 0 and size > 1 for size, st in zip(t.shape, t.stride()))
+def _expanded(t: torch.Tensor, batch_dims: int = 0) -> bool:
+    """Rule 2: a dimension of more than one element at stride 0 (an expanded tensor), past the first `batch_dims`."""
+    return any(st == 0 and size > 1 for size, st in list(zip(t.shape, t.stride()))[batch_dims:])
 
 
 def _dense_bytes(t: torch.Tensor) -> int:
