@@ -91,6 +91,14 @@ CASES = {
         "sum",
     ),
     "linear+bias 4096x1024->1024 fp32": (lambda: (t(4096, 1024), t(1024, 1024), t(1024)), F.linear, "dense"),
+    # F.linear of a frozen weight (LoRA's base) on a transposed input (nn.MultiheadAttention's projections) runs
+    # as bmm with the weight at batch stride 0: remat predicts no copy of it (NOTE [CUDA memory that is no
+    # tensor], Rule 2; 441 MiB if copied).  A weight that needs its gradient folds the input into an mm instead.
+    "linear of a frozen weight on a transposed 16x196x768 input ->1536 bf16": (
+        lambda: (t(16, 196, 768, dtype=torch.bfloat16), t(1536, 768, dtype=torch.bfloat16, grad=False)),
+        lambda x, w: F.linear(x.transpose(0, 1), w),
+        "dense",
+    ),
 }
 
 

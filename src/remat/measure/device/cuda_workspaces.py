@@ -19,7 +19,8 @@ NOTE [CUDA memory that is no tensor]
           batched matmul (`bmm`, `baddbmm`) hands cuBLAS each operand's batch stride as it is, 0 too (a
           weight `matmul` broadcast over a non-contiguous input's batch): only an operand expanded within
           its matrices is copied (torch's `prepare_batch_matrix_for_cublas` clones for a stride-0 row or
-          column), and the added `input` of `baddbmm` is copied into the output, no extra.
+          column), and the added `input` of `baddbmm` is copied into the output, no extra.  From torch's
+          source, not yet measured (`benchmarks/gpu_probe.py`, "linear of a frozen weight on a transposed ...").
   Rule 3. cuDNN's convolution, for input channels per group of CONV_WORKSPACE_MIN_CHANNELS or more,
           takes a workspace of twice its output plus its weight in forward (64 -> 64 channels 3x3:
           256 MiB beyond a 128 MiB output) and twice the output gradient plus 2 MiB in backward
