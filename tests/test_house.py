@@ -191,3 +191,28 @@ def test_a_profiles_words_are_enums_and_its_json_keeps_the_strings():
     assert (type(again.mode), type(again.step), type(again.parallel)) == (Mode, Step, ParallelKind)
     data = json.loads(again.to_json())
     assert (data["mode"], data["step"], data["parallel"]) == ("fake", "steady", "")
+
+
+def _command_blocks(text: str) -> list[list[str]]:
+    """The fenced blocks of a Markdown page that begin with a `$ remat ...` command, as lists of lines."""
+    blocks, lines, inside = [], text.splitlines(), None
+    for line in lines:
+        if line.startswith("```"):
+            if inside is not None and inside and inside[0].startswith("$ remat "):
+                blocks.append(inside)
+            inside = None if inside is not None else []
+        elif inside is not None:
+            inside.append(line)
+    return blocks
+
+
+def test_every_pasted_command_in_the_docs_shows_its_output():
+    """docs/fit.md once showed two `remat fit` commands with nothing under them (a shell expansion had eaten the
+    pasted output): every block that starts with a `$ remat` command must show what it printed."""
+    empty = [
+        f"{page.relative_to(ROOT)}: {block[0]}"
+        for page in sorted((ROOT / "docs").glob("*.md"))
+        for block in _command_blocks(page.read_text(encoding="utf-8"))
+        if not [line for line in block[1:] if line.strip() and not line.startswith("$ ")]
+    ]
+    assert not empty, "\n".join(empty)
