@@ -266,6 +266,31 @@ def test_lora_trains_a_question_answering_or_classification_head_in_full_without
     assert cls.notes == [f"pre_classifier, classifier {saved} and AdamW state"]
 
 
+def test_lora_adapts_gpt2s_conv1d_layers_and_trains_its_score_in_full(tmp_path):
+    """GPT-2's layers are transformers' Conv1D, which peft's "all-linear" adapts: counting nn.Linear alone, a
+    GPT-2 classifier (its only nn.Linear the score head, trained in full) was refused as having nothing to adapt."""
+    config = {"architectures": ["GPT2ForSequenceClassification"], "model_type": "gpt2", "n_embd": 64, "n_layer": 2}
+    config |= {"n_head": 4, "vocab_size": 256, "n_positions": 128}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, lora=4, changes=())
+    per_layer = 4 * ((64 + 192) + (64 + 64) + (64 + 256) + (256 + 64))  # c_attn, attn.c_proj, c_fc, mlp.c_proj
+    assert answer.trainable == 2 * per_layer + 64 * 2  # the adapters; the score head in full (no bias)
+
+
+def test_a_step_that_reads_its_batchs_values_is_a_remat_error_in_fit_words(tmp_path):
+    """BART's classifier checks its rows' end-of-sequence tokens with unique_consecutive: the fake step stopped
+    with remat.profile's error, whose fix (`--mode real`) is no flag of `remat fit`."""
+    config = {"architectures": ["BartForSequenceClassification"], "model_type": "bart", "d_model": 64}
+    config |= {"encoder_layers": 1, "decoder_layers": 1, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128}
+    config |= {"encoder_attention_heads": 4, "decoder_attention_heads": 4, "vocab_size": 256}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    expected = r"^remat: BartForSequenceClassification's training step runs aten.unique_consecutive.default, .*"
+    with pytest.raises(
+        FitError, match=expected + r"Fix: measure the step on a GPU with your own batch, `remat profile"
+    ):
+        will_it_fit(str(tmp_path), "80GB", seq=64, changes=())
+
+
 def vit(**changes) -> dict:
     return {
         "architectures": ["ViTForImageClassification"],

@@ -340,7 +340,8 @@ def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
         task_type=PEFT_TASKS.get(head),
         modules_to_save=list(HEAD_MODULES[IMAGE]) if head == IMAGE else None,
     )
-    if not [n for n, m in model.named_modules() if isinstance(m, nn.Linear) and n not in saved]:
+    linear = (nn.Linear, _conv1d())  # peft's "all-linear" takes transformers' Conv1D (GPT-2's) too
+    if not [n for n, m in model.named_modules() if isinstance(m, linear) and n not in saved]:
         raise FitError(
             f"remat: --lora {rank} adds LoRA adapters to every linear layer, and {type(model).__name__} has none "
             "but its head (its layers are convolutions); expected a model with linear layers (a transformer). "
@@ -348,6 +349,12 @@ def _lora(model: nn.Module, rank: int, head: str) -> nn.Module:
         )
     with quiet():
         return get_peft_model(model, config)
+
+
+def _conv1d() -> type:
+    from transformers.pytorch_utils import Conv1D
+
+    return Conv1D
 
 
 HEAD_MODULES = {"seq-cls": ("classifier", "score"), "token-cls": ("classifier", "score"), "qa": ("qa_outputs",)}
@@ -374,6 +381,7 @@ def quiet() -> Iterator[None]:
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+            warnings.filterwarnings("ignore", message=".*fan_in_fan_out.*", category=UserWarning)  # GPT-2's Conv1D
             yield
     finally:
         fake.setLevel(level)

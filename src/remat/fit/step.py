@@ -10,7 +10,7 @@ from typing import Any, cast
 from torch import nn
 
 from remat.applier.apply import apply, remove
-from remat.errors import InfeasibleBudget, NoLoss, RematError
+from remat.errors import InfeasibleBudget, NoLoss, RematError, UnsupportedOp
 from remat.fit.build import Built, adamw, build, quiet
 from remat.fit.rows import IMAGE, image_shape, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
@@ -49,6 +49,13 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
     try:
         prof = _profile(built.model, built.inputs, options_for(setup, gpu))
     except Exception as e:
+        if isinstance(e, UnsupportedOp):
+            raise FitError(
+                f"remat: {built.name}'s training step runs {e.op}, whose result depends on the values in its batch, "
+                "which remat fit's fake step does not have (it knows the batch's shape alone); expected a model whose "
+                "step follows from its batch's shape. Fix: measure the step on a GPU with your own batch, "
+                "`remat profile file.py:factory --mode real --device cuda` (a small batch first)."
+            ) from e
         if isinstance(e, NoLoss):
             raise FitError(
                 f"remat: {built.name} returned no loss from the batch's labels, so it trains nothing as built (a "
