@@ -11,7 +11,8 @@ from torch import nn
 
 from remat.applier.apply import apply, remove
 from remat.errors import InfeasibleBudget, NoLoss, RematError, UnsupportedOp
-from remat.fit.build import Built, adamw, build, quiet
+from remat.fit.build import Built, adamw, build
+from remat.fit.lora import quiet
 from remat.fit.rows import IMAGE, image_shape, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
 from remat.fit.setup import FitError, Gpu, Setup
