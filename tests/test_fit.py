@@ -359,6 +359,10 @@ def test_lora_on_an_image_classifier_trains_its_new_classifier_in_full(tmp_path)
     answer = will_it_fit(str(tmp_path), "80GB", batch=2, lora=4, changes=())
     linears = 2 * (4 * 4 * (128 + 128) + 4 * (128 + 256) + 4 * (256 + 128))  # q, k, v, o; the MLP's two
     assert answer.trainable == linears + (128 * 10 + 10)
+    assert answer.notes == [
+        "classifier trained in full, not by adapters (peft's modules_to_save for this head): in bf16, with their "
+        "gradients and AdamW state"
+    ]
 
 
 def test_image_classifiers_that_cannot_be_trained_as_asked(tmp_path):
