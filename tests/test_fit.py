@@ -157,15 +157,67 @@ def test_a_question_answering_head_is_built_not_a_masked_lm(configs, tmp_path):
 
 @pytest.mark.parametrize(
     "arch, task",
-    [("BertForMultipleChoice", "multiple choice"), ("BertForNextSentencePrediction", "next sentence prediction")],
+    [("BertForNextSentencePrediction", "next sentence prediction")],
 )
 def test_a_head_of_another_task_is_refused_not_replaced(tmp_path, arch, task):
     (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": [arch]}))
     with pytest.raises(FitError, match=f"^remat: the config's architectures name {arch}, .* its {task} models") as e:
         will_it_fit(str(tmp_path), "80GB", seq=128)
-    assert "question answering and image classification heads" in str(e.value) and "Fix: profile your own model" in str(
-        e.value
-    )
+    assert "question answering, multiple choice and image classification heads" in str(e.value)
+    assert "Fix: profile your own model" in str(e.value)
+
+
+def test_a_multiple_choice_row_is_a_sequence_per_answer(tmp_path):
+    """BertForMultipleChoice was refused.  Its rows are `--choices` sequences each (4 by default, SWAG's), all
+    through the encoder: 2 rows of 4 choices are the activations of 8 sequences, twice those of 2 rows of 2."""
+    (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": ["BertForMultipleChoice"]}))
+    four = will_it_fit(str(tmp_path), "80GB", seq=128, batch=2, changes=())
+    assert four.model == "BertForMultipleChoice" and four.notes == []
+    mlm_head = (H * H + H) + 2 * H + V  # the transform, its LayerNorm, the decoder's bias
+    assert four.params == bert_parameters() - mlm_head + (H * H + H) + (H + 1)  # the pooler; a score per choice
+    assert "step: batch 2 x 4 choices of 128 tokens (--choices for another number) per GPU" in str(four)
+    two = will_it_fit(str(tmp_path), "80GB", seq=128, batch=2, choices=2, changes=())
+    eight = will_it_fit(str(tmp_path), "80GB", seq=128, batch=8, choices=1, changes=())
+    assert "step: batch 2 x 2 choices of 128 tokens per GPU" in str(two)
+    assert four.profile.input_bytes == 2 * 4 * 128 * 8 + 512  # int64 token ids; a label a row, in a 512-byte block
+    assert abs(four.profile.activation_bytes - eight.profile.activation_bytes) <= 0.01 * eight.profile.activation_bytes
+    assert abs(four.profile.activation_bytes - 2 * two.profile.activation_bytes) <= 0.02 * four.profile.activation_bytes
+
+
+def test_lora_on_a_multiple_choice_model_trains_its_classifier_in_full(tmp_path):
+    """peft has no multiple choice task: with "all-linear" alone the new classifier got adapters, its random
+    weights frozen."""
+    (tmp_path / "config.json").write_text(json.dumps(bert() | {"architectures": ["BertForMultipleChoice"]}))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=128, lora=4, changes=())
+    adapters = 2 * (4 * 4 * (H + H) + 4 * (H + I) + 4 * (I + H)) + 4 * (H + H)  # the layers' and the pooler's
+    assert answer.trainable == adapters + (H + 1)
+    assert answer.notes[0].startswith("classifier trained in full, not by adapters (peft's modules_to_save")
+
+
+def test_task_builds_the_head_the_training_script_builds(tmp_path):
+    """A pretrained checkpoint's config names its pretraining head (BertForMaskedLM); fine-tuned for multiple choice
+    it is another model: --task multiple-choice builds that one, with --choices rows, as its own config would."""
+    (tmp_path / "config.json").write_text(json.dumps(bert()))
+    (tmp_path / "mc").mkdir()
+    (tmp_path / "mc" / "config.json").write_text(json.dumps(bert() | {"architectures": ["BertForMultipleChoice"]}))
+    tasked = will_it_fit(str(tmp_path), "80GB", seq=128, batch=2, task="multiple-choice", changes=())
+    named = will_it_fit(str(tmp_path / "mc"), "80GB", seq=128, batch=2, changes=())
+    assert tasked.model == named.model == "BertForMultipleChoice" and tasked.params == named.params
+    assert tasked.profile.peak_bytes == named.profile.peak_bytes
+    assert "step: batch 2 x 4 choices of 128 tokens" in str(tasked)
+    for spelled in ("AutoModelForMultipleChoice", "MultipleChoice", "multiple_choice"):
+        assert will_it_fit(str(tmp_path), "80GB", seq=128, task=spelled, changes=()).model == "BertForMultipleChoice"
+    assert will_it_fit(str(tmp_path / "mc"), "80GB", seq=128, task="masked-lm", changes=()).model == "BertForMaskedLM"
+
+
+def test_a_task_the_model_type_has_no_class_for_says_which_it_has(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(llama()))
+    with pytest.raises(FitError, match="^remat: --task multiple-choice builds AutoModelForMultipleChoice") as e:
+        will_it_fit(str(tmp_path), "80GB", seq=128, task="multiple-choice")
+    said = str(e.value)
+    assert "no such class for the config's model type 'llama'" in said
+    assert "a task it has: causal-lm, sequence-classification, token-classification, question-answering" in said
+    assert "Fix: --task causal-lm, or leave --task out" in said
 
 
 def test_a_bart_for_conditional_generation_is_a_seq2seq_lm(tmp_path):
@@ -637,6 +689,9 @@ def test_an_estimate_under_the_gpu_in_tensors_but_not_in_reserve_says_its_reserv
         (["--gpu", "80GB", "--optim", "adam"], "remat: --optim is the optimizer"),
         (["--gpu", "80GB", "--dtype", "int8"], "remat: --dtype is the precision the model trains in"),
         (["--gpu", "80GB", "--image-size", "224"], "remat: --image-size is the side in pixels of an image"),
+        (["--gpu", "80GB", "--choices", "4"], "remat: --choices is how many answers each row of a multiple"),
+        (["--gpu", "80GB", "--choices", "0"], "remat: --choices is a whole number of at least 1"),
+        (["--gpu", "80GB", "--task", "summarization"], "remat: --task is the head the training script builds"),
     ],
 )
 def test_bad_arguments_are_remat_errors_with_a_fix(configs, capsys, argv, expected):
@@ -695,3 +750,20 @@ def test_a_setting_the_config_lacks_is_named_with_the_fix(tmp_path):
     config["decoder_start_token_id"] = 0
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert will_it_fit(str(tmp_path), "24GiB", seq=64).fits
+
+
+def test_a_model_whose_code_fails_in_bf16_is_told_to_train_under_autocast(tmp_path):
+    """XLNet adds a float32 tensor to its bf16 ones: the error said "its config allows at most -1 positions
+    (max_position_embeddings). Fix: --seq -1 or shorter", from XLNet's -1, which bounds nothing."""
+    config = {"architectures": ["XLNetForSequenceClassification"], "model_type": "xlnet", "d_model": 256, "n_layer": 1}
+    config |= {"n_head": 4, "d_inner": 512, "vocab_size": 1024}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        FitError, match=r"^remat: XLNetForSequenceClassification.s training step failed on a batch"
+    ) as e:
+        will_it_fit(str(tmp_path), "24GiB", seq=64, dtype="bf16")
+    assert "its code does not run with its weights in bf16 (the error names that dtype). Fix: --dtype amp-bf16" in str(
+        e.value
+    )
+    assert "-1" not in str(e.value) and "torch.bfloat16" in str(e.value)  # the model's own words, after "It said"
+    assert will_it_fit(str(tmp_path), "24GiB", seq=64, dtype="amp-bf16", changes=()).fits

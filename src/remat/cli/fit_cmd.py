@@ -8,6 +8,7 @@ from pathlib import Path
 
 from remat.cli.common import spinner, write
 from remat.fit import DEFAULT_OPTIM, DEFAULT_SEQ, DTYPES, KINDS, OPTIMS, will_it_fit
+from remat.fit.build import TASKS
 from remat.measure.device.roofline import GPUS
 
 
@@ -31,6 +32,13 @@ def register(verbs) -> None:
         metavar="G",
         help='the GPU\'s memory ("24GiB", "80GB") or its name (H100, H200, A100, A100-40GB, L4, L40S, '
         "4090, 3090, A10G, T4)",
+    )
+    p.add_argument(
+        "--task",
+        default=None,
+        metavar="T",
+        help="the head the training script builds, as its AutoModelFor... class: "
+        f"{', '.join(TASKS)} (default: the one the config's architectures name)",
     )
     _add_step_shape(p)
     _add_optimizer(p)
@@ -101,6 +109,13 @@ def _add_rows(p: argparse.ArgumentParser) -> None:
         help="an image classifier's images: N x N pixels (default: its config's image_size)",
     )
     p.add_argument(
+        "--choices",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a multiple choice model's answers per row, a sequence of --seq tokens each (default: 4, as in SWAG)",
+    )
+    p.add_argument(
         "--batch", type=int, default=1, metavar="B", help="sequences (or images) per GPU and step (default: 1)"
     )
 
@@ -123,6 +138,8 @@ def _cmd_fit(args: argparse.Namespace) -> int:
             args.gpu,
             seq=args.seq,
             image_size=args.image_size,
+            choices=args.choices,
+            task=args.task,
             batch=args.batch,
             dtype=args.dtype,
             lora=args.lora,

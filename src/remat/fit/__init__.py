@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
-from remat.fit.build import head_of, layers_of, load_config, stacks_of
-from remat.fit.rows import IMAGE, image_shape, row_words
+from remat.fit.build import head_of, layers_of, load_config, parse_task, stacks_of
+from remat.fit.rows import CHOICE, IMAGE, image_shape, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (
     DEFAULT_OPTIM,
@@ -66,6 +66,8 @@ def will_it_fit(
     world_size: int = 1,
     optim: str = DEFAULT_OPTIM,
     image_size: int | None = None,
+    choices: int | None = None,
+    task: str | None = None,
     hardware: str | None = None,
     changes: tuple[str, ...] = KINDS,
     progress: Callable[[str, int], None] | None = None,
@@ -77,23 +79,21 @@ def will_it_fit(
         >>> answer.outcome.verdict, answer.fits
         ('does not fit', False)
 
-    `config` is a config.json path, a folder holding one, a model name (needs the network) or a
-    `transformers.PretrainedConfig`; `gpu` a size ("24GiB", "80GB", bytes) or a GPU name ("H100", "4090");
-    `hardware` the roofline for seconds where `gpu` is a size ("H100" by default).  `batch` sequences of `seq`
-    tokens per GPU (2048 by default; an image classifier's rows are images of `image_size` pixels square, by
-    default its config's, and it takes no `seq`); `dtype` bf16/fp16/fp32 (weights, gradients and AdamW state in
-    it) or amp-bf16/amp-fp16 (fp32 weights, forward under autocast); `lora=R` peft LoRA adapters of rank R;
-    `world_size=N` one GPU of N sharding the model with FSDP2; `optim` "adamw_torch_fused" (the Trainer's default:
-    torch's AdamW, fused) or "adamw_torch" (its foreach kernels, with temporaries of every parameter's size).
-    `changes`: the kinds of change tried where it does not fit (NOTE [What to change]), of "batch", "seq", "lora",
-    "world-size" (() for none); `progress(phase, done)` is told each phase.  A `remat:` FitError for bad input.
+    `config`: a config.json, its folder, a model name (needs the network) or a `PretrainedConfig`; `gpu` a size
+    ("24GiB", "80GB", bytes) or a GPU name ("H100"), `hardware` the roofline where it is a size (H100). `task`: the
+    head the training script builds ("multiple-choice", `remat.fit.build.TASKS`), else the architectures'. `batch`
+    rows of `seq` tokens per GPU (2048; a multiple choice row is `choices` such sequences, 4; an image classifier's an
+    image of `image_size` pixels square, its config's); `dtype` bf16/fp16/fp32 (weights, gradients, AdamW state) or
+    amp-bf16/amp-fp16 (fp32 weights, autocast forward); `lora=R` LoRA adapters of rank R (peft); `world_size=N` one
+    GPU of N, FSDP2; `optim` "adamw_torch_fused" (the Trainer's) or "adamw_torch" (foreach).  `changes`: the changes
+    tried where it does not fit, of "batch", "seq", "lora", "world-size" (() for none); `progress(phase, done)` is
+    told each phase.  A `remat:` FitError for bad input.
     """
-    gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
-    setup = Setup(DEFAULT_SEQ if seq is None else seq, batch, dtype, lora, world_size, optim, image_size)
-    setup, changes, say = check_setup(setup), check_kinds(tuple(changes)), _announcer(progress)
+    setup = Setup(DEFAULT_SEQ if seq is None else seq, batch, dtype, lora, world_size, optim, image_size, choices)
+    gpu, setup, changes, task, say = _prepared(gpu, hardware, setup, changes, task, progress)
     say("reading the config")
     config, source = load_config(config)
-    head, head_note = head_of(config)
+    head, head_note = head_of(config, task)
     changes = _check_rows(config, head, setup, seq, changes)
     say(f"predicting the step ({' + '.join(map(str, stacks_of(config))) or '?'} layers, fake tensors)")
     built, prof = profile_step(config, head, setup, gpu)
@@ -107,6 +107,15 @@ def will_it_fit(
     return answer
 
 
+def _prepared(
+    gpu, hardware: str | None, setup: Setup, changes, task: str | None, progress
+) -> tuple[Gpu, Setup, tuple[str, ...], str | None, Callable[[str], None]]:
+    """will_it_fit's arguments, each checked before anything is read (a `remat:` FitError in the command line's
+    words), and the announcer of its phases."""
+    gpu = gpu if isinstance(gpu, Gpu) else parse_gpu(f"{gpu}B" if isinstance(gpu, int) else gpu, hardware)
+    return gpu, check_setup(setup), check_kinds(tuple(changes)), parse_task(task), _announcer(progress)
+
+
 SAVED = "ModulesToSaveWrapper"
 """peft's wrapper of a module `modules_to_save` trains in full (NOTE [A model from its config], Rule 4)."""
 
@@ -114,21 +123,29 @@ SAVED = "ModulesToSaveWrapper"
 def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple[str, ...]) -> tuple[str, ...]:
     """NOTE [A model from its config], Rule 5: an image classifier's rows are images of `--image-size` pixels (by
     default its config's), and take no `--seq` (nor a shorter one among `changes`, which are returned); a text
-    model's rows are tokens, and take no `--image-size`."""
+    model's rows are tokens, and take no `--image-size`; `--choices` is a multiple choice model's alone."""
+    model = type(config).__name__.removesuffix("Config")
+    if head != CHOICE and setup.choices is not None:
+        raise FitError(
+            f"remat: --choices is how many answers each row of a multiple choice model holds (one sequence each), "
+            f"and this {model} is not trained as one; saw --choices {setup.choices}. Fix: leave --choices out, or "
+            "pass --task multiple-choice (or the config of a ...ForMultipleChoice model: its "
+            '"architectures" names the class).'
+        )
     if head != IMAGE:
         if setup.image_size is not None:
             raise FitError(
-                f"remat: --image-size is the side in pixels of an image classifier's images, and "
-                f"{type(config).__name__.removesuffix('Config')} reads tokens; saw --image-size {setup.image_size}. "
-                "Fix: leave --image-size out (--seq sets the tokens per sequence)."
+                f"remat: --image-size is the side in pixels of an image classifier's images, and {model} reads "
+                f"tokens; saw --image-size {setup.image_size}. Fix: leave --image-size out (--seq sets the tokens "
+                "per sequence)."
             )
         return changes
     channels, height, width = image_shape(config, setup)
     if seq is not None:
         raise FitError(
-            f"remat: {type(config).__name__.removesuffix('Config')} is an image classifier: each row of its batch is "
-            f"an image ({channels} x {height} x {width} pixels), not tokens; saw --seq {seq}. "
-            "Fix: leave --seq out, and pass --image-size N for images of N x N pixels."
+            f"remat: {model} is an image classifier: each row of its batch is an image ({channels} x {height} x "
+            f"{width} pixels), not tokens; saw --seq {seq}. Fix: leave --seq out, and pass --image-size N for images "
+            "of N x N pixels."
         )
     return tuple(k for k in changes if k != "seq")
 

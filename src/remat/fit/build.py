@@ -3,15 +3,18 @@
 NOTE [A model from its config]
   Rule 1. CONFIG is a `config.json`, a folder holding one, or a model name `transformers.AutoConfig` resolves
           (which needs the network, or the name in the Hugging Face cache).
-  Rule 2. The head is the one `architectures` names where it is a causal LM, sequence-to-sequence LM (Whisper's
-          speech one too), masked LM, sequence or token classification, question answering or image
-          classification head.  A head of another task (multiple choice, object detection, another speech model)
-          is refused: another head in its place is another model.  Otherwise (a base class such as BartModel or
-          ViTModel, a pretraining class, or no architectures), for an encoder-decoder config (BART, T5, Whisper),
-          a sequence-to-sequence LM, never its decoder alone as a causal LM; else a masked LM for a model type
-          that has one (BERT and other encoders), else a causal LM, else an image classifier (ViT, DINOv2, Swin,
-          ConvNeXt).  The model is built with `from_config` on the meta device: no weights exist, and the fake
-          step materialises them as fake tensors.
+  Rule 2. The head is `--task`'s where given (the training script's AutoModelFor... class, in kebab case: a pretrained
+          checkpoint's config names the head it was pretrained with, BertForMaskedLM, and a script fine-tuning it for
+          multiple choice builds another model), refused where transformers has no class of it for the model type.
+          Else it is the one `architectures` names where it is a causal LM, sequence-to-sequence LM (Whisper's speech
+          one too), masked LM, sequence or token classification, question answering, multiple choice or image
+          classification head.  A head of another task (object detection, another speech model) is refused: another
+          head in its place is another model.  Otherwise (a base class such as BartModel or ViTModel, a pretraining
+          class, or no architectures), for an encoder-decoder config (BART, T5, Whisper), a sequence-to-sequence LM,
+          never its decoder alone as a causal LM; else a masked LM for a model type that has one (BERT and other
+          encoders), else a causal LM, else an image classifier (ViT, DINOv2, Swin, ConvNeXt).  The model is built
+          with `from_config` on the meta device: no weights exist, and the fake step materialises them as fake
+          tensors.
   Rule 3. `--dtype` bf16/fp16/fp32 builds the weights in that dtype, so the gradients and AdamW's two moments
           are in it too (8 bytes per parameter in bf16); amp-bf16/amp-fp16 keeps fp32 weights and runs the
           model's forward under `torch.autocast` (16 bytes per parameter).
@@ -19,24 +22,26 @@ NOTE [A model from its config]
           target_modules="all-linear"))`: adapters on every linear layer but the output head, the base frozen.
           peft keeps the adapters in fp32 whatever the base's dtype (its `autocast_adapter_dtype`).  An image
           classifier's `classifier` is trained in full (peft's `modules_to_save`, as its image classification
-          guide does: the new head has no pretrained weights to adapt); a model with no other linear layer
-          (ResNet) has nothing to adapt, and is refused.  The modules a head trains in full (a classifier's, a
-          question answering head's `qa_outputs`, chosen by peft by the end of their names) get no adapters.
+          guide does: the new head has no pretrained weights to adapt), and so is a multiple choice model's
+          (XLNet's `logits_proj`), a head peft has no task for; a model with no other linear layer (ResNet) has
+          nothing to adapt, and is refused.  The modules a head trains in full (a classifier's, a question
+          answering head's `qa_outputs`, chosen by peft by the end of their names) get no adapters.
   Rule 5. The batch is `batch x world_size` rows of `seq` token ids (each rank gets `batch`), with labels of the
-          head's shape (a question answering head: one answer span per row); the loss is the model's own
-          (`output.loss`).  A classifier of more than one label whose config leaves `problem_type` unset is set
-          to single-label classification, the cross entropy most models infer from class labels: DeBERTa-v2's
-          own path for an unset one picks the labelled rows with `nonzero`, which a fake step cannot run.  A
-          sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes `seq` tokens too
-          (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row
-          (2 x max_source_positions, in the weights' dtype), however long the clip: its feature extractor pads
-          every clip to that; `seq` is the labels' tokens, at most max_target_positions.  An image classifier
-          takes square images of `--image-size` pixels, by default the config's `image_size` (its vision_config's
-          for CLIP), `num_channels` deep, in the weights' dtype, and one class label a row: its image processor
-          resizes every image to one size.  The config's size is not always the one trained at (DINOv2's says 518,
-          its processor crops 224): `--image-size` says it, and a model that interpolates its position embeddings
-          to another size is asked to (`interpolate_pos_encoding=True`, as for ViT at 384).  There are no tokens:
-          `--seq` is refused, and no shorter sequence is suggested.
+          head's shape (a question answering head: one answer span per row; a multiple choice head: the right answer's
+          index, each row being `--choices` sequences of `seq` tokens, its question with each answer, 4 by default as
+          in SWAG); the loss is the model's own (`output.loss`).  A classifier of more than one label whose config
+          leaves `problem_type` unset is set to single-label classification, the cross entropy most models infer from
+          class labels: DeBERTa-v2's own path for an unset one picks the labelled rows with `nonzero`, which a fake
+          step cannot run.  A sequence-to-sequence LM shifts its labels into the decoder's input: its decoder takes
+          `seq` tokens too (the answer notes it).  Whisper's encoder takes 30 s of log-mel frames a row (2 x
+          max_source_positions, in the weights' dtype), however long the clip: its feature extractor pads every clip
+          to that; `seq` is the labels' tokens, at most max_target_positions.  An image classifier takes square images
+          of `--image-size` pixels, by default the config's `image_size` (its vision_config's for CLIP),
+          `num_channels` deep, in the weights' dtype, and one class label a row: its image processor resizes every
+          image to one size.  The config's size is not always the one trained at (DINOv2's says 518, its processor
+          crops 224): `--image-size` says it, and a model that interpolates its position embeddings to another size is
+          asked to (`interpolate_pos_encoding=True`, as for ViT at 384).  There are no tokens: `--seq` is refused, and
+          no shorter sequence is suggested.
   Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
           (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
           remat.profile runs).
@@ -53,7 +58,7 @@ import torch
 from torch import nn
 
 from remat.fit.lora import with_lora
-from remat.fit.rows import IMAGE, batch_for
+from remat.fit.rows import CHOICE, IMAGE, batch_for
 from remat.fit.setup import FitError, Setup
 
 HEADS = {  # head -> (Auto class, the mapping of model types to that head's classes), in the order Rule 2 asks
@@ -63,6 +68,7 @@ HEADS = {  # head -> (Auto class, the mapping of model types to that head's clas
     "seq-cls": ("AutoModelForSequenceClassification", "MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES"),
     "token-cls": ("AutoModelForTokenClassification", "MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES"),
     "qa": ("AutoModelForQuestionAnswering", "MODEL_FOR_QUESTION_ANSWERING_MAPPING_NAMES"),
+    CHOICE: ("AutoModelForMultipleChoice", "MODEL_FOR_MULTIPLE_CHOICE_MAPPING_NAMES"),
     "speech-seq2seq": ("AutoModelForSpeechSeq2Seq", "MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES"),
     IMAGE: ("AutoModelForImageClassification", "MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES"),
 }
@@ -70,7 +76,7 @@ SPEECH = ("whisper",)
 """Model types whose audio input Rule 5 knows (log-mel frames): other speech heads are refused (Rule 2)."""
 HEAD_WORDS = (
     "causal LM, sequence-to-sequence LM (Whisper's speech one too), masked LM, sequence or token classification, "
-    "question answering and image classification"
+    "question answering, multiple choice and image classification"
 )
 NOT_A_HEAD = (
     "MODEL_MAPPING_NAMES",
@@ -172,8 +178,40 @@ def _version() -> str:
 # -- Rule 2: the head and the model -------------------------------------------------------------------------------
 
 
-def head_of(config) -> tuple[str, str]:
-    """(head, note): the head `architectures` names, else the model type's (Rule 2)."""
+TASKS = {  # --task, AutoModelFor<Task> in kebab case -> head
+    "causal-lm": "causal",
+    "seq2seq-lm": "seq2seq",
+    "masked-lm": "masked",
+    "sequence-classification": "seq-cls",
+    "token-classification": "token-cls",
+    "question-answering": "qa",
+    CHOICE: CHOICE,
+    "speech-seq2seq": "speech-seq2seq",
+    "image-classification": IMAGE,
+}
+
+
+def parse_task(task: str | None) -> str | None:
+    """Rule 2's head for `--task`: an `AutoModelFor...` class as the training script names it, in kebab case
+    ("multiple-choice") or as written ("AutoModelForMultipleChoice", "MultipleChoice"); None for none."""
+    if task is None:
+        return None
+    squashed = {name.replace("-", ""): head for name, head in TASKS.items()}
+    key = task.strip().lower().removeprefix("automodelfor").replace("-", "").replace("_", "")
+    if key in squashed:
+        return squashed[key]
+    raise FitError(
+        f"remat: --task is the head the training script builds, as its AutoModelFor... class: one of "
+        f"{', '.join(TASKS)}; saw {task!r}. Fix: e.g. --task multiple-choice for AutoModelForMultipleChoice, or "
+        "leave --task out for the head the config's architectures name."
+    )
+
+
+def head_of(config, task: str | None = None) -> tuple[str, str]:
+    """(head, note): `task`'s head (`parse_task`) where given, else the head `architectures` names, else the model
+    type's (Rule 2)."""
+    if task is not None:
+        return _head_for_task(config, task), ""
     archs = list(getattr(config, "architectures", None) or [])
     for arch in archs:
         for head, (_, mapping) in HEADS.items():
@@ -192,6 +230,20 @@ def head_of(config) -> tuple[str, str]:
         "text model (LlamaForCausalLM, BertForMaskedLM, T5ForConditionalGeneration, ...) or an image classifier "
         "(ViTForImageClassification, ...). Fix: pass the config.json of such a model, or profile your own model and "
         "batch with `remat profile file.py:factory --mode fake --device cuda`."
+    )
+
+
+def _head_for_task(config, head: str) -> str:
+    """Rule 2 with `--task`: its head, where transformers has a class of it for the config's model type."""
+    kind = config.model_type
+    if kind in _mapping(HEADS[head][1]) and _builds(head, kind):
+        return head
+    has = [name for name, other in TASKS.items() if kind in _mapping(HEADS[other][1]) and _builds(other, kind)]
+    task = next(name for name, other in TASKS.items() if other == head)
+    raise FitError(
+        f"remat: --task {task} builds {HEADS[head][0]}, and transformers {_version()} has no such class for the "
+        f"config's model type {kind!r}; expected a task it has: {', '.join(has) or 'none that remat fit builds'}. "
+        f"Fix: {f'--task {has[0]}, or ' if has else ''}leave --task out for the head the config's architectures name."
     )
 
 

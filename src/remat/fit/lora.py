@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 from torch import nn
 
-from remat.fit.rows import IMAGE
+from remat.fit.rows import CHOICE, IMAGE
 from remat.fit.setup import FitError
 
 PEFT_TASKS = {
@@ -38,7 +38,7 @@ def with_lora(model: nn.Module, rank: int, head: str) -> nn.Module:
         target_modules="all-linear",
         exclude_modules=saved or None,
         task_type=PEFT_TASKS.get(head),
-        modules_to_save=list(HEAD_MODULES[IMAGE]) if head == IMAGE else None,
+        modules_to_save=list(HEAD_MODULES[head]) if head in (IMAGE, CHOICE) else None,
     )
     linear = (nn.Linear, _conv1d())  # peft's "all-linear" takes transformers' Conv1D (GPT-2's) too
     if not [n for n, m in model.named_modules() if isinstance(m, linear) and n not in saved]:
@@ -59,8 +59,9 @@ def _conv1d() -> type:
 
 HEAD_MODULES = {"seq-cls": ("classifier", "score"), "token-cls": ("classifier", "score"), "qa": ("qa_outputs",)}
 HEAD_MODULES[IMAGE] = ("classifier",)
+HEAD_MODULES[CHOICE] = ("classifier", "logits_proj")  # XLNet's, XLM's
 """Rule 4: a head's modules peft trains in full (`modules_to_save`): the ones its task's PeftModel names, and an
-image classifier's `classifier`."""
+image classifier's or a multiple choice model's, which peft has no task for."""
 
 
 def _trained_whole(model: nn.Module, head: str) -> list[str]:

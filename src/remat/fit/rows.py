@@ -1,5 +1,6 @@
 """The rows of the batch `remat fit` builds, and what the answer says they are (NOTE [A model from its config],
-Rule 5, in `remat.fit.build`): token ids, Whisper's log-mel frames, or an image classifier's images."""
+Rule 5, in `remat.fit.build`): token ids (a multiple choice model's: a sequence per answer), Whisper's log-mel
+frames, or an image classifier's images."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ from remat.fit.setup import FitError, Setup
 
 IMAGE = "image-cls"
 """The image classification head (`remat.fit.build.HEADS`): its rows are images, not tokens."""
+CHOICE = "multiple-choice"
+"""The multiple choice head (`remat.fit.build.HEADS`): each row is `--choices` sequences, one per answer."""
+DEFAULT_CHOICES = 4
+"""`--choices` where it is not given: SWAG's four endings, the data transformers' multiple choice guide trains on."""
 FRAMES_PER_SECOND = 100  # Whisper's feature extractor: a frame every 160 samples at 16 kHz
 
 
@@ -42,12 +47,20 @@ def batch_of(config, head: str, setup: Setup) -> dict[str, torch.Tensor]:
     if head == IMAGE:  # images of --image-size pixels (by default the config's), one class label each
         pixels = torch.zeros(rows, *image_shape(config, setup), dtype=setup.precision.weights, device="meta")
         return {"pixel_values": pixels, "labels": torch.zeros(rows, dtype=torch.long, device="meta")}
+    if head == CHOICE:  # each row: its question with each of its answers, a sequence each; the right answer's index
+        ids = torch.zeros(rows, choices_of(setup), setup.seq, dtype=torch.long, device="meta")
+        return {"input_ids": ids, "labels": torch.zeros(rows, dtype=torch.long, device="meta")}
     ids = torch.zeros(rows, setup.seq, dtype=torch.long, device="meta")
     if head == "qa":  # each row's answer span: its first and last token
         span = torch.zeros(rows, dtype=torch.long, device="meta")
         return {"input_ids": ids, "start_positions": span, "end_positions": span.clone()}
     labels = torch.zeros(rows, *(() if head == "seq-cls" else (setup.seq,)), dtype=torch.long, device="meta")
     return {"input_ids": ids, "labels": labels}
+
+
+def choices_of(setup: Setup) -> int:
+    """How many answers a multiple choice row holds: `--choices`, else `DEFAULT_CHOICES`."""
+    return DEFAULT_CHOICES if setup.choices is None else setup.choices
 
 
 def audio_frames(config) -> int:
@@ -80,6 +93,9 @@ def row_words(config, head: str, setup: Setup) -> str:
     if head == IMAGE:
         own = "" if setup.image_size is not None else " (the config's image_size; --image-size for another)"
         return "{} x {} x {} pixels".format(*image_shape(config, setup)) + own
+    if head == CHOICE:
+        own = "" if setup.choices is not None else " (--choices for another number)"
+        return f"{choices_of(setup)} choices of {seq} tokens{own}"
     if head == "speech-seq2seq":
         frames = audio_frames(config)
         return f"{frames // FRAMES_PER_SECOND} s of audio ({frames} log-mel frames) and {seq} label tokens"

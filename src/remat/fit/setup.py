@@ -151,8 +151,9 @@ DEFAULT_SEQ = 2048
 
 @dataclass(frozen=True)
 class Setup:
-    """One training step to fit: `batch` sequences of `seq` tokens (an image classifier: images of `image_size`
-    pixels square, `seq` unused) per GPU, on `world_size` GPUs (FSDP2)."""
+    """One training step to fit: `batch` sequences of `seq` tokens (a multiple choice model: `batch` rows of
+    `choices` such sequences; an image classifier: images of `image_size` pixels square, `seq` unused) per GPU, on
+    `world_size` GPUs (FSDP2)."""
 
     seq: int
     batch: int = 1
@@ -161,6 +162,7 @@ class Setup:
     world_size: int = 1
     optim: str = DEFAULT_OPTIM
     image_size: int | None = None
+    choices: int | None = None
 
     @property
     def precision(self) -> Precision:
@@ -203,6 +205,7 @@ def check_setup(setup: Setup) -> Setup:
         ("--batch", setup.batch, 1),
         ("--world-size", setup.world_size, 8),
         *([("--image-size", setup.image_size, 224)] if setup.image_size is not None else []),
+        *([("--choices", setup.choices, 4)] if setup.choices is not None else []),
     ):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise FitError(f"remat: {flag} is a whole number of at least 1; saw {value!r}. Fix: e.g. {flag} {example}.")

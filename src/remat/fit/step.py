@@ -71,10 +71,10 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
                 f"({type(config).__name__} has no attribute {missing!r}). Expected the model's own config.json, "
                 f'where it is set. Fix: add "{missing}" to the config.json, with the value of the model\'s own.'
             ) from e
-        hint = _hint(config, head, setup)
+        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
+        hint = _hint(config, head, setup) or _dtype_hint(setup, why)
         if hint is None and isinstance(e, RematError):
             raise
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
         hint = hint or f"Fix: check the config and the {'--batch' if head == IMAGE else '--seq and --batch'} asked for"
         rows = setup.batch * setup.world_size
         raise FitError(
@@ -92,11 +92,28 @@ def _hint(config, head: str, setup: Setup) -> str | None:
             return None
         own = image_shape(config)
         return f"its config's images are {own[1]} x {own[2]} pixels. Fix: --image-size {own[1]}, or leave it out"
-    known = [k for k in POSITIONS if isinstance(getattr(config, k, None), int)]
-    if known and setup.seq > getattr(config, known[0]):
+    known = [k for k in POSITIONS if isinstance(getattr(config, k, None), int) and getattr(config, k) > 0]
+    if known and setup.seq > getattr(config, known[0]):  # not XLNet's -1: its relative positions have no bound
         limit = getattr(config, known[0])
         return f"its config allows at most {limit} positions ({known[0]}). Fix: --seq {limit} or shorter"
     return None
+
+
+HALVES = {"bf16": ("bfloat16",), "fp16": ("float16", "half")}
+"""The words a model's error names the dtype of its weights in, for the `--dtype` that trains in it alone."""
+
+
+def _dtype_hint(setup: Setup, why: str) -> str | None:
+    """Where weights in bf16 or fp16 (`--dtype bf16`) fail in the model's own code, and its error names that dtype
+    (XLNet adds a float32 tensor to bf16 ones; FNet's FFT has no bf16 kernel), the fix is fp32 weights, forward
+    under autocast (the Trainer's `bf16=True` trains so), or fp32 throughout."""
+    if setup.dtype not in HALVES or not any(w in why.lower() for w in HALVES[setup.dtype]):
+        return None
+    return (
+        f"its code does not run with its weights in {setup.dtype} (the error names that dtype). Fix: --dtype "
+        f"amp-{setup.dtype} (fp32 weights, forward under {setup.dtype} autocast: the Trainer's {setup.dtype}=True), "
+        "or --dtype fp32"
+    )
 
 
 def _has_size(config) -> bool:
