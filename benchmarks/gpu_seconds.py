@@ -26,6 +26,7 @@ results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -347,6 +348,7 @@ def on_the_gpu(args) -> tuple[dict, Path]:
         print(name, variant, r, flush=True)
         if "compile" in variant:
             torch.compiler.reset()  # the compiled graphs hold the variant's model
+        gc.collect()  # a planned BERT stays alive in reference cycles until a collection (2026-12-04)
         if device == "cuda":
             torch.cuda.empty_cache()
     return res, path

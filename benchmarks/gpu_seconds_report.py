@@ -15,6 +15,8 @@ TIE = 0.02
 AT_35 = 0.65  # the issue's BERT point: 35% under the eager step's peak ...
 AT_35_COST = 0.05  # ... at most 5% over the eager step's time
 SAID = 0.05  # `plan.extra_fraction` within 5 points of the overhead measured
+PEAK_SAID = 0.05
+"""A step's measured peak within 5% of the peak remat predicted for it (the made plan's, or the unplanned step's)."""
 COMPILE_POINTS = ("compile", "compile 0.7", "compile 0.5", "compile 0.3")
 REMAT_EAGER = ("plan65", "least")
 
@@ -85,6 +87,19 @@ def _said(pts: dict, made: dict, eager_s: float) -> list[list[str]]:
     return rows
 
 
+def _peak_said(pts: dict, made: dict) -> list[list[str]]:
+    """The eager step's and remat's plans' peaks against the fake step's, made for the GPU on the laptop."""
+    rows = []
+    for kind in ("eager", *REMAT_EAGER):
+        said = made.get("peak_bytes") if kind == "eager" else made.get(kind, {}).get("peak_bytes")
+        if kind in pts and said:
+            off = pts[kind]["peak_bytes"] / said - 1
+            check = f"`{kind}`: peak within {PEAK_SAID:.0%} of the predicted"
+            measured = f"said {said / MiB:,.0f} MiB, measured {pts[kind]['peak_bytes'] / MiB:,.0f} ({off:+.1%})"
+            rows.append([check, measured, "yes" if abs(off) <= PEAK_SAID else "no"])
+    return rows
+
+
 def _within_budget(pts: dict, eager_s: float) -> list[list[str]]:
     """remat.auto's plans on the compiled model: each within the budget it was given (a peak in bytes)."""
     rows = []
@@ -106,7 +121,8 @@ def done_when(res: dict) -> list[list[str]]:
         eager = pts["eager"]
         made = res["made"]["models"].get(name, {})
         checks = _against_compile(pts, eager["step_s"]) + _least_memory(pts, eager["step_s"])
-        checks += _at_35(pts, eager) + _said(pts, made, eager["step_s"]) + _within_budget(pts, eager["step_s"])
+        checks += _at_35(pts, eager) + _said(pts, made, eager["step_s"]) + _peak_said(pts, made)
+        checks += _within_budget(pts, eager["step_s"])
         rows += [[name, *c] for c in checks]
     return rows
 
@@ -135,3 +151,39 @@ def render(res: dict) -> str:
             md_table(["model", "check", "measured", "holds"], done_when(res), pad=False),
         ]
     )
+
+
+def merge(runs: list[dict]) -> dict:
+    """Runs on one device joined (a run the device's time limit cut short, and the calls that finished it): each
+    variant as the first run that measured it; a variant skipped or failed in one run and measured in a later one
+    takes the later one's figures.  The runs must be of the same device, torch and plans."""
+    first = runs[0]
+    for run in runs[1:]:
+        if (run["device"], run["torch"], run["made"]) != (first["device"], first["torch"], first["made"]):
+            raise SystemExit(
+                f"remat: the results to merge must be of one device, torch and plans; saw {run['device']}, torch "
+                f"{run['torch']} (plans of {run['made']['made']}) beside {first['device']}, torch {first['torch']} "
+                f"(plans of {first['made']['made']}). Fix: merge the runs of one device and one set of plans."
+            )
+    merged = {**first, "models": {}, "dates": [r["date"] for r in runs]}
+    for run in runs:
+        for name, variants in run["models"].items():
+            into = merged["models"].setdefault(name, {})
+            for variant, r in variants.items():
+                if "step_s" not in into.get(variant, {}):
+                    into[variant] = r
+    return merged
+
+
+def main() -> None:
+    import argparse
+    import json
+
+    parser = argparse.ArgumentParser(description="Issue 36's tables from gpu_seconds.py --gpu runs, merged.")
+    parser.add_argument("results", nargs="+", help="results JSON of `gpu_seconds.py --gpu`, the first run first")
+    args = parser.parse_args()
+    print(render(merge([json.loads(open(f).read()) for f in args.results])))
+
+
+if __name__ == "__main__":
+    main()

@@ -239,3 +239,51 @@ def test_the_gpu_run_names_what_it_cannot_run_before_it_writes_anything(tmp_path
     assert proc.returncode == 1
     assert "remat: --variants takes" in proc.stderr and "got ['compile 0.4']" in proc.stderr
     assert not list(tmp_path.iterdir())  # the smoke run's plans were made before the check once
+
+
+H200_RUNS = sorted((ROOT / "benchmarks" / "results" / "gpu_seconds").glob("gpu_NVIDIA_H200_2026-12-04T13*.json"))
+"""The H200 run of 2026-12-04 (`--gpu --compile --budget-s 330`) and the three calls that finished it."""
+
+
+def test_the_calls_that_finish_a_gpu_run_merge_into_its_tables():
+    """The first run stopped at its --budget-s; later calls measured `compile 0.3`/`0.7`, `auto 0.5+compile` and
+    BERT's `plan65+compile`, and `compile 0.5` again (the search's aim): the first run's figures stay."""
+    runs = [json.loads(p.read_text()) for p in H200_RUNS]
+    assert len(runs) == 4 and all("step_s" not in runs[0]["models"]["bert_base_mlm"][v] for v in ("compile 0.3",))
+    merged = report.merge(runs)
+    llama, bert = merged["models"]["llama_style_decoder"], merged["models"]["bert_base_mlm"]
+    assert llama["compile 0.5"] == runs[0]["models"]["llama_style_decoder"]["compile 0.5"]
+    assert llama["auto 0.5+compile"]["budget"] == runs[1]["models"]["llama_style_decoder"]["compile 0.5"]["peak_bytes"]
+    assert all("step_s" in bert[v] for v in ("compile 0.3", "compile 0.7", "plan65+compile"))
+    assert llama["auto 0.3+compile"] == {"skipped": "over --budget-s"}
+    rows = {(m, c.split(" (")[0]): (measured, verdict) for m, c, measured, verdict in report.done_when(merged)}
+    assert rows[("bert_base_mlm", "`least`: peak within 5% of the predicted")] == (
+        "said 9,092 MiB, measured 12,073 (+32.8%)",
+        "no",
+    )
+    assert rows[("llama_style_decoder", "`eager`: peak within 5% of the predicted")][1] == "yes"
+    other = runs[1] | {"device": "NVIDIA H100 80GB HBM3"}
+    with pytest.raises(SystemExit, match="^remat: the results to merge must be of one device") as e:
+        report.merge([runs[0], other])
+    assert "Fix: merge the runs of one device" in str(e.value)
+
+
+def test_the_peak_gap_probe_puts_the_fake_step_beside_the_real_one(tmp_path):
+    """`peak_gap.py`, prepared for the next GPU: at the smoke size on the CPU, where remat's fake step is the real
+    one, a plan's predicted, fake and real peaks agree within 1%, and verify's gradients are the unplanned's."""
+    out = tmp_path / "gap.json"
+    script = ROOT / "benchmarks" / "peak_gap.py"
+    args = ["--smoke", "--models", "bert_base_mlm", "--kinds", "eager,least", "--out", str(out)]
+    proc = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    res = json.loads(out.read_text())
+    eager, least = res["steps"]["bert_base_mlm eager"], res["steps"]["bert_base_mlm least"]
+    assert abs(eager["fake"]["peak_bytes"] - eager["real"]["peak_bytes"]) <= 0.01 * eager["real"]["peak_bytes"]
+    assert eager["loop_peak_bytes"] is None  # the CPU has no allocator peak to read
+    planned = least["plan"]["predicted_peak_bytes"]
+    assert all(abs(least[k]["peak_bytes"] - planned) <= 0.01 * planned for k in ("fake", "real"))
+    assert least["plan"]["predicted_peak_bytes"] < eager["fake"]["peak_bytes"]
+    assert max(least["verify"]["grad_max_abs_diff"].values()) == 0 and least["verify"]["independent_counter"]
+    assert "| bert_base_mlm least |" in proc.stdout
+    bad = subprocess.run([sys.executable, str(script), "--kinds", "every"], capture_output=True, text=True)
+    assert bad.returncode == 1 and bad.stderr.startswith("remat: --models takes") and "Fix:" in bad.stderr
