@@ -1,6 +1,7 @@
 """What is live at a training step's CUDA peak, by the allocator's own trace (issue 34's follow-up).
 
     python benchmarks/gpu_snapshot.py --out F.json [--cases resmlp,resmlp:least,unet_bn,bert]
+    python benchmarks/gpu_snapshot.py --out F.json --cases bert_base_mlm,bert_base_mlm:least   # issue 36's
     python benchmarks/gpu_snapshot.py --out F.json --kernels [--profiles] [--cases t5,bert]   # attention kernels
 
 Each case runs in a fresh process: the gpu_check model built on the GPU, Adam, the plain loop of
@@ -25,7 +26,11 @@ import gpu_check  # noqa: E402  (its model builders, loop and import paths)
 import torch  # noqa: E402
 
 import remat  # noqa: E402
+from _catalog import ISSUE36  # noqa: E402
 from _common import MiB, run_fresh  # noqa: E402
+
+PLANS = HERE / "results" / "gpu_seconds" / "plans"
+"""Issue 36's plans, made for an H100 (`gpu_seconds.py --make-plans`)."""
 
 STEPS = 3
 
@@ -207,16 +212,27 @@ def live_at_peak(trace: list[dict], start: int = 0) -> dict:
     }
 
 
+def built(case: str, device: str = "cuda", size: str | None = None) -> tuple:
+    """`(model, inputs, loss_fn)` of a case, "model" or "model:kind", with that plan applied: gpu_check's models
+    at its full size with its plans, or issue 36's (`bert_base_mlm`, `llama_style_decoder`) at the issue's size
+    with the plans `gpu_seconds.py --gpu` ran (docs/peers_gpu.md).  `size` another size (the test's smoke)."""
+    name, _, kind = case.partition(":")
+    if name in ISSUE36:
+        model, inputs, loss_fn = gpu_check.build(name, size or "issue", device, "cuda" if device == "cuda" else None)
+        plan = PLANS / f"{name}.{kind}.json"
+    else:
+        model, inputs, loss_fn = gpu_check.build(name, size or "full", device)
+        made = json.loads((gpu_check.RESULTS / "made.json").read_text())
+        plan = gpu_check.RESULTS / made["models"][name]["plans"][kind]["file"] if kind else None
+    return (remat.apply(model, remat.load_plan(plan)) if kind else model), inputs, loss_fn
+
+
 def one_case(spec: dict) -> dict:
     """One model (and plan kind: `spec["case"]` is "model" or "model:kind") in this process, a fresh one
     (`run_fresh`): the loop of gpu_check, the trace read after the third step."""
     case = spec["case"]
-    name, _, kind = case.partition(":")
     torch.cuda.memory._record_memory_history(max_entries=400_000, stacks="python")
-    model, inputs, loss_fn = gpu_check.build(name, "full", "cuda")
-    if kind:
-        made = json.loads((gpu_check.RESULTS / "made.json").read_text())
-        model = remat.apply(model, remat.load_plan(gpu_check.RESULTS / made["models"][name]["plans"][kind]["file"]))
+    model, inputs, loss_fn = built(case)
     opt = gpu_check.adam(model.parameters())
     torch.manual_seed(1234)
     out = loss = None
@@ -268,7 +284,7 @@ def _snapshots(args: argparse.Namespace) -> None:
     results = []
     for case in args.cases.split(","):
         try:
-            results.append(run_fresh("gpu_snapshot.py:one_case", {"case": case}, timeout=100))
+            results.append(run_fresh("gpu_snapshot.py:one_case", {"case": case}, timeout=300))
         except Exception as e:  # one case's failure is reported, the others still run
             results.append({"case": case, "error": f"{type(e).__name__}: {e}"})
         r = results[-1]

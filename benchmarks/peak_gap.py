@@ -1,7 +1,8 @@
 """Issue 36's steps over their predicted peaks on a GPU: where the bytes the fake step misses are.
 
 usage:
-  python benchmarks/peak_gap.py [--models M,M] [--kinds eager,plan65,least] [--batch N] [--out F.json]
+  python benchmarks/peak_gap.py [--models M,M] [--kinds eager,every-block,plan65,least] [--batch N] [--fake-only]
+                                [--out F.json]
 
 On the H200 (2026-12-04, docs/peers_gpu.md) the unplanned BERT-base step measured 12% over its fake-mode
 prediction and its plans 21% and 33% over theirs, while on the CPU the same model's plans verify to the byte.  For
@@ -14,9 +15,11 @@ remat predicts for it (for an H100 on CUDA) and the real one, side by side:
   `gpu_seconds.py --make-plans` makes them): its predicted peak, `remat.verify`'s tracked and independent peaks
   (the CUDA allocator's on CUDA), and the real profile of the planned model (the op at the peak and its bytes).
 
-`--batch N` runs the models at the issue's widths with N rows (the CPU check of docs/peers_gpu.md: `--models
-bert_base_mlm --kinds least --batch 2`); `--smoke` at the tiny sizes (the test).  Results are written after each
-step (a run the device's time limit stops keeps them).
+`every-block` is remat's recipe of every layer (the layers Hugging Face's gradient checkpointing takes).  `--batch
+N` runs the models at the issue's widths with N rows (the CPU check of docs/peers_gpu.md: `--models bert_base_mlm
+--kinds eager,least --batch 2`); `--smoke` at the tiny sizes (the test); `--fake-only` the predictions for the GPU
+alone, no real step (on the laptop, at the issue's size).  Results are written after each step (a run the
+device's time limit stops keeps them).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ from _catalog import ISSUE36, SIZES  # noqa: E402
 from _common import MiB, md_table  # noqa: E402
 from gpu_seconds import WARM, build  # noqa: E402
 
-KINDS = ("eager", "plan65", "least")
+KINDS = ("eager", "every-block", "plan65", "least")
 
 
 def _kinds_of(prof) -> dict:
@@ -69,6 +72,11 @@ def fake_step(name: str, size: str, device: str, plan=None):
 
 
 def plan_of(kind: str, fake):
+    """`kind`'s plan made from the fake profile (`every-block`: remat's recipe of Hugging Face's every layer)."""
+    if kind == "every-block":
+        from remat.planner.recipes import baseline_plans
+
+        return baseline_plans(fake)["every-block"]
     least = remat.frontier(fake, max_points=2)[-1]
     return least if kind == "least" else remat.plan(fake, max(int(0.65 * fake.peak_bytes), least.peak_bytes))
 
@@ -91,15 +99,18 @@ def loop_peak(model, batch: dict, device: str) -> int | None:
     return torch.cuda.max_memory_allocated()
 
 
-def one(name: str, kind: str, size: str, device: str) -> dict:
-    """One model and kind: the fake prediction beside the real step."""
+def one(name: str, kind: str, size: str, device: str, fake_only: bool = False) -> dict:
+    """One model and kind: the fake prediction beside the real step (`fake_only`: the prediction alone)."""
     fake = fake_step(name, size, device)
-    model, batch = build(name, size, device, autocast=device)
-    out: dict = {"fake": _described(fake)}
+    out: dict = {"fake": _described(fake), "real": None, "loop_peak_bytes": None}
     if kind != "eager":
         plan = plan_of(kind, fake)
         out["plan"] = {"predicted_peak_bytes": plan.peak_bytes, "checkpoints": len(plan.segments)}
         out["fake"] = _described(fake_step(name, size, device, plan))  # the planned step, predicted
+    if fake_only:
+        return out
+    model, batch = build(name, size, device, autocast=device)
+    if kind != "eager":
         remat.apply(model, plan)
         rep = remat.verify(model, batch, plan, optimizer=torch.optim.AdamW(model.parameters()), time_rounds=1)
         out["verify"] = {
@@ -120,9 +131,14 @@ def rows_of(res: dict) -> list[list]:
         if "error" in r:
             rows.append([key, r["error"][:80], "", "", "", "", ""])
             continue
-        said = [r.get("plan", {}).get("predicted_peak_bytes"), r["fake"]["peak_bytes"], r["real"]["peak_bytes"]]
+        said = [
+            r.get("plan", {}).get("predicted_peak_bytes"),
+            r["fake"]["peak_bytes"],
+            (r["real"] or {}).get("peak_bytes"),
+        ]
         said += [r.get("verify", {}).get("independent_peak_bytes"), r["loop_peak_bytes"]]
-        where = f"fake: {r['fake']['op']} ({r['fake']['phase']}); real: {r['real']['op']} ({r['real']['phase']})"
+        real = f"; real: {r['real']['op']} ({r['real']['phase']})" if r["real"] else ""
+        where = f"fake: {r['fake']['op']} ({r['fake']['phase']}){real}"
         rows.append([key, *(f"{b / MiB:,.1f}" if b else "-" for b in said), where])
     return rows
 
@@ -146,6 +162,7 @@ def main() -> None:
     parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated, of " + ", ".join(KINDS))
     parser.add_argument("--batch", type=int, default=None, help="rows per step (default: the issue's)")
     parser.add_argument("--smoke", action="store_true", help="the tiny sizes (the test)")
+    parser.add_argument("--fake-only", action="store_true", help="the predictions alone, no real step (for a GPU)")
     parser.add_argument("--out", type=Path, default=None, help="the results JSON (default: results/peak_gap/)")
     args = parser.parse_args()
     models, kinds = args.models.split(","), args.kinds.split(",")
@@ -156,10 +173,12 @@ def main() -> None:
     if args.batch is not None:
         for name in models:
             SIZES[size][name]["batch"] = args.batch
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if torch.cuda.is_available() or args.fake_only else "cpu"
     stamp = datetime.now(timezone.utc)
     res = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "device": torch.cuda.get_device_name()
+        if torch.cuda.is_available()
+        else ("cpu-fake-H100" if args.fake_only else "cpu"),
         "torch": torch.__version__,
         "date": stamp.isoformat(timespec="seconds"),
         "size": size,
@@ -171,7 +190,7 @@ def main() -> None:
     for name in models:
         for kind in kinds:
             try:
-                res["steps"][f"{name} {kind}"] = one(name, kind, size, device)
+                res["steps"][f"{name} {kind}"] = one(name, kind, size, device, args.fake_only)
             except Exception as e:  # noqa: BLE001 -- a step that fails is a result, the others still run
                 res["steps"][f"{name} {kind}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
             path.write_text(json.dumps(res, indent=1))

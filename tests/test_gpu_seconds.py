@@ -285,5 +285,29 @@ def test_the_peak_gap_probe_puts_the_fake_step_beside_the_real_one(tmp_path):
     assert least["plan"]["predicted_peak_bytes"] < eager["fake"]["peak_bytes"]
     assert max(least["verify"]["grad_max_abs_diff"].values()) == 0 and least["verify"]["independent_counter"]
     assert "| bert_base_mlm least |" in proc.stdout
+    fake = ["--smoke", "--fake-only", "--models", "bert_base_mlm", "--kinds", "every-block", "--out", str(out)]
+    assert subprocess.run([sys.executable, str(script), *fake], capture_output=True, timeout=600).returncode == 0
+    every = json.loads(out.read_text())["steps"]["bert_base_mlm every-block"]  # predicted for CUDA, nothing run
+    assert every["real"] is None and every["plan"]["checkpoints"] == 2  # the smoke BERT's two layers
+    assert json.loads(out.read_text())["device"] == "cpu-fake-H100"
     bad = subprocess.run([sys.executable, str(script), "--kinds", "every"], capture_output=True, text=True)
     assert bad.returncode == 1 and bad.stderr.startswith("remat: --models takes") and "Fix:" in bad.stderr
+
+
+def test_the_allocator_snapshot_runs_issue_36s_models_with_the_plans_the_gpu_ran():
+    """`gpu_snapshot.py --cases bert_base_mlm:least` (prepared for the next GPU: what is live at the step's CUDA
+    peak) builds the model `gpu_seconds.py --gpu` measured, at the issue's size, with the plan it ran: each module
+    the plan recomputes follows it, and no other."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_snapshot
+    finally:
+        sys.path[:] = _saved
+    made = json.loads((bench.PLANS / "made.json").read_text())["models"]
+    for name in ("bert_base_mlm", "llama_style_decoder"):
+        model, inputs, _ = gpu_snapshot.built(f"{name}:least", device="meta")
+        patched = {n for n, m in model.named_modules() if "forward" in vars(m)}
+        assert patched == set(made[name]["least"]["recompute"])
+        plain, _, _ = gpu_snapshot.built(name, device="meta")
+        assert not any("forward" in vars(m) for m in plain.modules())
+    assert inputs["input_ids"].shape == (4, 2048)  # the Llama's batch, as issue 36 ran it
