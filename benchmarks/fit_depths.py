@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import argparse
 
-from remat.fit.build import head_of, load_config, stacks_of, with_layers
+from remat.fit.build import head_of, load_config
+from remat.fit.depth import stacks_of, with_layers
 from remat.fit.setup import Setup, check_setup, parse_gpu
 from remat.fit.step import least_tensors, profile_step
 

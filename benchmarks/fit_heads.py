@@ -4,7 +4,7 @@ usage:
   python benchmarks/fit_heads.py [--task multiple-choice] [--lora R]
 
 For each model type of the task's `AutoModelFor...` mapping (transformers' own list, as installed): its config
-class's defaults cut to one layer (`remat.fit.build.with_layers`), `architectures` naming the task's class, then
+class's defaults cut to one layer (`remat.fit.depth.with_layers`), `architectures` naming the task's class, then
 `will_it_fit(config, "80GB", seq=64, batch=2)` (fake tensors, nothing downloaded).  A row says "ok" with the
 verdict and the activations, or the error's first line: a `remat:` error is an answer (the model reads its batch's
 values, say), anything else a defect.  Writes results/fit_heads_<task>.md/.json.
@@ -25,7 +25,8 @@ if (HERE.parent / "src").is_dir():
 
 import _common  # noqa: E402
 from remat.fit import will_it_fit  # noqa: E402
-from remat.fit.build import HEADS, _mapping, parse_task, with_layers  # noqa: E402
+from remat.fit.build import HEADS, _mapping, parse_task  # noqa: E402
+from remat.fit.depth import with_layers  # noqa: E402
 
 
 def survey(task: str, lora: int | None) -> list[list]:

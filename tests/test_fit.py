@@ -220,6 +220,28 @@ def test_a_task_the_model_type_has_no_class_for_says_which_it_has(tmp_path):
     assert "Fix: --task causal-lm, or leave --task out" in said
 
 
+def test_a_config_transformers_cannot_build_from_is_a_remat_error(tmp_path, monkeypatch):
+    """transformers' constructors raise what they raise: an activation the config names that does not exist was a
+    KeyError traceback, and LayoutLMv2's detectron2, missing, an ImportError one."""
+    (tmp_path / "config.json").write_text(json.dumps(llama(hidden_act="swishy")))
+    with pytest.raises(
+        FitError, match="^remat: transformers .* could not build LlamaForCausalLM from this config"
+    ) as e:
+        will_it_fit(str(tmp_path), "80GB", seq=64, changes=())
+    assert "saw KeyError: " in str(e.value) and "swishy" in str(e.value) and "Fix: compare the config" in str(e.value)
+    import transformers
+
+    def needs(config, **kwargs):
+        raise ImportError("LlamaForCausalLM requires the detectron2 library but it was not found in your environment.")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_config", needs)
+    (tmp_path / "config.json").write_text(json.dumps(llama()))
+    with pytest.raises(FitError, match="^remat: transformers builds LlamaForCausalLM only with a package") as e:
+        will_it_fit(str(tmp_path), "80GB", seq=64, changes=())
+    assert "saw ImportError: LlamaForCausalLM requires the detectron2 library" in str(e.value)
+    assert "Fix: install that package (pip)" in str(e.value)
+
+
 def test_a_bart_for_conditional_generation_is_a_seq2seq_lm(tmp_path):
     """BartForConditionalGeneration is in transformers' masked LM mapping too: it was built as a masked LM, the same
     class, without the note that its decoder is given labels of --seq tokens."""
@@ -541,7 +563,7 @@ def test_layers_are_counted_and_cut_where_each_config_keeps_them():
     that did not fit 2 GiB ended in a traceback)."""
     from transformers import BartConfig, GPT2Config, T5Config
 
-    from remat.fit.build import layers_of, stacks_of, with_layers
+    from remat.fit.depth import layers_of, stacks_of, with_layers
 
     gpt2, t5, bart = GPT2Config(n_layer=6), T5Config(num_layers=6), BartConfig(encoder_layers=6, decoder_layers=3)
     assert [stacks_of(c) for c in (gpt2, t5, bart)] == [[6], [6, 6], [6, 3]]
@@ -556,7 +578,7 @@ def test_a_vision_backbones_stages_are_cut_with_its_layers():
     ValueError (out_features not among its stages), and `remat fit` on a DINOv2-L that did not fit a traceback."""
     from transformers import Dinov2Config
 
-    from remat.fit.build import with_layers
+    from remat.fit.depth import with_layers
 
     copy = with_layers(Dinov2Config(num_hidden_layers=24), 2)
     assert copy.num_hidden_layers == 2 and copy.out_features == ["stage2"]

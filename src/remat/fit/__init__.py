@@ -14,7 +14,8 @@ from collections.abc import Callable
 from typing import Any
 
 from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
-from remat.fit.build import head_of, layers_of, load_config, parse_task, stacks_of
+from remat.fit.build import head_of, load_config, parse_task
+from remat.fit.depth import layers_of, stacks_of
 from remat.fit.rows import CHOICE, IMAGE, image_shape, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (

@@ -6,7 +6,7 @@ NOTE [A deep model from two shallow ones]
           activations, and the same seconds and FLOPs.  So the unplanned step's tensors at its peak, the
           least-memory plan's tensors, its extra seconds, the step's seconds and the states are (nearly) linear in
           the number of layers L: each is read off copies with 1 and 2 layers (the config otherwise the same,
-          `remat.fit.build.with_layers`) and extrapolated, v(L) = v(1) + (L - 1)(v(2) - v(1)).  With many layers
+          `remat.fit.depth.with_layers`) and extrapolated, v(L) = v(1) + (L - 1)(v(2) - v(1)).  With many layers
           a plan may also wrap several layers in one checkpoint (Chen's sqrt(n)), and the copies' plans may differ
           in kind from the whole model's: the extrapolation is an estimate, not a bound (docs/fit.md holds it
           next to the whole model's answer: within 1.1% for Llama-3-8B with LoRA at 8192 tokens).  Not an
@@ -36,7 +36,7 @@ import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from remat.fit.build import with_layers
+from remat.fit.depth import with_layers
 from remat.fit.outcome import (
     AS_IS,
     NO,
