@@ -242,6 +242,50 @@ def test_a_config_transformers_cannot_build_from_is_a_remat_error(tmp_path, monk
     assert "Fix: install that package (pip)" in str(e.value)
 
 
+def test_a_classifier_whose_text_config_keeps_the_padding_token_gets_one(tmp_path):
+    """Qwen3.5's classifier reads `config.get_text_config().pad_token_id`; only the outer config got one, and a
+    batch of 2 was "Cannot handle batch sizes > 1 if no padding token is defined"."""
+    transformers = pytest.importorskip("transformers")
+    text = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4, head_dim=16)
+    text |= dict(num_key_value_heads=2, vocab_size=256, linear_num_key_heads=2, linear_num_value_heads=4)
+    text |= dict(linear_key_head_dim=16, linear_value_head_dim=16)
+    vision = dict(depth=1, hidden_size=32, intermediate_size=64, num_heads=2, out_hidden_size=64)
+    config = transformers.Qwen3_5Config(text_config=text, vision_config=vision).to_dict()
+    assert config["text_config"].get("pad_token_id") is None
+    config["architectures"] = ["Qwen3_5ForSequenceClassification"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    answer = will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, changes=())
+    assert answer.model == "Qwen3_5ForSequenceClassification" and answer.outcome.verdict == AS_IS
+
+
+def test_a_reformer_is_told_the_one_sequence_length_it_trains_on(tmp_path):
+    """Reformer's axial position embeddings train on sequences of exactly their product: the fix was the model's own
+    words inside remat.profile's ("check that the inputs match what the model takes")."""
+    config = {"model_type": "reformer", "architectures": ["ReformerForSequenceClassification"], "hidden_size": 64}
+    config |= {"attn_layers": ["local", "local"], "axial_pos_shape": [8, 8], "axial_pos_embds_dim": [32, 32]}
+    config |= {"num_attention_heads": 2, "attention_head_size": 32, "feed_forward_size": 128, "vocab_size": 320}
+    config |= {"max_position_embeddings": 64, "local_attn_chunk_length": 16}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FitError, match="^remat: ReformerForSequenceClassification's training step failed") as e:
+        will_it_fit(str(tmp_path), "80GB", seq=32, changes=())
+    assert "it trains on sequences of 64 tokens (its axial_pos_shape). Fix: --seq 64." in str(e.value)
+    assert will_it_fit(str(tmp_path), "80GB", seq=64, changes=()).model == "ReformerForSequenceClassification"
+
+
+def test_a_model_whose_forward_needs_more_than_the_batch_is_told_so_in_remat_fit_words(tmp_path):
+    """X-MOD's forward needs a language set: the error was remat.profile's, "check that the inputs match what the
+    model takes (try calling it yourself first)", nothing a `remat fit` user can act on."""
+    config = {"model_type": "xmod", "architectures": ["XmodForSequenceClassification"], "hidden_size": 64}
+    config |= {"num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 128, "vocab_size": 256}
+    config |= {"languages": ["en_XX"]}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(FitError, match="^remat: XmodForSequenceClassification's forward failed on remat fit's") as e:
+        will_it_fit(str(tmp_path), "80GB", seq=64, batch=2, changes=())
+    said = str(e.value)
+    assert "batch of 2 x 64 tokens: ValueError: Input language unknown." in said
+    assert "Fix: profile the model with your own batch, `remat profile file.py:factory --mode fake" in said
+
+
 def test_a_bart_for_conditional_generation_is_a_seq2seq_lm(tmp_path):
     """BartForConditionalGeneration is in transformers' masked LM mapping too: it was built as a masked LM, the same
     class, without the note that its decoder is given labels of --seq tokens."""

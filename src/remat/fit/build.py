@@ -302,8 +302,10 @@ def build(config, head: str, setup: Setup) -> Built:
     precision = setup.precision
     if getattr(config, "use_cache", False):
         config.use_cache = False  # Rule 6: training builds no key/value cache
-    if head == "seq-cls" and getattr(config, "pad_token_id", None) is None:
-        config.pad_token_id = 0  # decoder classifiers find each row's last token by it
+    if head == "seq-cls":  # decoder classifiers find each row's last token by it (Qwen3.5: its text config's)
+        for part in (config, config.get_text_config()):
+            if getattr(part, "pad_token_id", None) is None:
+                part.pad_token_id = 0
     if head in ("seq-cls", IMAGE) and getattr(config, "problem_type", None) is None and config.num_labels > 1:
         config.problem_type = "single_label_classification"  # Rule 5: as the model infers it from class labels
     auto = getattr(transformers, HEADS[head][0])
