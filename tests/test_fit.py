@@ -270,6 +270,8 @@ def test_a_reformer_is_told_the_one_sequence_length_it_trains_on(tmp_path):
         will_it_fit(str(tmp_path), "80GB", seq=32, changes=())
     assert "it trains on sequences of 64 tokens (its axial_pos_shape). Fix: --seq 64." in str(e.value)
     assert will_it_fit(str(tmp_path), "80GB", seq=64, changes=()).model == "ReformerForSequenceClassification"
+    small = will_it_fit(str(tmp_path), "40MiB", seq=64, batch=64)  # a shorter --seq was tried, and failed the answer
+    assert small.outcome.verdict == NO and small.suggestions and "seq" not in {s.kind for s in small.suggestions}
 
 
 def test_a_model_whose_forward_needs_more_than_the_batch_is_told_so_in_remat_fit_words(tmp_path):

@@ -124,7 +124,8 @@ SAVED = "ModulesToSaveWrapper"
 def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple[str, ...]) -> tuple[str, ...]:
     """NOTE [A model from its config], Rule 5: an image classifier's rows are images of `--image-size` pixels (by
     default its config's), and take no `--seq` (nor a shorter one among `changes`, which are returned); a text
-    model's rows are tokens, and take no `--image-size`; `--choices` is a multiple choice model's alone."""
+    model's rows are tokens, and take no `--image-size` (a Reformer's exactly its axial_pos_shape's product, so no
+    shorter sequence either); `--choices` is a multiple choice model's alone."""
     model = type(config).__name__.removesuffix("Config")
     if head != CHOICE and setup.choices is not None:
         raise FitError(
@@ -140,6 +141,8 @@ def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple
                 f"tokens; saw --image-size {setup.image_size}. Fix: leave --image-size out (--seq sets the tokens "
                 "per sequence)."
             )
+        if getattr(config, "axial_pos_shape", None):  # Reformer trains on one length alone: none shorter to try
+            return tuple(k for k in changes if k != "seq")
         return changes
     channels, height, width = image_shape(config, setup)
     if seq is not None:

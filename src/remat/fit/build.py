@@ -41,7 +41,8 @@ NOTE [A model from its config]
           image to one size.  The config's size is not always the one trained at (DINOv2's says 518, its processor
           crops 224): `--image-size` says it, and a model that interpolates its position embeddings to another size is
           asked to (`interpolate_pos_encoding=True`, as for ViT at 384).  There are no tokens: `--seq` is refused, and
-          no shorter sequence is suggested.
+          no shorter sequence is suggested (nor for a Reformer, which trains on sequences of exactly its
+          `axial_pos_shape`'s product).
   Rule 6. The config's `use_cache` is turned off: training never reads the key/value cache
           (NOTE [The key/value cache in training] in `remat.hf`, whose hook does the same for the step
           remat.profile runs).
