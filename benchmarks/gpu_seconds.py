@@ -72,10 +72,14 @@ def build(name: str, size: str = "issue", device: str = "meta", autocast: str = 
     return model, batch
 
 
-def fake_profile(name: str, size: str = "issue"):
-    """The model's step predicted for an H100 (for the CPU at the smoke size, where the smoke run runs it)."""
-    model, batch = build(name, size, autocast="cpu" if size == "smoke" else "cuda")
-    device, hardware = ("cpu", "cpu") if size == "smoke" else ("cuda", "H100")
+def fake_profile(name: str, size: str = "issue", device: str | None = None, plan=None):
+    """The model's step predicted for an H100 (for the CPU at the smoke size, where the smoke run runs it, or where
+    `device` is "cpu"), with `plan` applied."""
+    device = device or ("cpu" if size == "smoke" else "cuda")
+    model, batch = build(name, size, autocast=device)
+    if plan is not None:
+        remat.apply(model, plan)
+    hardware = "H100" if device == "cuda" else "cpu"
     return remat.profile(
         model, batch, mode="fake", device=device, hardware=hardware, optimizer=torch.optim.AdamW(model.parameters())
     )
@@ -183,6 +187,12 @@ def against_the_h100() -> None:
 # -- plans made here, run on a GPU ----------------------------------------------------------------------------
 
 
+def made_plans(prof) -> dict:
+    """The plans the GPU runs, of a fake profile: at 65% of its peak (no lower than the least) and the least."""
+    least = remat.frontier(prof, max_points=2)[-1]
+    return {"plan65": remat.plan(prof, max(int(0.65 * prof.peak_bytes), least.peak_bytes)), "least": least}
+
+
 def make_plans(size: str, plans: Path) -> dict:
     """Plans at 65% of each model's fake peak and at the least memory, with what they predict."""
     plans.mkdir(parents=True, exist_ok=True)
@@ -198,11 +208,7 @@ def make_plans(size: str, plans: Path) -> dict:
     for name in MODELS:
         prof = fake_profile(name, size)
         entry = {"peak_bytes": prof.peak_bytes, "step_s": prof.step_time_s}
-        least = remat.frontier(prof, max_points=2)[-1]
-        for kind, plan in (
-            ("plan65", remat.plan(prof, max(int(0.65 * prof.peak_bytes), least.peak_bytes))),
-            ("least", least),
-        ):
+        for kind, plan in made_plans(prof).items():
             plan.save(plans / f"{name}.{kind}.json")
             entry[kind] = {
                 "peak_bytes": plan.peak_bytes,

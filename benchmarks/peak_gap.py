@@ -41,7 +41,7 @@ if (ROOT / "src").is_dir():
 import remat  # noqa: E402
 from _catalog import ISSUE36, SIZES  # noqa: E402
 from _common import MiB, md_table  # noqa: E402
-from gpu_seconds import WARM, build  # noqa: E402
+from gpu_seconds import WARM, build, fake_profile, made_plans  # noqa: E402
 
 KINDS = ("eager", "every-block", "plan65", "least")
 
@@ -61,24 +61,14 @@ def _described(prof) -> dict:
     }
 
 
-def fake_step(name: str, size: str, device: str, plan=None):
-    """The step remat predicts on the laptop for this device (an H100's on CUDA), with `plan` applied."""
-    model, batch = build(name, size, autocast="cpu" if device == "cpu" else "cuda")
-    if plan is not None:
-        remat.apply(model, plan)
-    hardware = "H100" if device == "cuda" else "cpu"
-    opt = torch.optim.AdamW(model.parameters())
-    return remat.profile(model, batch, mode="fake", device=device, hardware=hardware, optimizer=opt)
-
-
 def plan_of(kind: str, fake):
-    """`kind`'s plan made from the fake profile (`every-block`: remat's recipe of Hugging Face's every layer)."""
+    """`kind`'s plan made from the fake profile, as `gpu_seconds.py --make-plans` makes them (`every-block`:
+    remat's recipe of Hugging Face's every layer)."""
     if kind == "every-block":
         from remat.planner.recipes import baseline_plans
 
         return baseline_plans(fake)["every-block"]
-    least = remat.frontier(fake, max_points=2)[-1]
-    return least if kind == "least" else remat.plan(fake, max(int(0.65 * fake.peak_bytes), least.peak_bytes))
+    return made_plans(fake)[kind]
 
 
 def loop_peak(model, batch: dict, device: str) -> int | None:
@@ -101,12 +91,12 @@ def loop_peak(model, batch: dict, device: str) -> int | None:
 
 def one(name: str, kind: str, size: str, device: str, fake_only: bool = False) -> dict:
     """One model and kind: the fake prediction beside the real step (`fake_only`: the prediction alone)."""
-    fake = fake_step(name, size, device)
+    fake = fake_profile(name, size, device)
     out: dict = {"fake": _described(fake), "real": None, "loop_peak_bytes": None}
     if kind != "eager":
         plan = plan_of(kind, fake)
         out["plan"] = {"predicted_peak_bytes": plan.peak_bytes, "checkpoints": len(plan.segments)}
-        out["fake"] = _described(fake_step(name, size, device, plan))  # the planned step, predicted
+        out["fake"] = _described(fake_profile(name, size, device, plan))  # the planned step, predicted
     if fake_only:
         return out
     model, batch = build(name, size, device, autocast=device)

@@ -16,7 +16,7 @@ from typing import Any
 from remat.fit.answer import EXIT_DOES_NOT_FIT, EXIT_FITS, FitAnswer
 from remat.fit.build import head_of, load_config, parse_task
 from remat.fit.depth import layers_of, stacks_of
-from remat.fit.rows import CHOICE, IMAGE, image_shape, row_words
+from remat.fit.rows import CHOICE, IMAGE, image_shape, one_length, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome
 from remat.fit.setup import (
     DEFAULT_OPTIM,
@@ -141,7 +141,7 @@ def _check_rows(config, head: str, setup: Setup, seq: int | None, changes: tuple
                 f"tokens; saw --image-size {setup.image_size}. Fix: leave --image-size out (--seq sets the tokens "
                 "per sequence)."
             )
-        if getattr(config, "axial_pos_shape", None):  # Reformer trains on one length alone: none shorter to try
+        if one_length(config) is not None:  # a Reformer trains on one length alone: none shorter to try
             return tuple(k for k in changes if k != "seq")
         return changes
     channels, height, width = image_shape(config, setup)

@@ -222,7 +222,7 @@ def head_of(config, task: str | None = None) -> tuple[str, str]:
         _refuse_other_task(arch)
     kind = config.model_type
     for head in FALLBACK_SEQ2SEQ_FIRST if getattr(config, "is_encoder_decoder", False) else FALLBACK:
-        if kind in _mapping(HEADS[head][1]) and _builds(head, kind):
+        if _has(head, kind):
             named = f"architectures names {', '.join(archs)}" if archs else "the config names no architectures"
             return head, f"{named}: trained as {FALLBACK_WORDS[head]}"
     raise FitError(
@@ -237,15 +237,20 @@ def head_of(config, task: str | None = None) -> tuple[str, str]:
 def _head_for_task(config, head: str) -> str:
     """Rule 2 with `--task`: its head, where transformers has a class of it for the config's model type."""
     kind = config.model_type
-    if kind in _mapping(HEADS[head][1]) and _builds(head, kind):
+    if _has(head, kind):
         return head
-    has = [name for name, other in TASKS.items() if kind in _mapping(HEADS[other][1]) and _builds(other, kind)]
+    has = [name for name, other in TASKS.items() if _has(other, kind)]
     task = next(name for name, other in TASKS.items() if other == head)
     raise FitError(
         f"remat: --task {task} builds {HEADS[head][0]}, and transformers {_version()} has no such class for the "
         f"config's model type {kind!r}; expected a task it has: {', '.join(has) or 'none that remat fit builds'}. "
         f"Fix: {f'--task {has[0]}, or ' if has else ''}leave --task out for the head the config's architectures name."
     )
+
+
+def _has(head: str, kind: str) -> bool:
+    """Whether transformers has a `head` class for model type `kind` whose batch Rule 5 knows."""
+    return kind in _mapping(HEADS[head][1]) and _builds(head, kind)
 
 
 def _builds(head: str, kind: str) -> bool:

@@ -5,6 +5,7 @@ frames, or an image classifier's images."""
 from __future__ import annotations
 
 import inspect
+import math
 from typing import Any
 
 import torch
@@ -61,6 +62,13 @@ def batch_of(config, head: str, setup: Setup) -> dict[str, torch.Tensor]:
 def choices_of(setup: Setup) -> int:
     """How many answers a multiple choice row holds: `--choices`, else `DEFAULT_CHOICES`."""
     return DEFAULT_CHOICES if setup.choices is None else setup.choices
+
+
+def one_length(config) -> int | None:
+    """The one sequence length a model trains on, where it has one: a Reformer's, the product of its axial position
+    embeddings' shape (`axial_pos_shape`); None for the others."""
+    axial = getattr(config, "axial_pos_shape", None)
+    return math.prod(axial) if axial else None
 
 
 def audio_frames(config) -> int:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import math
 from collections.abc import Callable
 from typing import Any, cast
 
@@ -14,7 +13,7 @@ from remat.applier.apply import apply, remove
 from remat.errors import InfeasibleBudget, NoLoss, RematError, UnsupportedOp
 from remat.fit.build import Built, adamw, build
 from remat.fit.lora import quiet
-from remat.fit.rows import IMAGE, image_shape, row_words
+from remat.fit.rows import IMAGE, image_shape, one_length, row_words
 from remat.fit.outcome import AS_IS, NO, WITH_PLAN, Outcome, fits_reserve, states_of
 from remat.fit.setup import FitError, Gpu, Setup
 from remat.gpu_fit import MIN_STEP, RESERVE_MARGIN, fit_reserve, gpu_reserve
@@ -75,15 +74,15 @@ def profile_step(config, head: str, setup: Setup, gpu: Gpu) -> tuple[Built, Step
         why = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". Expected ")[0]
         hint = _hint(config, head, setup) or _dtype_hint(setup, why)
         rows = setup.batch * setup.world_size
-        if hint is None and isinstance(e, RematError) and "the model's forward raised" in why:
+        if hint is None and isinstance(e, RematError):
+            if "the model's forward raised" not in why:
+                raise
             raise FitError(
                 f"remat: {built.name}'s forward failed on remat fit's batch of {rows} x "
                 f"{row_words(config, head, setup)}: {why.split('forward raised ')[-1]}. Expected a model that "
                 "trains on that batch alone (remat fit gives it no other inputs: images, boxes, a language). Fix: "
                 "profile the model with your own batch, `remat profile file.py:factory --mode fake --device cuda`."
             ) from e
-        if hint is None and isinstance(e, RematError):
-            raise
         hint = hint or f"Fix: check the config and the {'--batch' if head == IMAGE else '--seq and --batch'} asked for"
         raise FitError(
             f"remat: {built.name}'s training step failed on a batch of {rows} x {row_words(config, head, setup)}: "
@@ -104,11 +103,9 @@ def _hint(config, head: str, setup: Setup) -> str | None:
     if known and setup.seq > getattr(config, known[0]):  # not XLNet's -1: its relative positions have no bound
         limit = getattr(config, known[0])
         return f"its config allows at most {limit} positions ({known[0]}). Fix: --seq {limit} or shorter"
-    axial = getattr(config, "axial_pos_shape", None)  # Reformer trains on sequences of exactly their product
-    if axial and setup.seq != math.prod(axial):
-        return (
-            f"it trains on sequences of {math.prod(axial)} tokens (its axial_pos_shape). Fix: --seq {math.prod(axial)}"
-        )
+    only = one_length(config)
+    if only is not None and setup.seq != only:
+        return f"it trains on sequences of {only} tokens (its axial_pos_shape). Fix: --seq {only}"
     return None
 
 
