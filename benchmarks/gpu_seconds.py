@@ -354,7 +354,7 @@ def on_the_gpu(args) -> tuple[dict, Path]:
         print(name, variant, r, flush=True)
         if "compile" in variant:
             torch.compiler.reset()  # the compiled graphs hold the variant's model
-        gc.collect()  # a planned BERT stays alive in reference cycles until a collection (2026-12-04)
+        gc.collect()  # what other libraries' cycles hold; remat's plans make none since 2026-12-04 (Rule 8)
         if device == "cuda":
             torch.cuda.empty_cache()
     return res, path

@@ -1,8 +1,10 @@
 """remat.apply / remove / auto / checkpoint / verify on every model kind: nothing but memory changes."""
 
 import copy
+import gc
 import dataclasses
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -661,3 +663,67 @@ def test_a_step_replays_itself_within_bfloat16_rounding_judged_over_all_paramete
     tiny_moved = {**first, "tiny": first["tiny"] + 1e-8}  # ten times its own size: per parameter, not replayed
     redrawn = {**first, "w": first["w"] * (torch.rand(256, 256) > 0.1) / 0.9}
     assert replayed(first, rounded) and replayed(first, tiny_moved) and not replayed(first, redrawn)
+
+
+# -- a planned model, dropped, frees its memory at once ------------------------------------------------
+
+
+def _planned(kind: str) -> tuple:
+    """(model, inputs, how remat plans it) for one of the ways remat wraps a module."""
+    if kind in ("none", "every-block"):
+        return (*architectures.ALL["llama"](), lambda m, _: kind == "none" or remat.apply(m, "every-block"))
+    if kind == "sequential-segments":
+        return (*zoo.chain_report001(width=64, blocks=8, batch=16), lambda m, _: remat.apply(m, "chen"))
+    if kind == "module-list-runs":
+        return (*architectures.ALL["bert"](), lambda m, _: remat.apply(m, "chen"))
+    if kind == "checkpoint":
+        return (*architectures.ALL["llama"](), lambda m, _: remat.checkpoint(m.model.layers[1]))
+
+    def with_decision(model, inputs):
+        names = ["model.layers.0", "model.layers.2"]
+        keep = remat.plan(remat.profile(model, inputs), 1.0)
+        plan = dataclasses.replace(keep, decisions={**keep.decisions, **dict.fromkeys(names, kind)}, **{kind: names})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # offload on a CPU: said, and done
+            remat.apply(model, plan)
+
+    return (*architectures.ALL["llama"](), with_decision)
+
+
+@pytest.mark.parametrize(
+    "kind", ["none", "every-block", "sequential-segments", "module-list-runs", "checkpoint", "selective", "offload"]
+)
+def test_a_planned_model_dropped_frees_its_parameters_without_the_cycle_collector(kind):
+    """NOTE [How a module is checkpointed in place], Rule 8: what remat installs holds the modules weakly.  On an
+    H200 (2026-12-04) a plan's Llama layers stayed allocated after the model was dropped, until a collection that
+    had not come when the next model trained.  With the collector off, each parameter goes with the last
+    reference to the model; "none" is the unplanned model, the premise that the model itself makes no cycle."""
+    gc.collect()
+    gc.disable()
+    try:
+        model, inputs, plan_it = _planned(kind)
+        plan_it(model, inputs)
+        assert kind == "none" or any(WRAPPED_MARK in m.__dict__ for m in model.modules())
+        params = [weakref.ref(p) for p in model.parameters()]
+        out = model(**inputs) if isinstance(inputs, dict) else model(inputs)
+        (out.loss if hasattr(out, "loss") else out.sum()).backward()
+        del model, out, plan_it
+        assert [r() is None for r in params] == [True] * len(params)
+    finally:
+        gc.enable()
+
+
+def test_a_copy_of_a_planned_model_whose_original_is_gone_says_how_to_copy_one():
+    """Rule 8's other side: `copy.deepcopy` copies the forwards remat installed as they are, still the original's
+    checkpoints; with the original gone, the copy's forward says so (before, it ran the dropped model's weights)."""
+    model, inputs = architectures.ALL["llama"]()
+    remat.apply(model, "every-block")
+    copied = copy.deepcopy(model)
+    del model
+    gc.collect()
+    with pytest.raises(remat.RematError, match=r"^remat: this module's forward is remat's checkpoint of a module"):
+        copied(**inputs)
+    remat.remove(copied)
+    remat.apply(copied, "every-block")
+    copied(**inputs).loss.backward()  # applied to the copy itself, it trains
+    assert all(p.grad is not None for p in copied.parameters())

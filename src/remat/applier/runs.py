@@ -49,7 +49,15 @@ from torch.utils.checkpoint import checkpoint
 
 from remat._torch_compat import in_backward, open_checkpoint, tensor_leaves, tree_flatten, tree_unflatten
 from remat.applier.rng import seen_by_torch
-from remat.applier.wrapping import OWN, _batchnorm_stats_kept, _current_forward, _install, hf_checkpoints
+from remat.applier.wrapping import (
+    OWN,
+    _batchnorm_stats_kept,
+    _current_forward,
+    _install,
+    alive,
+    hf_checkpoints,
+    resolved,
+)
 from remat.errors import RematError
 from remat.module_tree import children_of, is_fsdp_unit, parent_name, runs_children_in_order
 
@@ -83,14 +91,15 @@ def wrap_run(entries: list[nn.Module], names: list[str]) -> None:
     """Checkpoint consecutive entries of an nn.ModuleList as one, in place (see the NOTE above)."""
     run = _Run(entries, names, [_current_forward(m) for m in entries])
     for k, module in enumerate(entries):
-        _install(module, run.forward_of(k), entries, "head" if k == 0 else "member", [0])
+        _install(module, run.forward_of(k), run.refs, "head" if k == 0 else "member", [0])
 
 
 class _Run:
     """The state of one run across the loop's calls: open checkpoint, record, guard between entries."""
 
     def __init__(self, entries: list[nn.Module], names: list[str], originals: list[Callable]):
-        self.entries, self.names, self.originals = entries, names, originals
+        self.names, self.originals = names, originals
+        self.refs = [weakref.ref(m) for m in entries]  # NOTE [How a module is checkpointed in place], Rule 8
         self.close: Callable | None = None
         self.expected = 0
         self.guard: torch.autograd.graph.saved_tensors_hooks | None = None
@@ -98,9 +107,14 @@ class _Run:
         self.outputs: dict[int, tuple[int, int, weakref.ref]] = {}
         self.calls: list[tuple[object, list[Ref]]] = []
 
+    @property
+    def entries(self) -> list[nn.Module]:
+        """The entries, held weakly (NOTE [How a module is checkpointed in place], Rule 8)."""
+        return alive(self.refs)
+
     def forward_of(self, k: int) -> Callable:
         def forward(*args, **kwargs):
-            module = self.entries[k]
+            module = resolved(self.refs[k])
             if torch.compiler.is_compiling():  # Rule 5
                 if module.training and torch.is_grad_enabled() and not hf_checkpoints(module):
                     call, positional = seen_by_torch(self.originals[k], [self.originals[k]], [module], args, kwargs)
@@ -163,7 +177,7 @@ class _Run:
             self._abort()
             where = (
                 "FSDP's hooks around the layers (fully_shard) make it"
-                if is_fsdp_unit(self.entries[k])
+                if is_fsdp_unit(resolved(self.refs[k]))
                 else "the model's loop makes it between the layers"
             )
             raise RematError(
@@ -176,7 +190,7 @@ class _Run:
 
     def _leave(self, k: int, out) -> None:
         self.outputs.update({id(t): (k, j, weakref.ref(t)) for j, t in enumerate(tensor_leaves(out))})
-        if k == len(self.entries) - 1:
+        if k == len(self.refs) - 1:
             close, self.close = self.close, None
             _OPEN.remove(self)
             if close is not None:
@@ -209,12 +223,12 @@ class _Run:
             close(abort=True)
 
     def _replay_fn(self) -> Callable:
-        calls, originals, entries = self.calls, self.originals, self.entries
+        calls, originals, entries = self.calls, self.originals, self.refs
 
         def replay(*args, **kwargs):  # Rule 2: the recomputation, on detached copies of the first inputs
             first = tree_flatten((args, kwargs))[0]
             last_use = {r[1]: k for k, (_, refs) in enumerate(calls, start=1) for r in refs if r[0] == "out"}
-            with _batchnorm_stats_kept(entries):
+            with _batchnorm_stats_kept(alive(entries)):
                 out = originals[0](*args, **kwargs)
                 outs = {0: tensor_leaves(out)} if 0 in last_use else {}
                 for k, (spec, refs) in enumerate(calls, start=1):

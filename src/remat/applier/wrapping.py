@@ -51,6 +51,14 @@ NOTE [How a module is checkpointed in place]
           after `apply`; `apply` leaves alone the modules it checkpoints already) runs its
           original forward inside Hugging Face's checkpoint, with a warning: one checkpoint,
           not one nested in another.
+  Rule 8. What remat installs on a module holds it, and every other module of its segment, weakly: the
+          forwards and undo records live in the modules' own `__dict__`, and a strong reference back would be
+          a cycle that keeps a dropped model's wrapped modules, their parameters on the GPU included, allocated
+          until Python's cycle collector runs, which may be never within a step (seen 2026-12-04: on an H200 a
+          plan's 16 Llama layers, 688 MiB, were still allocated while the next variant trained, and counted
+          in its `max_memory_allocated`).  A module a plan wraps is alive while it runs, so the references
+          resolve; only a forward copied away from its module (`copy.deepcopy` of a planned model copies the
+          instance's functions as they are, still the original's) can outlive it, and then says so.
 """
 
 from __future__ import annotations
@@ -58,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -68,6 +77,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward, op_name, tree_flatten
 from remat.applier.rng import seen_by_torch
+from remat.errors import RematError
 from remat.hf import checkpointed_by_hf
 from remat.module_tree import OWN_CHECKPOINT_MARK, WRAPPED_MARK
 from remat.ops import SAVE_OPS, op_signature
@@ -80,12 +90,17 @@ OWN = OWN_CHECKPOINT_MARK  # attribute marking the function a remat checkpoint r
 class WrapInfo:
     """What remat did to one module, to undo it exactly."""
 
-    segment: list[nn.Module]
+    members: list[weakref.ref]  # the modules of its segment or run, weakly (Rule 8)
     had_instance_forward: bool
     previous_forward: Callable | None
     role: str  # "head" runs the segment; "pass" passes its input through after the head ran
     pending: list[int] = field(default_factory=lambda: [0])  # shared by the segment: pass-through calls left
     moved: list[int] = field(default_factory=lambda: [0])  # offload: bytes copied to CPU memory so far
+
+    @property
+    def segment(self) -> list[nn.Module]:
+        """The modules of its segment (or run), first the one that runs it."""
+        return alive(self.members)
 
 
 @contextlib.contextmanager
@@ -102,12 +117,12 @@ def _batchnorm_stats_kept(modules: list[nn.Module]) -> Iterator[None]:
                     getattr(bn, k).copy_(v)
 
 
-def _run_segment(originals: list[Callable], modules: list[nn.Module]) -> Callable:
+def _run_segment(originals: list[Callable], refs: list[weakref.ref]) -> Callable:
     """The function a checkpoint re-runs: the segment's original forwards, chained (Rule 4)."""
 
     def run(*args, **kwargs):
         if in_backward():  # the recomputation
-            with _batchnorm_stats_kept(modules):
+            with _batchnorm_stats_kept(alive(refs)):
                 return _chain(originals, args, kwargs)
         return _chain(originals, args, kwargs)
 
@@ -168,29 +183,30 @@ def wrap_segment(segment: list[nn.Module], selective: bool = False, keeps: list[
     """Checkpoint `segment` (one module, or consecutive children of an nn.Sequential) in place; `selective`:
     with torch's selective policy, keeping matmul-like outputs or, if given, those of the ops in `keeps`."""
     originals = [_current_forward(m) for m in segment]
-    run = _run_segment(originals, segment)
-    head = segment[0]
+    refs = [weakref.ref(m) for m in segment]  # Rule 8
+    run = _run_segment(originals, refs)
     pending, kept, warned = [0], [0], [False]
     policy = _keeping(frozenset(keeps), kept) if keeps else _keep_matmuls
     options = {"context_fn": functools.partial(create_selective_checkpoint_contexts, policy)} if selective else {}
 
     def head_forward(*args, **kwargs):
+        head = resolved(refs[0])
         if not (head.training and torch.is_grad_enabled()):  # Rule 2
             out = _chain(originals[:1], args, kwargs)
             return out
-        pending[0] = len(segment) - 1
+        pending[0] = len(refs) - 1
         if hf_checkpoints(head):  # Rule 7
             return run(*args, **kwargs)
         kept[0] = 0
-        call, positional = seen_by_torch(run, originals, segment, args, kwargs)  # Rule 1: every device's RNG
+        call, positional = seen_by_torch(run, originals, alive(refs), args, kwargs)  # Rule 1: every device's RNG
         out = checkpoint(call, *positional, use_reentrant=False, preserve_rng_state=True, **options, **kwargs)
         if selective and keeps:
             _warn_if_none_kept(head, keeps, kept, warned)
         return out
 
-    _install(head, head_forward, segment, "head", pending)
+    _install(segment[0], head_forward, refs, "head", pending)
     for m, original in zip(segment[1:], originals[1:]):
-        _install(m, _pass_through(original, pending), segment, "pass", pending)
+        _install(m, _pass_through(original, pending), refs, "pass", pending)
 
 
 def hf_checkpoints(module: nn.Module) -> bool:
@@ -210,9 +226,10 @@ def hf_checkpoints(module: nn.Module) -> bool:
 def wrap_offload(module: nn.Module) -> None:
     """Offload what `module`'s ops save to CPU memory during the step (Rule 6), in place."""
     original = _current_forward(module)
-    moved = [0]
+    ref, moved = weakref.ref(module), [0]  # Rule 8
 
     def forward(*args, **kwargs):
+        module = resolved(ref)
         if not (module.training and torch.is_grad_enabled()) or hf_checkpoints(module):  # Rules 2 and 7
             return original(*args, **kwargs)
         resident = {_storage_key(t) for t in [*module.parameters(), *module.buffers()]}
@@ -224,7 +241,7 @@ def wrap_offload(module: nn.Module) -> None:
             for host in hosts.values():
                 host.device_tensor = None  # the device copy may go now; backward brings the bytes back
 
-    _install(module, forward, [module], "offload", [0], moved)
+    _install(module, forward, [ref], "offload", [0], moved)
 
 
 class _HostStorage:
@@ -289,8 +306,35 @@ def offloaded_bytes(model: nn.Module) -> int:
 
 
 def _current_forward(module: nn.Module) -> Callable:
-    """What calling `module` runs now: its instance `forward` if it has one, else its class's."""
-    return module.__dict__["forward"] if "forward" in module.__dict__ else type(module).forward.__get__(module)
+    """What calling `module` runs now: its instance `forward` if it has one, else its class's, bound to the module
+    weakly (Rule 8)."""
+    if "forward" in module.__dict__:
+        return module.__dict__["forward"]
+    function, ref = type(module).forward, weakref.ref(module)
+
+    def forward(*args, **kwargs):
+        return function(resolved(ref), *args, **kwargs)
+
+    return forward
+
+
+def resolved(ref: weakref.ref) -> nn.Module:
+    """The module `ref` holds (Rule 8).  Gone only where a forward remat installed outlived its module: one copied
+    with the module into another model (`copy.deepcopy` copies an instance's functions as they are)."""
+    module = ref()
+    if module is None:
+        raise RematError(
+            "remat: this module's forward is remat's checkpoint of a module that no longer exists: the model was "
+            "copied (copy.deepcopy) after remat.apply, and a copy keeps running the original's forwards. Fix: "
+            "remat.remove(model) before copying it, then remat.apply(copy, plan) to the copy."
+        )
+    return module
+
+
+def alive(refs: list[weakref.ref]) -> list[nn.Module]:
+    """The modules `refs` hold weakly (Rule 8)."""
+    modules = [r() for r in refs]
+    return [m for m in modules if m is not None]
 
 
 def _pass_through(original: Callable, pending: list[int]) -> Callable:
@@ -303,9 +347,9 @@ def _pass_through(original: Callable, pending: list[int]) -> Callable:
     return forward
 
 
-def _install(module: nn.Module, forward: Callable, segment, role: str, pending: list[int], moved=None) -> None:
+def _install(module: nn.Module, forward: Callable, members, role: str, pending: list[int], moved=None) -> None:
     had = "forward" in module.__dict__
-    info = WrapInfo(segment, had, module.__dict__.get("forward"), role, pending, moved if moved is not None else [0])
+    info = WrapInfo(members, had, module.__dict__.get("forward"), role, pending, moved if moved is not None else [0])
     module.forward = forward
     object.__setattr__(module, MARK, info)
 
