@@ -34,7 +34,7 @@ from remat.applier.wrapping import is_wrapped  # noqa: E402
 
 RESULTS = HERE / "results"
 RUN = RESULTS / "gpu_seconds" / "gpu_NVIDIA_H200_2026-12-04T1326.json"
-PREDICTED = RESULTS / "peak_gap" / "cpu-fake-H100_2026-12-04T1416.json"
+PREDICTED = RESULTS / "peak_gap" / "cpu-fake-H100_2026-12-04T1743.json"
 PLANNED = ("every-block", "plan65", "least")
 """The variants that `remat.apply` plans (among the eager ones: tier 1 of gpu_seconds.TIERS)."""
 
@@ -53,24 +53,47 @@ def wrapped_params(name: str, variant: str, plans: Path = PLANS) -> dict[str, in
 
 
 def account(run: dict, predicted: dict, plans: Path = PLANS) -> list[list]:
-    """[model, variant, measured, predicted, held over, rest] (MiB) of each eager variant, in the order they ran."""
+    """[model, variant, measured, predicted, replayed, held over] in bytes for each eager variant, in the order they
+    ran: predicted is the fake step's peak of live tensors, replayed its caching allocator's `max_memory_allocated`
+    (None in results from before 2026-12-04's second run)."""
     rows, held = [], {}
     for model, variant in [(m, v) for m in run["models"] for v in TIERS[0]]:
         measured = run["models"][model].get(variant, {}).get("peak_bytes")
         if measured is None:
             continue  # not run
-        said = predicted["steps"].get(f"{model} {variant}", {}).get("fake", {}).get("peak_bytes")
-        over = sum(held.values())
-        if said is not None:
-            rows.append([model, variant, *(round(b / MiB, 1) for b in (measured, said, over, measured - said - over))])
+        fake = predicted["steps"].get(f"{model} {variant}", {}).get("fake", {})
+        if "peak_bytes" in fake:
+            rows.append([model, variant, measured, fake["peak_bytes"], fake.get("allocated_bytes"), sum(held.values())])
         if variant in PLANNED:
             held.update({f"{model} {variant}:{k}": v for k, v in wrapped_params(model, variant, plans).items()})
     return rows
 
 
 def render(rows: list[list]) -> str:
-    headers = ["model", "variant", "measured MiB", "predicted MiB", "held over MiB", "rest MiB", "rest / measured"]
-    return md_table(headers, [[*r[:2], *(f"{x:,.1f}" for x in r[2:]), f"{r[5] / r[2]:+.1%}"] for r in rows])
+    """Each row in MiB, with what is left of the measured peak over each prediction once the held-over bytes are
+    off, also as a share of the measured peak."""
+
+    def rest(measured, said, over) -> str:
+        return (
+            "-"
+            if said is None
+            else f"{(measured - over - said) / MiB:,.1f} ({(measured - over - said) / measured:+.1%})"
+        )
+
+    headers = ["model", "variant", "measured", "predicted", "replayed", "held over", "rest", "rest (replayed)"]
+    return md_table(
+        headers,
+        [
+            [
+                m,
+                v,
+                *(f"{b / MiB:,.1f}" if b is not None else "-" for b in (measured, said, replayed, over)),
+                rest(measured, said, over),
+                rest(measured, replayed, over),
+            ]
+            for m, v, measured, said, replayed, over in rows
+        ],
+    )
 
 
 def main() -> None:

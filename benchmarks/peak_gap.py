@@ -11,9 +11,13 @@ remat predicts for it (for an H100 on CUDA) and the real one, side by side:
 
 - the unplanned step: `remat.profile` in fake mode and in real mode (the tracked peak, its op and phase, the bytes
   by kind at the peak) and the plain loop's third-step peak (`max_memory_allocated` on CUDA);
-- a plan (`plan65`: at 65% of the fake peak, `least`: the least memory, made from the fake profile as
-  `gpu_seconds.py --make-plans` makes them): its predicted peak, `remat.verify`'s tracked and independent peaks
-  (the CUDA allocator's on CUDA), and the real profile of the planned model (the op at the peak and its bytes).
+- a plan (`plan65`: at 65% of the fake peak, `least`: the least memory; at the issue's size and batch the ones
+  `gpu_seconds.py --gpu` ran, else made from the fake profile as `gpu_seconds.py --make-plans` makes them): its
+  predicted peak, `remat.verify`'s tracked and independent peaks (the CUDA allocator's on CUDA), and the real
+  profile of the planned model (the op at the peak and its bytes).
+
+A fake CUDA step also gives the caching allocator replayed on its allocations (NOTE [The caching allocator's
+reserve]): the `max_memory_allocated` that counts the blocks handed out unsplit, and `max_memory_reserved`.
 
 `every-block` is remat's recipe of every layer (the layers Hugging Face's gradient checkpointing takes).  `--batch
 N` runs the models at the issue's widths with N rows (the CPU check of docs/peers_gpu.md: `--models bert_base_mlm
@@ -41,7 +45,7 @@ if (ROOT / "src").is_dir():
 import remat  # noqa: E402
 from _catalog import ISSUE36, SIZES  # noqa: E402
 from _common import MiB, md_table  # noqa: E402
-from gpu_seconds import WARM, build, fake_profile, made_plans  # noqa: E402
+from gpu_seconds import PLANS, WARM, build, fake_profile, made_plans  # noqa: E402
 
 KINDS = ("eager", "every-block", "plan65", "least")
 
@@ -52,8 +56,14 @@ def _kinds_of(prof) -> dict:
 
 
 def _described(prof) -> dict:
+    """The peak and where it is; for a CUDA step also the caching allocator replayed on its allocations
+    (NOTE [The caching allocator's reserve]): `max_memory_allocated` with the blocks it hands out unsplit, and
+    `max_memory_reserved`."""
+    reserve = prof.gpu_reserve
     return {
         "peak_bytes": prof.peak_bytes,
+        "allocated_bytes": reserve.allocated_bytes if reserve else None,
+        "reserved_bytes": reserve.reserved_bytes if reserve else None,
         "op": prof.peak_op,
         "phase": str(prof.peak_phase),
         "module": prof.peak_module,
@@ -61,13 +71,16 @@ def _described(prof) -> dict:
     }
 
 
-def plan_of(kind: str, fake):
-    """`kind`'s plan made from the fake profile, as `gpu_seconds.py --make-plans` makes them (`every-block`:
-    remat's recipe of Hugging Face's every layer)."""
+def plan_of(name: str, kind: str, fake, committed: bool):
+    """`kind`'s plan: `committed`, the one `gpu_seconds.py --gpu` ran (results/gpu_seconds/plans, made for the
+    issue's size and batch), else made from the fake profile as `gpu_seconds.py --make-plans` makes them
+    (`every-block`: remat's recipe of Hugging Face's every layer)."""
     if kind == "every-block":
         from remat.planner.recipes import baseline_plans
 
         return baseline_plans(fake)["every-block"]
+    if committed:
+        return remat.load_plan(PLANS / f"{name}.{kind}.json")
     return made_plans(fake)[kind]
 
 
@@ -89,12 +102,13 @@ def loop_peak(model, batch: dict, device: str) -> int | None:
     return torch.cuda.max_memory_allocated()
 
 
-def one(name: str, kind: str, size: str, device: str, fake_only: bool = False) -> dict:
-    """One model and kind: the fake prediction beside the real step (`fake_only`: the prediction alone)."""
+def one(name: str, kind: str, size: str, device: str, *, fake_only: bool = False, committed: bool = False) -> dict:
+    """One model and kind: the fake prediction beside the real step (`fake_only`: the prediction alone);
+    `committed`: with the plan the GPU run ran."""
     fake = fake_profile(name, size, device)
     out: dict = {"fake": _described(fake), "real": None, "loop_peak_bytes": None}
     if kind != "eager":
-        plan = plan_of(kind, fake)
+        plan = plan_of(name, kind, fake, committed)
         out["plan"] = {"predicted_peak_bytes": plan.peak_bytes, "checkpoints": len(plan.segments)}
         out["fake"] = _described(fake_profile(name, size, device, plan))  # the planned step, predicted
     if fake_only:
@@ -164,6 +178,7 @@ def main() -> None:
         for name in models:
             SIZES[size][name]["batch"] = args.batch
     device = "cuda" if torch.cuda.is_available() or args.fake_only else "cpu"
+    committed = size == "issue" and args.batch is None  # the plans the GPU ran were made for this size and batch
     stamp = datetime.now(timezone.utc)
     res = {
         "device": torch.cuda.get_device_name()
@@ -180,7 +195,9 @@ def main() -> None:
     for name in models:
         for kind in kinds:
             try:
-                res["steps"][f"{name} {kind}"] = one(name, kind, size, device, args.fake_only)
+                res["steps"][f"{name} {kind}"] = one(
+                    name, kind, size, device, fake_only=args.fake_only, committed=committed
+                )
             except Exception as e:  # noqa: BLE001 -- a step that fails is a result, the others still run
                 res["steps"][f"{name} {kind}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
             path.write_text(json.dumps(res, indent=1))
