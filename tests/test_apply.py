@@ -713,17 +713,27 @@ def test_a_planned_model_dropped_frees_its_parameters_without_the_cycle_collecto
         gc.enable()
 
 
-def test_a_copy_of_a_planned_model_whose_original_is_gone_says_how_to_copy_one():
+def test_a_copy_of_a_planned_model_says_so_instead_of_running_the_originals_weights():
     """Rule 8's other side: `copy.deepcopy` copies the forwards remat installed as they are, still the original's
-    checkpoints; with the original gone, the copy's forward says so (before, it ran the dropped model's weights)."""
+    checkpoints (before, a copy silently ran the original's modules, weights and all).  The copy says so, with the
+    original alive or gone; `remat.apply` to the copy makes it train on its own weights, the original untouched."""
     model, inputs = architectures.ALL["llama"]()
     remat.apply(model, "every-block")
     copied = copy.deepcopy(model)
-    del model
-    gc.collect()
-    with pytest.raises(remat.RematError, match=r"^remat: this module's forward is remat's checkpoint of a module"):
+    message = r"^remat: this LlamaDecoderLayer is a copy \(copy.deepcopy\) of a module that remat.apply checkpoints"
+    with pytest.raises(remat.RematError, match=message):
         copied(**inputs)
-    remat.remove(copied)
-    remat.apply(copied, "every-block")
-    copied(**inputs).loss.backward()  # applied to the copy itself, it trains
-    assert all(p.grad is not None for p in copied.parameters())
+    with pytest.warns(UserWarning, match=r"^remat: LlamaForCausalLM followed recipe 'every-block'; replaced"):
+        remat.apply(copied, "every-block")
+    with torch.no_grad():
+        next(copied.parameters()).add_(1.0)  # the copy's weights differ from the original's now
+    expected, _ = _step(model, inputs)
+    grads, _ = _step(copied, inputs)
+    assert grads.keys() == expected.keys() and not _same(grads, expected)  # its own weights, its own gradients
+    remat.remove(model)
+    assert all(not m._forward_pre_hooks for m in model.modules())  # the guards go with the plan
+    again = copy.deepcopy(copied)
+    del model, copied
+    gc.collect()
+    with pytest.raises(remat.RematError, match=message):
+        again(**inputs)

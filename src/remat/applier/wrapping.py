@@ -57,8 +57,9 @@ NOTE [How a module is checkpointed in place]
           until Python's cycle collector runs, which may be never within a step (seen 2026-12-04: on an H200 a
           plan's 16 Llama layers, 688 MiB, were still allocated while the next variant trained, and counted
           in its `max_memory_allocated`).  A module a plan wraps is alive while it runs, so the references
-          resolve; only a forward copied away from its module (`copy.deepcopy` of a planned model copies the
-          instance's functions as they are, still the original's) can outlive it, and then says so.
+          resolve.  A copy of a wrapped module (`copy.deepcopy` of a planned model copies the instance's
+          functions as they are) would run the original's forward, with the original's weights; a pre-hook
+          remat adds to each module it wraps stops a copy with an error saying so.
 """
 
 from __future__ import annotations
@@ -76,6 +77,7 @@ from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selectiv
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
 from remat._torch_compat import in_backward, op_name, tree_flatten
+from remat._torch_compat.hooks import remove_forward_pre_hook
 from remat.applier.rng import seen_by_torch
 from remat.errors import RematError
 from remat.hf import checkpointed_by_hf
@@ -96,6 +98,7 @@ class WrapInfo:
     role: str  # "head" runs the segment; "pass" passes its input through after the head ran
     pending: list[int] = field(default_factory=lambda: [0])  # shared by the segment: pass-through calls left
     moved: list[int] = field(default_factory=lambda: [0])  # offload: bytes copied to CPU memory so far
+    guard: int = field(default=-1, compare=False)  # the id of the pre-hook that stops a copy of it (Rule 8)
 
     @property
     def segment(self) -> list[nn.Module]:
@@ -349,9 +352,26 @@ def _pass_through(original: Callable, pending: list[int]) -> Callable:
 
 def _install(module: nn.Module, forward: Callable, members, role: str, pending: list[int], moved=None) -> None:
     had = "forward" in module.__dict__
-    info = WrapInfo(members, had, module.__dict__.get("forward"), role, pending, moved if moved is not None else [0])
+    guard = module.register_forward_pre_hook(_no_copy(weakref.ref(module))).id
+    moved = moved if moved is not None else [0]
+    info = WrapInfo(members, had, module.__dict__.get("forward"), role, pending, moved, guard)
     module.forward = forward
     object.__setattr__(module, MARK, info)
+
+
+def _no_copy(ref: weakref.ref) -> Callable:
+    """Rule 8: a pre-hook that stops a copy of the wrapped module, whose forward is still the original's."""
+
+    def hook(module, args):
+        if module is not ref():
+            raise RematError(
+                f"remat: this {type(module).__name__} is a copy (copy.deepcopy) of a module that remat.apply "
+                "checkpoints, and a copy's forward is still the original's: it would run the original's weights. "
+                "Fix: remat.apply(copy, plan) to the copy (it replaces what was copied), or remat.remove(model) "
+                "before copying it."
+            )
+
+    return hook
 
 
 def is_wrapped(module: nn.Module) -> bool:
@@ -361,6 +381,7 @@ def is_wrapped(module: nn.Module) -> bool:
 def unwrap(module: nn.Module) -> None:
     """Undo `wrap_segment` on one module: its forward is the one it had before."""
     info: WrapInfo = module.__dict__.pop(MARK)
+    remove_forward_pre_hook(module, info.guard)
     if info.had_instance_forward and info.previous_forward is not None:
         module.forward = info.previous_forward
     else:
