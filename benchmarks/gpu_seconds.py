@@ -17,7 +17,8 @@ nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, r
 `remat.auto` on the compiled model for the peak each of those budgets measured in the same run (`auto 0.5+compile`:
 the search as a user runs it on a GPU, in this process, at most `--auto-trials` compilations of each kind; its
 budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output held through backward, the third step's
-max_memory_allocated, the median of TIMED synchronised steps.  Variants run in TIERS, both models a tier, so that
+max_memory_allocated, the median of TIMED synchronised steps, and what was allocated before the variant began (an
+earlier variant's leftovers count in its peak: gpu_seconds_report.py checks it).  Variants run in TIERS, both models a tier, so that
 `--budget-s` skips the least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
 Prints predicted against measured overhead and the issue's checks on the figures (gpu_seconds_report.py); writes
 results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
@@ -229,6 +230,7 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *,
     """One variant of one model, built afresh: the third step's peak, the median of TIMED steps.  An `auto`
     variant first runs `remat.auto` on the compiled model for `aim` (bytes, or SMOKE_AIM on the CPU), in at most
     `trials` compilations of each kind."""
+    before = torch.cuda.memory_allocated() if device == "cuda" else None  # what earlier variants left
     model, batch = build(name, size, device, autocast=device)
     inner = model.inner if isinstance(model, Autocast) else model
     if variant == "hf":
@@ -241,6 +243,7 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *,
     runner = torch.compile(model) if "compile" in variant else model
     opt = torch.optim.AdamW(model.parameters())
     seconds, out = [], searched(runner, batch, opt, aim, trials) if variant.startswith("auto ") else {}
+    out["before_bytes"] = before
     with activation_memory_budget(budget):
         for i in range(WARM + 1 + TIMED):
             if i == WARM and device == "cuda":

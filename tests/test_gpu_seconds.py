@@ -334,3 +334,18 @@ def test_the_h200_runs_peaks_less_what_earlier_plans_left_allocated_are_within_t
     assert all(0 < measured - over - predicted < 0.02 * measured for _, _, measured, predicted, _, over in rows)
     assert all(abs(measured - replayed) < 0.003 * measured for _, _, measured, _, replayed, _ in rows[:2])
     assert any(measured - predicted > 0.05 * measured for _, _, measured, predicted, _, _ in rows)  # before
+
+
+def test_a_variant_that_began_with_an_earlier_ones_memory_still_allocated_is_flagged():
+    """The H200 run of 2026-12-04 counted earlier plans' modules in later variants' peaks (`leak_account.py`); runs
+    since record what was allocated when each variant began, and the report judges it (older runs: no such row)."""
+    base = json.loads(H200_RUNS[0].read_text())
+    llama = {v: {**r, "before_bytes": 64 * MiB} for v, r in base["models"]["llama_style_decoder"].items()}
+    res = {**base, "models": {"llama_style_decoder": llama}}
+    check = "nothing of earlier variants allocated when each began (at most 80 MiB)"
+    rows = [r[1:] for r in report.done_when(res) if r[1] == check]
+    assert rows == [[check, "most: `eager`, 64.0 MiB", "yes"]]  # cuBLAS's two workspaces, as every step has
+    llama["plan65"]["before_bytes"] += 721_551_360  # every-block's 16 layers, as that day
+    rows = [r[1:] for r in report.done_when(res) if r[1] == check]
+    assert rows == [[check, "most: `plan65`, 752.1 MiB", "no"]]
+    assert not any(r[1] == check for r in report.done_when(base))
