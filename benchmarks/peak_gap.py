@@ -29,6 +29,7 @@ device's time limit stops keeps them).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import sys
 from datetime import datetime, timezone
@@ -201,6 +202,7 @@ def main() -> None:
             except Exception as e:  # noqa: BLE001 -- a step that fails is a result, the others still run
                 res["steps"][f"{name} {kind}"] = {"error": f"{type(e).__name__}: {e}"[:300]}
             path.write_text(json.dumps(res, indent=1))
+            gc.collect()  # the next step's peak counts nothing of this one (gpu_seconds.py's loop does the same)
             if device == "cuda":
                 torch.cuda.empty_cache()
     print(render(res), f"wrote {path}", sep="\n")
