@@ -16,10 +16,10 @@ nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, r
 `--compile` torch.compile alone, at its activation memory budgets 0.7, 0.5 and 0.3, remat's two plans compiled, and
 `remat.auto` on the compiled model for the peak each of those budgets measured in the same run (`auto 0.5+compile`:
 the search as a user runs it on a GPU, in this process, at most `--auto-trials` compilations of each kind; its
-budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output held through backward, the third step's
-max_memory_allocated, the median of TIMED synchronised steps, and what was allocated before the variant began (an
-earlier variant's leftovers count in its peak: gpu_seconds_report.py checks it).  Variants run in TIERS, both models a tier, so that
-`--budget-s` skips the least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
+budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output
+held through backward, the third step's max_memory_allocated, the median of TIMED synchronised steps, and what was
+allocated before the variant began (an earlier variant's leftovers count in its peak: gpu_seconds_report.py checks
+it).  Variants run in TIERS, both models a tier, so that `--budget-s` skips the least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
 Prints predicted against measured overhead and the issue's checks on the figures (gpu_seconds_report.py); writes
 results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
 """

@@ -696,7 +696,7 @@ def _planned(kind: str) -> tuple:
 def test_a_planned_model_dropped_frees_its_parameters_without_the_cycle_collector(kind):
     """NOTE [How a module is checkpointed in place], Rule 8: what remat installs holds the modules weakly.  On an
     H200 (2026-12-04) a plan's Llama layers stayed allocated after the model was dropped, until a collection that
-    had not come when the next model trained.  With the collector off, each parameter goes with the last
+    had not come when the next variant trained.  With the collector off, each parameter goes with the last
     reference to the model; "none" is the unplanned model, the premise that the model itself makes no cycle."""
     gc.collect()
     gc.disable()
@@ -716,7 +716,7 @@ def test_a_planned_model_dropped_frees_its_parameters_without_the_cycle_collecto
 def test_a_copy_of_a_planned_model_says_so_instead_of_running_the_originals_weights():
     """Rule 8's other side: `copy.deepcopy` copies the forwards remat installed as they are, still the original's
     checkpoints (before, a copy silently ran the original's modules, weights and all).  The copy says so, with the
-    original alive or gone; `remat.apply` to the copy makes it train on its own weights, the original untouched."""
+    original alive or gone; `remat.apply` to the copy makes it train on its own weights."""
     model, inputs = architectures.ALL["llama"]()
     remat.apply(model, "every-block")
     copied = copy.deepcopy(model)
