@@ -19,7 +19,8 @@ the search as a user runs it on a GPU, in this process, at most `--auto-trials` 
 budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output
 held through backward, the third step's max_memory_allocated, the median of TIMED synchronised steps, and what was
 allocated before the variant began (an earlier variant's leftovers count in its peak: gpu_seconds_report.py checks
-it).  Variants run in TIERS, both models a tier, so that `--budget-s` skips the least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
+it).  Variants run in TIERS, both models a tier, so that `--budget-s` skips the least telling ones; `--models` and
+`--variants` run a part (a second call finishing a run).
 Prints predicted against measured overhead and the issue's checks on the figures (gpu_seconds_report.py); writes
 results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
 """

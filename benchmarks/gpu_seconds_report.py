@@ -2,8 +2,9 @@
 judged on those figures alone.
 
 A point is a variant's third-step `max_memory_allocated` and its median step time.  remat's points are its plans
-(`plan65`, `least`), those plans compiled and `remat.auto`'s on the compiled model (`...+compile`); the peers' are the eager step, Hugging Face's and
-every-layer checkpointing and torch.compile at its activation memory budgets (`compile`, `compile 0.7`, ...).
+(`plan65`, `least`), those plans compiled and `remat.auto`'s on the compiled model (`...+compile`); the peers' are
+the eager step, Hugging Face's and every-layer checkpointing and torch.compile at its activation memory budgets
+(`compile`, `compile 0.7`, ...).
 """
 
 from __future__ import annotations
