@@ -72,16 +72,17 @@ def _described(prof) -> dict:
     }
 
 
-def plan_of(name: str, kind: str, fake, committed: bool):
+def plan_of(name: str, kind: str, size: str, device: str, committed: bool):
     """`kind`'s plan: `committed`, the one `gpu_seconds.py --gpu` ran (results/gpu_seconds/plans, made for the
-    issue's size and batch), else made from the fake profile as `gpu_seconds.py --make-plans` makes them
+    issue's size and batch), else made from the unplanned fake profile as `gpu_seconds.py --make-plans` makes them
     (`every-block`: remat's recipe of Hugging Face's every layer)."""
+    if committed and kind != "every-block":
+        return remat.load_plan(PLANS / f"{name}.{kind}.json")
+    fake = fake_profile(name, size, device)
     if kind == "every-block":
         from remat.planner.recipes import baseline_plans
 
         return baseline_plans(fake)["every-block"]
-    if committed:
-        return remat.load_plan(PLANS / f"{name}.{kind}.json")
     return made_plans(fake)[kind]
 
 
@@ -106,16 +107,14 @@ def loop_peak(model, batch: dict, device: str) -> int | None:
 def one(name: str, kind: str, size: str, device: str, *, fake_only: bool = False, committed: bool = False) -> dict:
     """One model and kind: the fake prediction beside the real step (`fake_only`: the prediction alone);
     `committed`: with the plan the GPU run ran."""
-    fake = fake_profile(name, size, device)
-    out: dict = {"fake": _described(fake), "real": None, "loop_peak_bytes": None}
-    if kind != "eager":
-        plan = plan_of(name, kind, fake, committed)
+    plan = None if kind == "eager" else plan_of(name, kind, size, device, committed)
+    out: dict = {"fake": _described(fake_profile(name, size, device, plan)), "real": None, "loop_peak_bytes": None}
+    if plan is not None:
         out["plan"] = {"predicted_peak_bytes": plan.peak_bytes, "checkpoints": len(plan.segments)}
-        out["fake"] = _described(fake_profile(name, size, device, plan))  # the planned step, predicted
     if fake_only:
         return out
     model, batch = build(name, size, device, autocast=device)
-    if kind != "eager":
+    if plan is not None:
         remat.apply(model, plan)
         rep = remat.verify(model, batch, plan, optimizer=torch.optim.AdamW(model.parameters()), time_rounds=1)
         out["verify"] = {

@@ -223,12 +223,12 @@ class _Run:
             close(abort=True)
 
     def _replay_fn(self) -> Callable:
-        calls, originals, entries = self.calls, self.originals, self.refs
+        calls, originals, held = self.calls, self.originals, self.refs
 
         def replay(*args, **kwargs):  # Rule 2: the recomputation, on detached copies of the first inputs
             first = tree_flatten((args, kwargs))[0]
             last_use = {r[1]: k for k, (_, refs) in enumerate(calls, start=1) for r in refs if r[0] == "out"}
-            with _batchnorm_stats_kept(alive(entries)):
+            with _batchnorm_stats_kept(alive(held)):
                 out = originals[0](*args, **kwargs)
                 outs = {0: tensor_leaves(out)} if 0 in last_use else {}
                 for k, (spec, refs) in enumerate(calls, start=1):
