@@ -17,10 +17,11 @@ nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, r
 `remat.auto` on the compiled model for the peak each of those budgets measured in the same run (`auto 0.5+compile`:
 the search as a user runs it on a GPU, in this process, at most `--auto-trials` compilations of each kind; its
 budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output
-held through backward, the third step's max_memory_allocated, the median of TIMED synchronised steps, and what was
-allocated before the variant began (an earlier variant's leftovers count in its peak: gpu_seconds_report.py checks
-it).  Variants run in TIERS, both models a tier, so that `--budget-s` skips the least telling ones; `--models` and
-`--variants` run a part (a second call finishing a run).
+held through backward, the third step's max_memory_allocated, the median of TIMED synchronised steps and of the
+host's time to issue them (before the synchronisation: near the step's own when the host, not the GPU, sets the
+pace), and what was allocated before the variant began (an earlier variant's leftovers count in its peak:
+gpu_seconds_report.py checks it).  Variants run in TIERS, both models a tier, so that `--budget-s` skips the
+least telling ones; `--models` and `--variants` run a part (a second call finishing a run).
 Prints predicted against measured overhead and the issue's checks on the figures (gpu_seconds_report.py); writes
 results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
 """
@@ -243,7 +244,7 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *,
     budget = float(variant.split()[1]) if variant.startswith("compile ") else 1.0
     runner = torch.compile(model) if "compile" in variant else model
     opt = torch.optim.AdamW(model.parameters())
-    seconds, out = [], searched(runner, batch, opt, aim, trials) if variant.startswith("auto ") else {}
+    seconds, issued, out = [], [], searched(runner, batch, opt, aim, trials) if variant.startswith("auto ") else {}
     out["before_bytes"] = before
     with activation_memory_budget(budget):
         for i in range(WARM + 1 + TIMED):
@@ -255,13 +256,15 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *,
             result.loss.backward()  # the output held through backward, as the issue's loop
             opt.step()
             opt.zero_grad(set_to_none=True)
+            issue_s = time.perf_counter() - t0  # the host's time to issue the step (report's HOST_BOUND)
             _sync(device)
             if i == WARM and device == "cuda":
                 out["peak_bytes"] = torch.cuda.max_memory_allocated()
             elif i > WARM:
                 seconds.append(time.perf_counter() - t0)
+                issued.append(issue_s)
             del result
-    out["step_s"] = statistics.median(seconds)
+    out["step_s"], out["issue_s"] = statistics.median(seconds), statistics.median(issued)
     return out
 
 

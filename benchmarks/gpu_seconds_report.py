@@ -18,6 +18,10 @@ AT_35_COST = 0.05  # ... at most 5% over the eager step's time
 SAID = 0.05  # `plan.extra_fraction` within 5 points of the overhead measured
 PEAK_SAID = 0.05
 """A step's measured peak within 5% of the peak remat predicted for it (the made plan's, or the unplanned step's)."""
+HOST_BOUND = 0.9
+"""A step whose host took at least this share of its time to issue it ran at the host's pace, not the GPU's: its
+seconds are the host's Python and dispatch (a recomputation issues its ops again), which a GPU's roofline does not
+see."""
 COMPILE_POINTS = ("compile", "compile 0.7", "compile 0.5", "compile 0.3")
 REMAT_EAGER = ("plan65", "least")
 
@@ -144,6 +148,15 @@ def done_when(res: dict) -> list[list[str]]:
     return rows
 
 
+def _issued(r: dict) -> str:
+    """The host's time to issue the step, its share of the step, and whether the host set the pace (HOST_BOUND);
+    empty for a run from before it was recorded (2026-12-04)."""
+    if "issue_s" not in r:
+        return ""
+    share = r["issue_s"] / r["step_s"]
+    return f"{r['issue_s'] * 1e3:.1f} ms ({share:.0%}{', host-bound' if share >= HOST_BOUND else ''})"
+
+
 def render(res: dict) -> str:
     """Every variant measured, then the issue's checks."""
     rows = []
@@ -151,7 +164,7 @@ def render(res: dict) -> str:
         eager = variants.get("eager", {}).get("step_s")
         for variant, r in variants.items():
             if "step_s" not in r:
-                rows.append([name, variant, r.get("error") or r.get("skipped"), "", "", ""])
+                rows.append([name, variant, r.get("error") or r.get("skipped"), "", "", "", ""])
                 continue
             plan = res["made"]["models"][name].get(variant.split("+")[0], {})
             said = f"+{plan['extra_fraction']:.1%}" if "extra_fraction" in plan and not ours(variant) else ""
@@ -159,11 +172,15 @@ def render(res: dict) -> str:
             peak = f"{r['peak_bytes'] / MiB:,.0f}" if "peak_bytes" in r else "-"
             if "plan" in r:  # remat.auto's: what it chose, and what its search cost
                 variant = f"{variant} ({r['plan']}; searched {r['search_s']:.0f} s)"
-            rows.append([name, variant, peak, f"{r['step_s'] * 1e3:.1f}", overhead, said])
+            rows.append([name, variant, peak, f"{r['step_s'] * 1e3:.1f}", _issued(r), overhead, said])
     return "\n\n".join(
         [
             f"{res['device']}, torch {res['torch']}, {res['date']}",
-            md_table(["model", "variant", "peak MiB", "step ms", "measured overhead", "predicted"], rows, pad=False),
+            md_table(
+                ["model", "variant", "peak MiB", "step ms", "host issued", "measured overhead", "predicted"],
+                rows,
+                pad=False,
+            ),
             "Issue 36's checks, on these figures:",
             md_table(["model", "check", "measured", "holds"], done_when(res), pad=False),
         ]

@@ -99,7 +99,18 @@ def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
     for name in bench.MODELS:
         assert set(res["models"][name]) == set(bench.VARIANTS)
         assert all(r.get("step_s", 0) > 0 for r in res["models"][name].values()), res["models"][name]
+        # the host's time to issue a step is part of the step (on the CPU, nearly all of it)
+        assert all(0 < r["issue_s"] <= r["step_s"] for r in res["models"][name].values()), res["models"][name]
     assert "| llama_style_decoder | plan65 |" in proc.stdout
+    assert "host-bound" in proc.stdout  # a CPU step is its host's own work
+
+
+def test_the_report_says_which_steps_the_host_set_the_pace_of():
+    """A step whose host took 90% of its time to issue it is marked host-bound; one whose host waited on the GPU
+    for most of it is not; a run from before the host's time was recorded shows nothing."""
+    assert report._issued({"step_s": 0.1, "issue_s": 0.095}) == "95.0 ms (95%, host-bound)"
+    assert report._issued({"step_s": 0.1, "issue_s": 0.04}) == "40.0 ms (40%)"
+    assert report._issued({"step_s": 0.1}) == ""
 
 
 def _issue_tables() -> dict:
