@@ -2,12 +2,14 @@
 same gradients, and a compiled model is profiled, planned and verified by the names of the model inside."""
 
 import dataclasses
+import gc
 import math
 import os
 import subprocess
 import sys
 import textwrap
 import warnings
+import weakref
 
 import pytest
 import torch
@@ -348,6 +350,34 @@ def test_a_compiler_budget_plan_lowers_the_compiled_steps_peak_and_removes():
     # two copies of one step differ by a tensor or two (4 and 8 MiB seen; one (1024, 2048) float32 tensor is 8 MiB):
     # back is nearer the old peak than the new, and at most two such tensors above it
     assert lowered + (unplanned - lowered) / 2 < back <= unplanned + 2 * 1024 * 2048 * 4, (lowered, back, unplanned)
+
+
+@pytest.mark.parametrize("removed", [False, True])
+def test_a_model_that_followed_a_compiler_budget_plan_is_freed_when_dropped(removed):
+    """NOTE [The compiler's budget as a plan], Rule 4: with the cycle collector off, a compiled model that follows
+    (or followed, `removed`) a plan with a compiler budget frees its parameters with its last reference.  Before, the
+    compiled call kept for the budget held the model: one that followed the plan kept all 4 parameters, gc.collect()
+    or not."""
+    torch._dynamo.reset()
+    model, x = (
+        torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.Tanh(), torch.nn.Linear(256, 64)),
+        torch.randn(32, 64),
+    )
+    compiled = torch.compile(model)
+    keep = remat.plan(remat.profile(compiled, x), 1.0)
+    gc.collect()
+    gc.disable()
+    try:
+        remat.apply(compiled, dataclasses.replace(keep, compiler_budget=0.5))
+        compiled(x).sum().backward()
+        if removed:
+            remat.remove(compiled)
+            compiled(x).sum().backward()  # the compiled forward it had, put back
+        params = [weakref.ref(p) for p in model.parameters()]
+        del model, compiled
+        assert [r() is None for r in params] == [True] * len(params)
+    finally:
+        gc.enable()
 
 
 def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():

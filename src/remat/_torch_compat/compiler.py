@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import types
 from collections.abc import Callable, Iterator
 
@@ -53,12 +52,12 @@ def _call(model, *args, **kwargs):
 
 
 def fresh_compiled_call(optimized, name: str) -> Callable:
-    """`optimized` (a `torch.compile(model)`) called through a function of its own, compiled with the same
-    settings (`OptimizedModule.dynamo_ctx`, private): Dynamo keeps compiled code per code object, so this call
-    compiles anew, whatever the model's own code has cached, and keeps what it compiles apart."""
+    """A function of its own that calls the model it is given, compiled with `optimized`'s settings (a
+    `torch.compile(model)`'s `OptimizedModule.dynamo_ctx`, private): Dynamo keeps compiled code per code object, so
+    calling it with the model compiles anew, whatever the model's own code has cached, and keeps what it compiles
+    apart.  It holds no model: the caller passes it, so a store of these calls keeps no model alive."""
     code = _call.__code__.replace(co_name=name, co_qualname=name)
-    call = types.FunctionType(code, _call.__globals__, name)
-    return optimized.dynamo_ctx(functools.partial(call, optimized._orig_mod))
+    return optimized.dynamo_ctx(types.FunctionType(code, _call.__globals__, name))
 
 
 def is_optimized_module(model) -> bool:

@@ -16,6 +16,11 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           a forward set on the instance: changing either left a compiled BERT on its old graph.  The function
           is made once per compiled model and budget and kept (`_CALLS`), so applying the plan again finds it
           compiled, and `remat.remove` puts back the compiled forward as it was, with its own graph.
+  Rule 4. Nothing set here keeps a dropped model alive (as NOTE [How a module is checkpointed in place], Rule 8):
+          the kept functions are given the model at each call and hold none, the forward they replace is kept
+          on the compiled model, and the bare model finds that one by a weak reference.  Before (2026-12-05),
+          a kept function held the model, which held the compiled model, `_CALLS`' key: a model that had followed
+          such a plan, its parameters on the GPU included, stayed allocated for the rest of the process.
   Rule 3. Only `torch.compile(model)` can follow such a plan (`remat.apply` refuses an eager model, and one
           compiled in place by `model.compile()`).  The plan may checkpoint modules too: the budget then acts on
           what remat's checkpoints leave in the graph (`remat.auto`'s hybrids, NOTE [Plans for a compiled step],
@@ -34,7 +39,7 @@ import torch.nn as nn
 from remat._torch_compat import wrapped_module
 from remat._torch_compat.compiler import activation_memory_budget, fresh_compiled_call, is_optimized_module
 
-BUDGET = "_remat_compiler_budget"  # on the bare model: the compiled model and its forward, to put back
+BUDGET = "_remat_compiler_budget"  # on the compiled model: its forward, to put back; on the bare one: a weak ref to it
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled model -> {budget: its call} (Rule 2)
 
 
@@ -59,14 +64,15 @@ def set_compiler_budget(wrapper: nn.Module, model: nn.Module, budget: float) -> 
 
     def forward(*args, **kwargs):
         with activation_memory_budget(budget):
-            return call(*args, **kwargs)
+            return call(model, *args, **kwargs)
 
-    object.__setattr__(model, BUDGET, (optimized, optimized.__dict__["forward"]))
+    object.__setattr__(optimized, BUDGET, optimized.__dict__["forward"])  # Rule 4: no reference back to `optimized`
+    object.__setattr__(model, BUDGET, weakref.ref(optimized))
     object.__setattr__(optimized, "forward", forward)
 
 
 def clear_compiler_budget(model: nn.Module) -> None:
-    """Undo `set_compiler_budget`; nothing to do on a model without one."""
-    if BUDGET in model.__dict__:
-        optimized, forward = model.__dict__.pop(BUDGET)
-        object.__setattr__(optimized, "forward", forward)
+    """Undo `set_compiler_budget`; nothing to do on a model without one, or whose compiled model is gone."""
+    optimized = model.__dict__.pop(BUDGET, lambda: None)()
+    if optimized is not None:
+        object.__setattr__(optimized, "forward", optimized.__dict__.pop(BUDGET))
