@@ -366,7 +366,8 @@ def _no_copy(ref: weakref.ref) -> Callable:
         if module is not ref():
             raise RematError(
                 f"remat: this {type(module).__name__} is a copy (copy.deepcopy) of a module that remat.apply "
-                "checkpoints, and a copy's forward is still the original's: it would run the original's weights. "
+                "checkpoints: expected the module it wrapped, saw a copy, whose forward is still the original's and "
+                "would run the original's weights. "
                 "Fix: remat.apply(copy, plan) to the copy (it replaces what was copied), or remat.remove(model) "
                 "before copying it."
             )

@@ -147,7 +147,9 @@ GPU_CHECKPOINT_OP_S = 4 * US
 a Llama-style decoder and +26% on BERT-base (issue 36, 2026-11-26), 4-5 us per op beyond the ops' own seconds."""
 HOST_CHECKPOINT_OP_S, HOST_SELECTIVE_OP_S = 16 * US, 20 * US
 """Rule 5: what a checkpoint adds per op it re-runs, and selective checkpointing's policy per op and pass, on
-the reference machine (`python benchmarks/checkpoint_overheads.py`, results/checkpoint_overheads.md)."""
+the reference machine (`python benchmarks/checkpoint_overheads.py`): medians 13.9 and 11.0 us on 2026-11-27, 8.4 and
+5.9 on 2026-12-05 (the same kind of machine, a faster day; docs/validation.md §5), and more per op on models than
+on its chain; kept at what the plans of `benchmarks/seconds.py` were checked with."""
 GPU_SELECTIVE_OP_S = HOST_SELECTIVE_OP_S * GPU_CHECKPOINT_OP_S / HOST_CHECKPOINT_OP_S
 """Rule 5: not measured on a GPU; hidden by the kernels in the proportion a checkpoint's own cost is."""
 
