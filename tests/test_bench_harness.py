@@ -152,3 +152,25 @@ def test_the_eager_recheck_worker_rebuilds_a_plan_from_the_modules_the_results_k
     assert got["none"]["extra_flops"] == 0 < got["cs2"]["extra_flops"] == got["r1"]["extra_flops"]
     assert all(c["grads"]["equal"] and len(c["time_ratios"]) == 2 and c["rss_peak"] > 0 for c in got.values())
     assert got["r1"]["tracker_peak"] < got["none"]["tracker_peak"]
+
+
+def test_a_compiled_point_over_the_peers_peak_is_searched_again_under_the_plans_own_peak():
+    """The Llama at torch.compile's budget 0.1 on 2026-12-05: remat.auto's search put `compile budget 0.5` at 46.0 MB
+    on its counter, under the 48.8 MB it was given, and the harness measured it at 26.4 MB, over the peer's 24.6 MB +
+    tolerance.  Searched again, the budget is the peer's peak by that plan's own offset, under the 46.0 MB the plan
+    measured in the search, so the search cannot choose it again (lowering the budget by the overshoot alone gave
+    48.1 MB, and the same plan)."""
+    saved = list(sys.path)
+    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
+    try:
+        import remat_compiled
+    finally:
+        sys.path[:] = saved
+    row = {"rss_peak": 26_421_888, "search_measured_peak": 46_014_312, "key": "[[], [], {}, 0.5]"}
+    allowed = int(24_636_032 + remat_compiled.tol_process(24_636_032))
+    assert remat_compiled._reaim(row, allowed)
+    again = remat_compiled.reaimed_budget(row, allowed, 48_828_264)
+    assert again == allowed + 46_014_312 - 26_421_888 < row["search_measured_peak"]
+    # a plan well under the peer's peak is searched again with the room it left, on the same conversion
+    under = {"rss_peak": 20_000_000, "search_measured_peak": 40_000_000, "key": '[[["a"]], [], {}, 1.0]'}
+    assert remat_compiled._reaim(under, allowed) and remat_compiled.reaimed_budget(under, allowed, 1) > 40_000_000

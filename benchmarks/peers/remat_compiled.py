@@ -10,9 +10,9 @@ step here compiles model and loss as one graph, so the budget is set for it as t
 theirs), and measured exactly as a torch.compile budget: first-call seconds, FLOPs of the compiled graphs, gradients against eager without checkpointing,
 the process peak of one step, and step time.
 
-Where: at each torch.compile budget's measured peak (the budget remat is given is that process peak
-minus the unplanned process-tracker offset, plus the process method's tolerance, as
-worker_eager.match_peers does), and at fractions of the eager tracker peak (report 004's -35%).
+Where: at each torch.compile budget's measured peak (the budget remat is given is that torch.compile budget as a
+plan of remat's, measured by the counter remat's search judges plans by, plus the process method's tolerance:
+`own_budgets`), and at fractions of the eager tracker peak (report 004's -35%).
 A second pass (run.py, `remat_at_peers` in the spec) measures it instead at the process peaks of the eager
 peers (every block, selective op checkpointing, ...) that no remat + compile point of the first pass reached.
 """
@@ -29,7 +29,8 @@ import torch
 import torch._functorch.config as functorch_config
 
 import remat
-from remat.compiled_plans import plan_for
+from remat.compiled_plans import _measured, plan_for
+from remat.planner.result import keep_all
 
 from _common import describe_plan, timed
 from measure import adam_params, compare_grads, grads_of, rss_step_peak, zero_grads
@@ -77,8 +78,10 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, *, backe
     Re-aimed once: remat's counter and this process's disagree by more than the offset of the unplanned step once a
     plan checkpoints (2 MiB one way on GPT-2, 4 the other on BERT).  Where a plan's process peak here is over the
     peer's (+ tolerance), or more than REAIM_ROOM tolerances under it with remat's checkpoints in it, remat.auto
-    is given that budget again converted by this plan's own offset, and that plan is measured too (another point
-    of remat's: the verdicts take the fastest point within the peer's peak)."""
+    is given the peer's peak (+ tolerance) again converted by this plan's own offset (its peak by remat's search less
+    its peak here), and that plan is measured too (another point of remat's: the verdicts take the fastest point
+    within the peer's peak).  Until 2026-12-05 the budget was only lowered by the overshoot here, which left a plan
+    that remat's counter put under its budget by more than that chosen again (the Llama at torch.compile's 0.1)."""
     records, calls, by_plan = [], {}, {}
     cmodel = torch.compile(copy.deepcopy(bench.model))
     t0 = time.perf_counter()
@@ -99,12 +102,33 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, *, backe
         records.append(row)
         return row
 
+    aims = {} if peers else own_budgets(cmodel, bench, cprof, out.get("budgets", []))
     for where, budget, allowed in targets(out, prof, spec.get("remat_fractions", []), cprof.compiled_peak_bytes, peers):
-        row = point(where, budget)
+        row = point(where, aims.get(where, budget))
         if allowed and row.get("rss_peak") and _reaim(row, allowed):
-            point(f"{where} (re-aimed)", budget + allowed - row["rss_peak"])
+            point(f"{where} (re-aimed)", reaimed_budget(row, allowed, budget))
     out["remat_compiled"] = records
     return calls
+
+
+def own_budgets(cmodel, bench, cprof, budgets: list[dict]) -> dict[str, int]:
+    """Where remat.auto aims at each torch.compile point: that budget itself as a plan of remat's (`compiler_budget`),
+    measured by the counter remat's search judges plans by, + tolerance; the unplanned compiled step's peak for budget
+    1.0.  Converted by the unplanned step's offset instead, a point's aim missed the peer's own configuration as
+    remat's counter saw it by 2-3 MB either way at the Llama's 25 MB (2026-12-05): remat's search left out the very
+    plan the peer runs (budget 0.9), or kept a plan over the peer's peak (0.1)."""
+    step, aims = (bench.inputs, bench.loss_fn, adam_params), {}
+    base = keep_all(dataclasses.replace(cprof, compiled_peak_bytes=0), cprof.peak_bytes, "")
+    for r in budgets:
+        if "rss_peak" not in r:
+            continue
+        if r["budget"] >= 1.0:
+            peak = cprof.compiled_peak_bytes
+        else:
+            own = dataclasses.replace(base, solver="compiler", compiler_budget=r["budget"])
+            peak = _measured(cmodel, own, step)[0].peak_bytes
+        aims[f"torch.compile budget {r['budget']:g}"] = int(peak + tol_process(peak))
+    return aims
 
 
 REAIM_ROOM = 3
@@ -117,6 +141,12 @@ def _reaim(row: dict, allowed: int) -> bool:
         return True
     segments, selective, _, _ = json.loads(row["key"])
     return bool(segments or selective) and allowed - row["rss_peak"] > REAIM_ROOM * tol_process(allowed)
+
+
+def reaimed_budget(row: dict, allowed: int, budget: int) -> int:
+    """The peer's peak (+ tolerance) `allowed`, on remat's counter by this plan's own offset: its peak by remat's search
+    less its peak here (`budget`, the one it was searched for, where the search did not say)."""
+    return allowed + (row.get("search_measured_peak") or budget) - row["rss_peak"]
 
 
 def _searched(cmodel, bench, cprof, where: str, budget: int) -> dict:

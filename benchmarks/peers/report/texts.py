@@ -40,8 +40,9 @@ PEERS = [
 ]
 
 REMAT_COMPILED = [
-    "remat + torch.compile: at each torch.compile point's process peak (minus the unplanned process−tracker "
-    "offset, plus max(1 MiB, 1%)) and at 65% of the eager tracker peak, remat's plan is applied to a copy of the "
+    "remat + torch.compile: at each torch.compile point (aimed, from 2026-12-05, at that budget's own step as "
+    "remat's counter measures it, plus max(1 MiB, 1%); before, at its process peak minus the unplanned "
+    "process−tracker offset) and at 65% of the eager tracker peak, remat's plan is applied to a copy of the "
     "model, then the whole step compiled with Inductor at activation_memory_budget 1.0 (the default, or the "
     "plan's own `compiler_budget`) and measured like a torch.compile budget (`benchmarks/peers/remat_compiled.py`)."
     " The plan is `remat.auto`'s for the compiled step (NOTE [Plans for a compiled step]: eager plans for larger "

@@ -16,15 +16,15 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           a forward set on the instance: changing either left a compiled BERT on its old graph.  The function
           is made once per compiled model and budget and kept (`_CALLS`), so applying the plan again finds it
           compiled, and `remat.remove` puts back the compiled forward as it was, with its own graph.
+  Rule 3. Only `torch.compile(model)` can follow such a plan (`remat.apply` refuses an eager model, and one
+          compiled in place by `model.compile()`).  The plan may checkpoint modules too: the budget then acts on
+          what remat's checkpoints leave in the graph (`remat.auto`'s hybrids, NOTE [Plans for a compiled step],
+          Rule 6).
   Rule 4. Nothing set here keeps a dropped model alive (as NOTE [How a module is checkpointed in place], Rule 8):
           the kept functions are given the model at each call and hold none, the forward they replace is kept
           on the compiled model, and the bare model finds that one by a weak reference.  Before (2026-12-05),
           a kept function held the model, which held the compiled model, `_CALLS`' key: a model that had followed
           such a plan, its parameters on the GPU included, stayed allocated for the rest of the process.
-  Rule 3. Only `torch.compile(model)` can follow such a plan (`remat.apply` refuses an eager model, and one
-          compiled in place by `model.compile()`).  The plan may checkpoint modules too: the budget then acts on
-          what remat's checkpoints leave in the graph (`remat.auto`'s hybrids, NOTE [Plans for a compiled step],
-          Rule 6).
 
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
 (NOTE [Plans for a compiled step] in `remat.compiled_plans`).
