@@ -29,11 +29,11 @@ import torch
 import torch._functorch.config as functorch_config
 
 import remat
-from remat.compiled_plans import _measured, plan_for
-from remat.planner.result import keep_all
+from remat.compiled_plans import _measured, compiler_plan, plan_for
 
 from _common import describe_plan, timed
 from measure import adam_params, compare_grads, grads_of, rss_step_peak, zero_grads
+from strategies import label
 
 
 def tol_process(peak: float) -> float:
@@ -60,7 +60,7 @@ def targets(
     if unplanned and compiled_peak:
         offset = unplanned[0] - compiled_peak
     peers = list(peers) or [
-        {"label": f"torch.compile budget {r['budget']:g}", "rss_peak": r["rss_peak"]}
+        {"label": label({"kind": "compile", "budget": r["budget"]}), "rss_peak": r["rss_peak"]}
         for r in out.get("budgets", [])
         if "rss_peak" in r
     ]  # the first pass: compile's points
@@ -119,19 +119,17 @@ def own_budgets(cmodel, bench, cprof, budgets: list[dict]) -> dict[str, int]:
     counter saw it: at the Llama's budget 0.9 (2026-12-05) by 1.8 MiB, and remat's search could not choose the very
     plan the peer runs.  A budget that remat's copy cannot compile or run keeps the offset's aim."""
     step, aims = (bench.inputs, bench.loss_fn, adam_params), {}
-    base = keep_all(dataclasses.replace(cprof, compiled_peak_bytes=0), cprof.peak_bytes, "")
     for r in budgets:
         if "rss_peak" not in r:
             continue
         if r["budget"] >= 1.0:
             peak = cprof.compiled_peak_bytes
         else:
-            own = dataclasses.replace(base, solver="compiler", compiler_budget=r["budget"])
             try:
-                peak = _measured(cmodel, own, step)[0].peak_bytes
+                peak = _measured(cmodel, compiler_plan(cprof, cprof.peak_bytes, r["budget"]), step)[0].peak_bytes
             except remat.RematError:
                 continue
-        aims[f"torch.compile budget {r['budget']:g}"] = int(peak + tol_process(peak))
+        aims[label({"kind": "compile", "budget": r["budget"]})] = int(peak + tol_process(peak))
     return aims
 
 

@@ -136,7 +136,6 @@ def _remat_candidates(
 
 def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int) -> list[Measured]:
     """Rules 2, 3 and 4 for torch.compile's activation memory budget (a fraction: 1.0 is the unplanned step)."""
-    base = keep_all(dataclasses.replace(prof, compiled_peak_bytes=0), budget, "")
     resident = prof.param_bytes + prof.optimizer_bytes
     tried: list[Measured] = []
     fit, close = 0.0, False  # the largest fraction whose step fitted; whether the first fitted within CLOSE_ENOUGH
@@ -145,12 +144,7 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
         if fraction is None:
             break
         fraction = round(fraction, 3)
-        note = (
-            f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
-            "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
-            "(docs/compile.md)."
-        )
-        candidate = dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
+        candidate = compiler_plan(prof, budget, fraction)
         try:
             measured, counter = _measured(model, candidate, step)
         except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
@@ -164,6 +158,18 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
         fit = max(fit, fraction) if fits else fit
         fraction = _next_fraction(fit, [c.compiler_budget for c, _, _ in tried])
     return tried
+
+
+def compiler_plan(prof: StepProfile, budget: int, fraction: float) -> Plan:
+    """torch.compile's own activation memory budget `fraction` as a plan for `budget` bytes, no checkpoint of remat's
+    (NOTE [The compiler's budget as a plan])."""
+    note = (
+        f"torch.compile's activation memory budget {fraction:g}: Inductor saves that fraction of the "
+        "activations it would and recomputes the rest in its backward kernels; remat checkpoints nothing "
+        "(docs/compile.md)."
+    )
+    base = keep_all(dataclasses.replace(prof, compiled_peak_bytes=0), budget, "")
+    return dataclasses.replace(base, solver="compiler", compiler_budget=fraction, notes=[note])
 
 
 def _next_fraction(fit: float, measured: list[float]) -> float | None:
