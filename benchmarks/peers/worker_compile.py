@@ -11,7 +11,7 @@ on-disk kernel cache is left as found).  Figures per budget:
   partition_s    seconds inside min_cut_rematerialization_partition (the knapsack: the planning)
   flops          FLOPs of the forward and backward graphs Inductor compiles (torch.utils.flop_counter
                  formulas over the nodes' shapes; FlopCounterMode cannot see inside compiled code)
-  rss_peak       process peak of one step (VmHWM reset before it), as the eager worker measures
+  rss_peak       process peak of one step (heap trimmed, VmHWM reset before it), as the eager worker measures
   grads          against eager without checkpointing and against the compiled budget 1.0, seed 0
   time_ratio     median per-round ratio to eager without checkpointing, interleaved
 With "remat_points" in the spec, remat + torch.compile is measured the same way (remat_compiled.py).

@@ -7,7 +7,7 @@ the model is built, VmHWM after one step); (2) remat.profile of the unplanned mo
 remat.plan at every budget x solver (timed: the planning time); (3) for every peer strategy
 and every distinct remat plan: remat's tracker peak (remat.profile, real mode, on the model as
 the strategy modified it), FLOPs and gradients (FlopCounterMode, seed 0), the process peak
-(VmHWM reset before the step, see measure.rss_step_peak); (4) remat plans matched to each peer
+(heap trimmed and VmHWM reset before the step, see measure.rss_step_peak); (4) remat plans matched to each peer
 point (budget = the peer's measured peak); (5) step times, all strategies interleaved.
 """
 

@@ -117,8 +117,9 @@ def method(fresh_peak: str) -> list[str]:
         "- **tracker peak**: `remat.profile(model, inputs, optimizer=Adam).peak_bytes` (real mode) on the model as the "
         "strategy modified it: live tensor storages over forward, loss, backward and the Adam step.",
         "- **process peak**: MEASURING.md's process method, in a fresh worker per model with "
-        "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1: for each strategy the kernel's peak-RSS mark is reset "
-        "(`/proc/self/clear_refs` ← 5) and VmHWM after one step (fresh Adam, state made in the step) minus RSS just "
+        "MALLOC_MMAP_THRESHOLD_=65536 MKL_DISABLE_FAST_MM=1: for each strategy the heap's free pages are given back "
+        "(glibc's `malloc_trim(0)`, from 2026-12-05: before, a step reused unseen what earlier ones freed on the heap), "
+        "the kernel's peak-RSS mark is reset (`/proc/self/clear_refs` ← 5) and VmHWM after one step (fresh Adam, state made in the step) minus RSS just "
         "before it, plus the parameters, buffers and inputs that existed before. The fresh-process figure itself "
         f"(RSS before the model is built, {fresh_peak} after the first step) is given per model as a check. "
         "torch.compile peaks use only this method: Inductor's kernels run outside any dispatch mode, so the tracker "
