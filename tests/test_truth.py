@@ -280,7 +280,7 @@ print(held - given, resident_bytes() - given)
 
 def test_small_tensors_freed_on_the_heap_are_given_back_so_a_step_reusing_them_is_counted():
     """Tensors under the mmap threshold live on the heap, and what a step frees there stays resident: the next step
-    reused it unseen, and the peers' in-process peaks of one compiled Llama step ranged 20.5-26.4 MiB over six
+    reused it unseen, and the peers' in-process peaks of one compiled Llama step ranged 20.8-26.4 MiB over six
     processes.  `release_free_heap` gives those pages back, so allocating them again raises the resident set."""
     env = {**os.environ, **PROCESS_ENV}
     done = subprocess.run([sys.executable, "-c", HEAP_REUSE], capture_output=True, text=True, timeout=300, env=env)

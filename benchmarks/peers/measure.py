@@ -72,7 +72,7 @@ def rss_step_peak(bench, fn) -> int:
     peak RSS during one step (fresh Adam, state made in the step) minus RSS just before it,
     plus the parameters, buffers and inputs that existed before (which the fresh-process
     figure counts).  The heap's free pages are given back first (`release_free_heap`): from 2026-12-05; before,
-    a step reused what earlier steps had freed on the heap unseen, by up to 6 MiB on the Llama's 29 MiB step."""
+    a step reused what earlier steps had freed on the heap unseen, by up to 8 MiB on the Llama's 29 MiB step."""
     zero_grads(bench.model)
     opt = adam(bench.model)
     gc.collect()

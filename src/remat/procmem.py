@@ -94,8 +94,8 @@ def release_free_heap() -> None:
     """Give the heap's free pages back to the system (glibc's `malloc_trim(0)`), so that a step served from memory an
     earlier step freed on the heap raises the resident set as a fresh process would.  Small tensors (under
     MMAP_THRESHOLD_BYTES) live on the heap: without this a step reused resident free pages unseen, and the same
-    compiled step measured 20.5 to 26.4 MiB in six fresh processes (the peers' Llama, 2026-12-05), 28.5 to 29.0
-    with it.  Does nothing where the C library has no `malloc_trim`."""
+    compiled step measured 20.8 to 26.4 MiB over six fresh processes (the peers' Llama, 2026-12-05), 28.5 to 28.7
+    over three with it.  Does nothing where the C library has no `malloc_trim`."""
     trim = getattr(ctypes.CDLL(None), "malloc_trim", None)
     if trim is not None:
         trim(ctypes.c_size_t(0))
