@@ -404,10 +404,11 @@ def test_a_compiler_budget_plan_is_refused_where_it_cannot_act():
         remat.apply(model, dataclasses.replace(keep, compiler_budget=0.5))
 
 
-def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_lower_peak_among_equals():
+def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_least_recomputation_among_equals():
     """NOTE [Plans for a compiled step], Rule 5, on measured figures: a candidate over the budget never, however
-    fast; the fastest that fits; within TIME_NOISE of it, the lower measured peak; and the notes say what each
-    candidate measured, and the chosen one against the unplanned compiled step."""
+    fast; the fastest that fits; within TIME_NOISE of it, the one whose checkpoints are priced cheapest (the
+    compiler's own budget at 0), then the lower measured peak; and the notes say what each candidate measured,
+    and the chosen one against the unplanned compiled step."""
     model, x = zoo.chain_report001(width=64, blocks=4, batch=32)
     prof = dataclasses.replace(remat.profile(model, x), compiled_step_s=1.0)
     keep = remat.plan(prof, prof.peak_bytes)
@@ -429,8 +430,15 @@ def test_auto_applies_the_fastest_candidate_measured_to_fit_and_the_lower_peak_a
     assert "3 plans compiled" in chosen.notes[0] and "+10.0% against the unplanned compiled step's" in chosen.notes[0]
     assert "compiler budget 0.4: 99.0 MiB, 1,100 ms" in chosen.notes[1], chosen.notes[1]
     assert "remat 1 checkpoints + 0 selective: 90.0 MiB, 1,300 ms" in chosen.notes[1]
-    near = _fastest_fit([measured(ckpt, 90 << 20, 1.12), measured(knob, 99 << 20, 1.10)], 100 << 20, prof)
-    assert near.segments == [["1"]] and near.compiler_budget == 1.0 and near.measured_peak_bytes == 90 << 20
+    points = remat.frontier(remat.profile(*zoo.chain_report001(width=128, blocks=8, batch=512)), max_points=4)
+    cheaper, priced = points[1], points[-1]  # fewer checkpoints, more
+    assert 0 < cheaper.recompute_s < priced.recompute_s, [p.segments for p in points]
+    near = [measured(priced, 90 << 20, 1.12), measured(knob, 99 << 20, 1.10), measured(cheaper, 95 << 20, 1.09)]
+    assert _fastest_fit(near, 100 << 20, prof).compiler_budget == 0.4  # recomputes nothing of remat's: first
+    chosen = _fastest_fit([near[0], near[2]], 100 << 20, prof)
+    assert chosen.segments == cheaper.segments and chosen.measured_peak_bytes == 95 << 20  # the cheaper, not lower
+    both = [measured(knob, 99 << 20, 1.10), measured(lower, 96 << 20, 1.12)]  # priced alike: the lower peak
+    assert _fastest_fit(both, 100 << 20, prof).compiler_budget == 0.2
 
 
 def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_checkpoints(monkeypatch):

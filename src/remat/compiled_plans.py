@@ -49,9 +49,14 @@ from remat.verifier.verify import independent_step
 #         grid fraction left is tried, one compilation more (the peers' ViT at the peak of compile's budget 0.9:
 #         the estimate 0.718 fitted closely and ran at 0.85x the eager step, compile's own 0.9 at 0.76x).
 # Rule 5: of the candidates measured to fit, the fastest measured is applied; those within TIME_NOISE of it
-#         count as equal, and the one of them with the lower measured peak wins.  It carries its measured peak,
-#         counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`, `measured_step_s`).  None fitting
-#         is `remat.InfeasibleBudget`, naming each measured peak: never a plan that was measured not to fit.
+#         count as equal, and of them the one whose checkpoints the cost model prices cheapest wins (torch.compile's
+#         own recomputation, fused pointwise work inside its kernels, is priced 0), then the lower measured peak.
+#         On CPU the copy's seconds are one thread's and miss what the user's threads see: the peers' GPT-2 at compile's
+#         budget 0.5, 3 checkpoints timed 160 ms and budget 0.5 alone 154 ms there (equal), 0.69x and 0.63x the
+#         eager step on 2 threads (2026-12-05); a lower peak within the budget buys the user nothing.  The plan
+#         carries its measured peak, counter and seconds (`Plan.measured_peak_bytes`, `measured_counter`,
+#         `measured_step_s`).  None fitting is `remat.InfeasibleBudget`, naming each measured peak: never a plan
+#         that was measured not to fit.
 # Rule 6: a hybrid sets a compiler fraction that was measured over the budget and adds remat's checkpoints for
 #         what it missed by.  Tried when that fraction ran faster than every candidate that fitted by more than
 #         TIME_NOISE (or none fitted): the fastest such fraction, at most `trials` hybrids.  Inductor's budget
@@ -267,7 +272,8 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
         )
     fastest = min(m.step_s for _, m, _ in fitting)
     best, measured, counter = min(
-        (t for t in fitting if t.peak.step_s <= fastest * (1 + TIME_NOISE)), key=lambda t: t.peak.peak_bytes
+        (t for t in fitting if t.peak.step_s <= fastest * (1 + TIME_NOISE)),
+        key=lambda t: (t.plan.extra_s, t.plan.recompute_flops, t.peak.peak_bytes),
     )
     knobs = sum(c.compiler_budget < 1.0 and not _checkpoints(c) for c, _, _ in tried)
     both = sum(c.compiler_budget < 1.0 and _checkpoints(c) for c, _, _ in tried)
