@@ -50,6 +50,7 @@ import report  # noqa: E402
 from _catalog import LARGE_ORDER, ORDER, SIZES  # noqa: E402
 from _common import git_state, load_average, machine_info, run_fresh  # noqa: E402
 from passes import WORKER_ENV, at_peers_of, compile_spec, compiled_at_peers, recheck, run_worker  # noqa: E402
+from strategies import label  # noqa: E402
 
 PROFILES = {
     "default": dict(
@@ -253,7 +254,7 @@ def measure_model(m: str, prof: dict, args: argparse.Namespace, with_compile: bo
     if comp and "budgets" in comp:
         points = [
             {
-                "label": f"torch.compile budget {r['budget']:g}",
+                "label": label({"kind": "compile", "budget": r["budget"]}),
                 "rss_peak": r["rss_peak"],
                 "extra_flops": r.get("extra_flops"),
             }
