@@ -3,6 +3,7 @@ fresh-process worker (`_common.run_fresh` running `benchmarks/_worker.py`)."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -174,3 +175,32 @@ def test_a_compiled_point_over_the_peers_peak_is_searched_again_under_the_plans_
     # a plan well under the peer's peak is searched again with the room it left, on the same conversion
     under = {"rss_peak": 20_000_000, "search_measured_peak": 40_000_000, "key": '[[["a"]], [], {}, 1.0]'}
     assert remat_compiled._reaim(under, allowed) and remat_compiled.reaimed_budget(under, allowed, 1) > 40_000_000
+
+
+def test_runs_made_model_by_model_merge_into_one_with_the_bugs_one_of_them_checked(tmp_path):
+    """`run.py --from-json a.json,b.json`: the models of every run (a later run's replace an earlier one's), the
+    first run's machine, the minutes summed, and the bugs section from the run that checked it, not dropped because
+    the first run was made with --no-bugs; runs of different profiles are refused."""
+    saved = list(sys.path)
+    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
+    try:
+        import run
+    finally:
+        sys.path[:] = saved
+    profile = {"size": "default", "rounds": 3, "remat_compiled_at_peers": True}
+
+    def made(name, models, bugs, elapsed, **prof):
+        machine = {"elapsed_s": elapsed, "loadavg_at_end": [elapsed], "git": {"commit": name}}
+        doc = {"machine": machine, "command": name, "profile": {**profile, **prof}, "models": models, "bugs": bugs}
+        (tmp_path / f"{name}.json").write_text(json.dumps(doc))
+        return str(tmp_path / f"{name}.json")
+
+    a = made("a", {"gpt2": "first", "bert": "first"}, None, 60.0)
+    b = made("b", {"gpt2": "again"}, {"chen_apply": {"status": "fixed"}}, 30.0, remat_compiled_at_peers=False)
+    data = run.merged([a, b])
+    assert data["models"] == {"gpt2": "again", "bert": "first"} and data["bugs"] == {"chen_apply": {"status": "fixed"}}
+    assert data["machine"]["elapsed_s"] == 90.0 and data["machine"]["git"] == {"commit": "a"}
+    assert data["command"] == "a; b" and [g["commit"] for g in data["machine"]["git_per_run"]] == ["a", "b"]
+    assert run.merged([a])["bugs"] is None
+    with pytest.raises(SystemExit, match="different profiles"):
+        run.merged([a, made("c", {}, None, 1.0, rounds=9)])

@@ -201,6 +201,7 @@ def merged(paths: list[str]) -> dict:
     data["machine"]["loadavg_at_end"] = runs[-1]["machine"]["loadavg_at_end"]
     data["machine"]["git_per_run"] = [r["machine"]["git"] for r in runs]
     data["command"] = "; ".join(r["command"] for r in runs)
+    data["bugs"] = next((r["bugs"] for r in reversed(runs) if r.get("bugs")), None)
     return data
 
 
@@ -212,9 +213,14 @@ def _comparable(profile: dict) -> dict:
 
 def from_json(args: argparse.Namespace) -> int:
     """Re-render an earlier run's results (no measuring), several runs merged when comma-separated: the docs
-    unless it was a --quick run."""
+    unless it was a --quick run.  Where none of them re-checked the bugs (runs made with --no-bugs), repro_bugs.py
+    runs now (seconds), unless --no-bugs."""
     paths = args.from_json.split(",")
     data = merged(paths)
+    if not data.get("bugs") and not args.no_bugs and data["profile"]["size"] != "quick":
+        # the runs merged were made with --no-bugs (model by model): the bugs section is checked now, and says so
+        data["bugs"] = run_bugs()
+        data["bugs_note"] = f"run at the re-render, {time.strftime('%Y-%m-%d')}, commit {git_state()['commit']}"
     name = args.out or Path(paths[0]).stem
     docs = (not data["profile"]["size"] == "quick") if args.docs is None else args.docs
     print(f"re-rendered {report.write_all(data, name=name, docs=docs)}")
