@@ -204,3 +204,38 @@ def test_runs_made_model_by_model_merge_into_one_with_the_bugs_one_of_them_check
     assert run.merged([a])["bugs"] is None
     with pytest.raises(SystemExit, match="different profiles"):
         run.merged([a, made("c", {}, None, 1.0, rounds=9)])
+
+
+def test_a_compiled_point_is_searched_again_by_each_plans_own_offset_until_one_lands():
+    """BERT at every block's peak on 2026-12-05: the first plan measured 28,590,592 B here (44,050,348 by remat's
+    search), the one re-aimed by its offset 29,229,568 (42,215,340), both over the peer's 27,116,032 allowed; it was
+    searched once only.  Now the third search is aimed by the second plan's own offset, and a plan that lands ends
+    the searching; the same plan chosen again ends it too."""
+    saved = list(sys.path)
+    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
+    try:
+        import remat_compiled
+    finally:
+        sys.path[:] = saved
+    allowed, asked = 27_116_032, []
+    rows = [
+        {"rss_peak": 28_590_592, "search_measured_peak": 44_050_348, "key": '[[["a"]], ["b"], {}, 1.0]'},
+        {"rss_peak": 29_229_568, "search_measured_peak": 42_215_340, "key": '[[["a"], ["c"]], [], {}, 1.0]'},
+        {"rss_peak": 26_800_000, "search_measured_peak": 39_800_000, "key": '[[["a"], ["c"], ["d"]], [], {}, 1.0]'},
+        {"rss_peak": 1, "key": "never asked"},
+    ]
+
+    def point(where, budget):
+        asked.append((where, budget))
+        return dict(rows[len(asked) - 1], budget_bytes=budget)
+
+    remat_compiled.aimed(point, "every block", 45_135_788, allowed)
+    assert asked == [
+        ("every block", 45_135_788),
+        ("every block (re-aimed)", allowed + 44_050_348 - 28_590_592),
+        ("every block (re-aimed 2x)", allowed + 42_215_340 - 29_229_568),
+    ]
+    asked.clear()
+    rows[1] = dict(rows[0])  # the search chose the same plan again: nothing more to learn
+    remat_compiled.aimed(point, "every block", 45_135_788, allowed)
+    assert [w for w, _ in asked] == ["every block", "every block (re-aimed)"]

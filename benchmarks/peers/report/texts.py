@@ -57,7 +57,9 @@ REMAT_COMPILED = [
     "peer's (+ tolerance), or more than 3 tolerances under it with remat's checkpoints in the plan, remat.auto is "
     "given that budget once more, converted by this plan's own offset between remat's counter and this process's "
     "(they differ by more than the unplanned step's offset once a plan checkpoints), and that plan is measured too "
-    "(\"(re-aimed)\" in the tables); the verdict takes the fastest of remat's points within the peer's peak.",
+    '("(re-aimed)" in the tables); from 2026-12-06 up to 3 times, each by the last plan\'s own offset, until a '
+    'plan lands or the same plan is chosen again ("(re-aimed 2x)", "(re-aimed 3x)"); the verdict takes the '
+    "fastest of remat's points within the peer's peak.",
     "",
 ]
 
