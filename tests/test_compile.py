@@ -459,7 +459,7 @@ def test_a_fast_compiler_budget_over_the_budget_is_tried_again_over_remats_check
         saved = (prof.peak_bytes - plan.peak_bytes) // 4
         return ProcessPeak(alone - saved, 0, 1.0 + 0.01 * len(plan.segments)), counter
 
-    monkeypatch.setattr(compiled_mod, "_measured", measured)
+    monkeypatch.setattr(compiled_mod, "measure_compiled", measured)
     ours = Measured(dataclasses.replace(keep, segments=[["1"]]), ProcessPeak(budget - (1 << 20), 0, 1.30), counter)
     fast = Measured(
         dataclasses.replace(keep, solver="compiler", compiler_budget=0.6), ProcessPeak(alone, 0, 1.05), counter
@@ -510,7 +510,7 @@ def test_the_compilers_fractions_are_searched_from_the_top_where_the_estimate_mi
         seen.append(plan.compiler_budget)
         return ProcessPeak(peaks[plan.compiler_budget] << 20, 0, 1.0 - plan.compiler_budget / 10), "counter"
 
-    monkeypatch.setattr(compiled_mod, "_measured", measured)
+    monkeypatch.setattr(compiled_mod, "measure_compiled", measured)
     got = compiled_mod._compiler_candidates(model, (x, None, None), prof, budget, trials=4)
     assert seen == tried and [c.compiler_budget for c, _, _ in got] == tried
     fitting = [c.compiler_budget for c, m, _ in got if m.peak_bytes <= budget]

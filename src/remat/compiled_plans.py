@@ -130,7 +130,7 @@ def _remat_candidates(
         candidate = _eager_plan(eager, int(target), plan_options)
         if _key(candidate) in tried:
             break
-        measured, counter = _measured(model, candidate, step)
+        measured, counter = measure_compiled(model, candidate, step)
         tried[_key(candidate)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, candidate.peak_bytes, (fit, miss))
         if close:
@@ -151,7 +151,7 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
         fraction = round(fraction, 3)
         candidate = compiler_plan(prof, budget, fraction)
         try:
-            measured, counter = _measured(model, candidate, step)
+            measured, counter = measure_compiled(model, candidate, step)
         except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
             break
         tried.append(Measured(candidate, measured, counter))
@@ -211,7 +211,7 @@ def _hybrid_candidates(
         candidate = dataclasses.replace(
             checkpoints, compiler_budget=knob.compiler_budget, notes=[note, *checkpoints.notes]
         )
-        measured, counter = _measured(model, candidate, step)
+        measured, counter = measure_compiled(model, candidate, step)
         hybrids[_key(checkpoints)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, checkpoints.peak_bytes, (fit, miss))
         if close or measured.peak_bytes > budget and measured.step_s >= bar:  # more checkpoints: slower still
@@ -242,8 +242,9 @@ def _eager_plan(eager: StepProfile, target: int, plan_options: dict) -> Plan:
         return plan(eager, e.min_bytes, **plan_options)
 
 
-def _measured(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tuple[ProcessPeak, str]:
-    """The compiled step's peak and seconds with `candidate` applied, by the independent counter (Rule 3)."""
+def measure_compiled(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tuple[ProcessPeak, str]:
+    """The compiled step's peak and seconds with `candidate` applied, by the independent counter (Rule 3); the
+    peers harness measures torch.compile's own budgets with it, as remat.auto's search sees them."""
     apply(model, candidate)
     try:
         measured, counter = independent_step(model, *step, Loop(), TIMED_STEPS)
