@@ -227,7 +227,7 @@ def test_a_compiled_point_is_searched_again_by_each_plans_own_offset_until_one_l
 
     def point(where, budget):
         asked.append((where, budget))
-        return dict(rows[len(asked) - 1], budget_bytes=budget)
+        return dict(rows[len(asked) - 1], budget_bytes=budget, status="ok")
 
     remat_compiled.aimed(point, "every block", 45_135_788, allowed)
     assert asked == [
@@ -239,3 +239,36 @@ def test_a_compiled_point_is_searched_again_by_each_plans_own_offset_until_one_l
     rows[1] = dict(rows[0])  # the search chose the same plan again: nothing more to learn
     remat_compiled.aimed(point, "every block", 45_135_788, allowed)
     assert [w for w, _ in asked] == ["every block", "every block (re-aimed)"]
+
+
+def test_a_peers_peak_remats_counter_finds_infeasible_is_measured_at_the_least_the_search_reached():
+    """GPT-2 at every block's peak on 2026-12-05: remat's search reached 40.8 MiB on its counter, not the 38.3 MiB aimed
+    at, and nothing was measured.  The least reached (+ tolerance) is searched for and measured; over the peer's peak
+    it is re-aimed by its own offset, and a search infeasible again ends it."""
+    saved = list(sys.path)
+    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
+    try:
+        import remat_compiled
+    finally:
+        sys.path[:] = saved
+    allowed, least, asked = 26_800_000, 42_770_000, []
+    rows = [
+        {"status": "infeasible", "min_bytes": least},
+        {"status": "ok", "rss_peak": 28_000_000, "search_measured_peak": 42_500_000, "key": '[[["a"]], [], {}, 1.0]'},
+        {"status": "infeasible", "min_bytes": least},
+        {"status": "ok", "rss_peak": 1, "key": "never asked"},
+    ]
+
+    def point(where, budget):
+        asked.append((where, budget))
+        return dict(rows[len(asked) - 1], budget_bytes=budget)
+
+    remat_compiled.aimed(point, "every block", 40_165_000, allowed)
+    assert asked == [
+        ("every block", 40_165_000),
+        ("every block (least reached)", int(least + remat_compiled.tol_process(least))),
+        ("every block (re-aimed)", allowed + 42_500_000 - 28_000_000),
+    ]
+    asked.clear()
+    remat_compiled.aimed(point, "65% of the eager peak", 40_165_000, 0)  # no peer's peak to land on: searched once
+    assert asked == [("65% of the eager peak", 40_165_000)]

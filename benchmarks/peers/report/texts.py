@@ -58,8 +58,9 @@ REMAT_COMPILED = [
     "given that budget once more, converted by this plan's own offset between remat's counter and this process's "
     "(they differ by more than the unplanned step's offset once a plan checkpoints), and that plan is measured too "
     '("(re-aimed)" in the tables); from 2026-12-06 up to 3 times, each by the last plan\'s own offset, until a '
-    'plan lands or the same plan is chosen again ("(re-aimed 2x)", "(re-aimed 3x)"); the verdict takes the '
-    "fastest of remat's points within the peer's peak.",
+    'plan lands or the same plan is chosen again ("(re-aimed 2x)", "(re-aimed 3x)"), and where remat\'s counter '
+    "finds the peer's peak infeasible, the least that search reached (+ tolerance) is searched for and measured "
+    "(\"(least reached)\"); the verdict takes the fastest of remat's points within the peer's peak.",
     "",
 ]
 
