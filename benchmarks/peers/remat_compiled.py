@@ -75,12 +75,12 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, *, backe
     """Plan for the compiled step (remat.auto's search: NOTE [Plans for a compiled step]), apply, compile and
     measure every point; returns key -> (bench copy, compiled call) to time.
 
-    Re-aimed up to REAIMS times: remat's counter and this process's disagree by more than the offset of the unplanned step once a
-    plan checkpoints (2 MiB one way on GPT-2, 4 the other on BERT).  Where a plan's process peak here is over the
-    peer's (+ tolerance), or more than REAIM_ROOM tolerances under it with remat's checkpoints in it, remat.auto
-    is given the peer's peak (+ tolerance) again converted by this plan's own offset (its peak by remat's search less
-    its peak here), and that plan is measured too (another point of remat's: the verdicts take the fastest point
-    within the peer's peak).  Until 2026-12-05 the budget was only lowered by the overshoot here, which left a plan
+    Re-aimed up to REAIMS times (`aimed`): remat's counter and this process's disagree by more than the offset of the
+    unplanned step once a plan checkpoints (2 MiB one way on GPT-2, 4 the other on BERT).  Where a plan's process
+    peak here is over the peer's (+ tolerance), or more than REAIM_ROOM tolerances under it with remat's checkpoints
+    in it, remat.auto is given the peer's peak (+ tolerance) again converted by this plan's own offset (its peak by
+    remat's search less its peak here), and that plan is measured too (another point of remat's: the verdicts take
+    the fastest point within the peer's peak).  Until 2026-12-05 the budget was only lowered by the overshoot here, which left a plan
     that remat's counter put under its budget by more than that chosen again (the Llama at torch.compile's 0.1).
     Until 2026-12-06 only once: BERT's every-block peak (24.9 MiB) was missed by the plan re-aimed for it (27.9 MiB),
     whose own offset (12.4 MiB, the first plan's 14.7) aims a third search 2.4 MiB lower."""
