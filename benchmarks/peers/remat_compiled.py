@@ -80,8 +80,9 @@ def measure_points(bench, prof, out: dict, spec: dict, ref_grads: dict, *, backe
     peak here is over the peer's (+ tolerance), or more than REAIM_ROOM tolerances under it with remat's checkpoints
     in it, remat.auto is given the peer's peak (+ tolerance) again converted by this plan's own offset (its peak by
     remat's search less its peak here), and that plan is measured too (another point of remat's: the verdicts take
-    the fastest point within the peer's peak).  Until 2026-12-05 the budget was only lowered by the overshoot here, which left a plan
-    that remat's counter put under its budget by more than that chosen again (the Llama at torch.compile's 0.1).
+    the fastest point within the peer's peak).  Until 2026-12-05 the budget was only lowered by the overshoot here,
+    which left a plan that remat's counter put under its budget by more than that chosen again (the Llama at
+    torch.compile's 0.1).
     Until 2026-12-06 only once: BERT's every-block peak (24.9 MiB) was missed by the plan re-aimed for it (27.9 MiB),
     whose own offset (12.4 MiB, the first plan's 14.7) aims a third search 2.4 MiB lower."""
     records, calls, by_plan = [], {}, {}
