@@ -3,6 +3,7 @@ fresh-process worker (`_common.run_fresh` running `benchmarks/_worker.py`)."""
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 from pathlib import Path
@@ -23,6 +24,16 @@ def harness():
         import _models
 
         yield _catalog, _models, _common
+    finally:
+        sys.path[:] = saved
+
+
+def peers_module(name: str):
+    """A module of benchmarks/peers, imported with the harness's path on sys.path for the import only."""
+    saved = list(sys.path)
+    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
+    try:
+        return importlib.import_module(name)
     finally:
         sys.path[:] = saved
 
@@ -161,12 +172,7 @@ def test_a_compiled_point_over_the_peers_peak_is_searched_again_under_the_plans_
     tolerance.  Searched again, the budget is the peer's peak by that plan's own offset, under the 46.0 MB the plan
     measured in the search, so the search cannot choose it again (lowering the budget by the overshoot alone gave
     48.1 MB, and the same plan)."""
-    saved = list(sys.path)
-    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
-    try:
-        import remat_compiled
-    finally:
-        sys.path[:] = saved
+    remat_compiled = peers_module("remat_compiled")
     row = {"rss_peak": 26_421_888, "search_measured_peak": 46_014_312, "key": "[[], [], {}, 0.5]"}
     allowed = int(24_636_032 + remat_compiled.tol_process(24_636_032))
     assert remat_compiled._reaim(row, allowed)
@@ -181,12 +187,7 @@ def test_runs_made_model_by_model_merge_into_one_with_the_bugs_one_of_them_check
     """`run.py --from-json a.json,b.json`: the models of every run (a later run's replace an earlier one's), the
     first run's machine, the minutes summed, and the bugs section from the run that checked it, not dropped because
     the first run was made with --no-bugs; runs of different profiles are refused."""
-    saved = list(sys.path)
-    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
-    try:
-        import run
-    finally:
-        sys.path[:] = saved
+    run = peers_module("run")
     profile = {"size": "default", "rounds": 3, "remat_compiled_at_peers": True}
 
     def made(name, models, bugs, elapsed, **prof):
@@ -211,12 +212,7 @@ def test_a_compiled_point_is_searched_again_by_each_plans_own_offset_until_one_l
     search), the one re-aimed by its offset 29,229,568 (42,215,340), both over the peer's 27,116,032 allowed; it was
     searched once only.  Now the third search is aimed by the second plan's own offset, and a plan that lands ends
     the searching; the same plan chosen again ends it too."""
-    saved = list(sys.path)
-    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
-    try:
-        import remat_compiled
-    finally:
-        sys.path[:] = saved
+    remat_compiled = peers_module("remat_compiled")
     allowed, asked = 27_116_032, []
     rows = [
         {"rss_peak": 28_590_592, "search_measured_peak": 44_050_348, "key": '[[["a"]], ["b"], {}, 1.0]'},
@@ -245,12 +241,7 @@ def test_a_peers_peak_remats_counter_finds_infeasible_is_measured_at_the_least_t
     """GPT-2 at every block's peak on 2026-12-05: remat's search reached 40.8 MiB on its counter, not the 38.3 MiB aimed
     at, and nothing was measured.  The least reached (+ tolerance) is searched for and measured; over the peer's peak
     it is re-aimed by its own offset, and a search infeasible again ends it."""
-    saved = list(sys.path)
-    sys.path[:0] = [str(BENCH / "peers"), str(BENCH)]
-    try:
-        import remat_compiled
-    finally:
-        sys.path[:] = saved
+    remat_compiled = peers_module("remat_compiled")
     allowed, least, asked = 26_800_000, 42_770_000, []
     rows = [
         {"status": "infeasible", "min_bytes": least},
