@@ -578,13 +578,17 @@ def test_plan_compile_refuses_what_it_cannot_measure_before_the_step_runs(capsys
 
 def test_plan_compile_says_what_no_candidate_reached_in_the_clis_words(capsys, target_file, monkeypatch):
     import remat.cli.plan_cmd as plan_cmd
-    from remat.compiled_plans import MORE_TRIALS
+    from remat.compiled_plans import MORE_TRIALS, UNCOMPILED
 
     def infeasible(model, step, prof, budget, trials, options):
         raise remat.InfeasibleBudget(
-            f"remat: no plan tried fits. Fix: a budget of 2 MiB or more, or {MORE_TRIALS}.", 2 << 20, budget
+            f"remat: no plan tried fits. Fix: a budget of 2 MiB or more, or {MORE_TRIALS}, or {UNCOMPILED}: its "
+            "eager step with remat's plan for this budget is predicted at 1 MiB.",
+            2 << 20,
+            budget,
         )
 
     monkeypatch.setattr(plan_cmd, "plan_for", infeasible)
     code, _, err = run(capsys, "plan", f"{target_file}:mlp_chain", "--budget", "0.5", "--compile")
-    assert code == 2 and err.rstrip().endswith("or more candidates (--trials 8).") and "trials=" not in err, err
+    assert code == 2 and "or more candidates (--trials 8), or the same command without --compile: its eager" in err
+    assert "trials=" not in err and "torch.compile" not in err, err

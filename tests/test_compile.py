@@ -23,6 +23,7 @@ import remat.compiled_plans as compiled_mod
 from remat.compiled_plans import Measured, _fastest_fit, _hybrid_candidates
 from remat.measure.loop import Loop
 from remat.measure.profiling import COMPILED_NOTE
+from remat.report.text import fmt_bytes
 from remat.types.profile import COMPILED_PEAK_MARGIN
 from remat.verifier.process import ProcessPeak
 from remat.verifier.verify import independent_peak
@@ -248,6 +249,35 @@ def test_auto_says_which_compiled_peaks_it_measured_when_none_fits():
         remat.auto(compiled, x, params)  # the weights alone
     assert e.value.min_bytes > params and e.value.budget_bytes == params
     assert applied(model) is None
+
+
+def test_auto_says_the_uncompiled_step_fits_where_no_compiled_candidate_does(monkeypatch):
+    """NOTE [Plans for a compiled step], Rule 8, on stubbed measurements (every compiled candidate 1 MiB over the
+    budget): where remat's plan for the budget fits the eager step, the error says so with that plan's predicted
+    peak and time; where the eager step cannot meet the budget either, only the compiled fixes are said."""
+    model, x = zoo.chain_report001(width=128, blocks=8, batch=512)
+    prof = remat.profile(model, x)
+    least = remat.frontier(prof, max_points=2)[-1]  # the least-memory plan's eager peak
+    budget = (least.peak_bytes + prof.peak_bytes) // 2
+    prof = dataclasses.replace(prof, compiled_peak_bytes=prof.peak_bytes, compiled_step_s=1.0)
+
+    def measured(_model, plan, _step):
+        return ProcessPeak(budget + (1 << 20), 0, 1.0), "counter"
+
+    monkeypatch.setattr(compiled_mod, "measure_compiled", measured)
+    eager = remat.plan(prof, budget)
+    with pytest.raises(remat.InfeasibleBudget, match=r"^remat: no plan tried fits the compiled step") as e:
+        compiled_mod.plan_for(model, (x, None, None), prof, budget, trials=2)
+    said = f"{fmt_bytes(eager.peak_bytes, 'auto')} at {eager.extra_fraction:+.0%} time"
+    assert str(e.value).endswith(
+        f"or {compiled_mod.MORE_TRIALS}, or {compiled_mod.UNCOMPILED}: its eager step with remat's plan for this "
+        f"budget is predicted at {said} over the unplanned eager step."
+    ), str(e.value)
+    assert eager.peak_bytes <= budget and e.value.min_bytes == budget + (1 << 20)
+    below = least.peak_bytes - (1 << 20)  # below the eager least too: nothing said of the uncompiled step
+    with pytest.raises(remat.InfeasibleBudget) as e:
+        compiled_mod.plan_for(model, (x, None, None), prof, below, trials=2)
+    assert str(e.value).endswith(f"or {compiled_mod.MORE_TRIALS}.") and compiled_mod.UNCOMPILED not in str(e.value)
 
 
 @pytest.mark.parametrize("trials", [0, 2.5, True])

@@ -72,6 +72,10 @@ from remat.verifier.verify import independent_step
 #         the compiled one.  On CPU each candidate compiles in a forked copy; on CUDA in this process, so the search's
 #         compiled code is dropped after it (`torch.compiler.reset()`): the plan applied compiles afresh at the
 #         model's next step, and whatever else this process compiled compiles again at its next call.
+# Rule 8: none fitting, the error says whether the uncompiled step fits the budget with remat's plan for it, as
+#         predicted on the eager step (its peak and seconds): the compiled step can keep more than the eager one
+#         at the least memory (the peers' default GPT-2 at batch 4, remat's least-memory plan: 38.6 MiB eager,
+#         40.5 MiB compiled, 2026-12-06), and a user who asked for that budget is better told the way that reaches it.
 # Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
 
 SEARCH_TRIALS = 4
@@ -80,6 +84,8 @@ TIMED_STEPS = 2
 """Steps a measuring copy runs after the measured one, for the seconds of a step: the fastest of steps 2 to 5."""
 MORE_TRIALS = "more trials (trials=8)"
 """The fix an infeasible search suggests besides a larger budget (the CLI says it with its flag)."""
+UNCOMPILED = "remat.auto on the model without torch.compile"
+"""Rule 8's fix, where the eager step fits the budget and no compiled candidate did (the CLI: without its flag)."""
 GRID = (0.9, 0.7, 0.5, 0.3, 0.1)
 """Rule 4: the compiler's fractions tried after the first, from the top (torch.compile's budgets in the peers)."""
 GRID_NEAR = 0.05
@@ -114,7 +120,7 @@ def plan_for(
     finally:
         if any(p.is_cuda for p in model.parameters()):  # Rule 7: the candidates compiled in this process
             torch.compiler.reset()
-    return _fastest_fit(tried, budget, prof)
+    return _fastest_fit(tried, budget, prof, uncompiled=lambda: _uncompiled_fix(prof, budget, plan_options))
 
 
 def _remat_candidates(
@@ -258,8 +264,8 @@ def measure_compiled(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tupl
     return measured, counter
 
 
-def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
-    """Rule 5."""
+def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile, uncompiled=lambda: "") -> Plan:
+    """Rule 5; none fitting, `InfeasibleBudget` with `uncompiled()`'s fix after the others (Rule 8)."""
     fitting = [t for t in tried if t.peak.peak_bytes <= budget]
     if not fitting:
         least = min(m.peak_bytes for _, m, _ in tried)
@@ -267,7 +273,7 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
             f"remat: no plan tried fits the compiled step in {fmt_bytes(budget, 'auto')}: {len(tried)} compiled and "
             f"measured by the {tried[0].counter} peaked at "
             f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
-            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or {MORE_TRIALS}.",
+            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, or {MORE_TRIALS}{uncompiled()}.",
             least,
             budget,
         )
@@ -300,6 +306,18 @@ def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile) -> Plan:
         measured_counter=counter,
         measured_step_s=measured.step_s,
         notes=[note, f"measured: {each}.", *best.notes],
+    )
+
+
+def _uncompiled_fix(prof: StepProfile, budget: int, plan_options: dict) -> str:
+    """Rule 8: ", or UNCOMPILED: ..." where remat's plan for `budget` on the eager step fits it, else ""."""
+    try:
+        eager = plan(prof, budget, **plan_options)
+    except InfeasibleBudget:
+        return ""
+    return (
+        f", or {UNCOMPILED}: its eager step with remat's plan for this budget is predicted at "
+        f"{fmt_bytes(eager.peak_bytes, 'auto')} at {eager.extra_fraction:+.0%} time over the unplanned eager step"
     )
 
 

@@ -25,7 +25,7 @@ from remat.cli.common import (
     spinner,
     write,
 )
-from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, plan_for
+from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, UNCOMPILED, plan_for
 from remat.errors import InfeasibleBudget, RematError
 from remat.gpu_fit import fit_gpu
 from remat.planner import baseline_plans
@@ -228,7 +228,11 @@ def _compiled_plan(args: argparse.Namespace, built: Target | None, prof: StepPro
             return plan_for(built.model, step, prof, budget, args.trials, options)
     except InfeasibleBudget as e:  # in the CLI's words
         raise InfeasibleBudget(
-            str(e).replace(MORE_TRIALS, "more candidates (--trials 8)"), e.min_bytes, budget
+            str(e)
+            .replace(MORE_TRIALS, "more candidates (--trials 8)")
+            .replace(UNCOMPILED, "the same command without --compile"),
+            e.min_bytes,
+            budget,
         ) from None
 
 
