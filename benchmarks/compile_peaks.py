@@ -5,13 +5,20 @@ loop (Adam kept across steps, third step), beside the same plan's eager step.  T
 within the plan's budget (+1%), with the same gradients as the eager plan (verify compares them on the eager model
 inside: see docs/compile.md).
 
-    python benchmarks/compile_peaks.py            # 3 models x 4 budgets, ~20 min on 2 cores (compiling)
+    python benchmarks/compile_peaks.py            # 5 models x 4 budgets, ~25 min on 2 cores (compiling)
     python benchmarks/compile_peaks.py --quick    # one small model
+    python benchmarks/compile_peaks.py --models "GPT-2 6x128" --least --out compile_peaks_gpt2_least
+                                                  # the peers' GPT-2 at batch 4 and 1, the least plan only
+
+The last: at the peers' default GPT-2 the compiled step with remat's least-memory plan keeps more than the eager one,
+so `remat.auto` on the compiled model says where the eager step fits instead (NOTE [Plans for a compiled step],
+Rule 8).
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 import warnings
@@ -36,6 +43,16 @@ CASES = {  # name: (builder, default size, quick size)
         dict(n_layer=12, n_embd=256, n_head=8, seq=256, batch=8, vocab=4096),
         None,
     ),
+    "GPT-2 6x128, seq 128, batch 4 (the peers' default)": (
+        lambda kw: zoo.gpt2(**kw),
+        dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048),
+        None,
+    ),
+    "GPT-2 6x128, seq 128, batch 1": (
+        lambda kw: zoo.gpt2(**kw),
+        dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=1, vocab=2048),
+        None,
+    ),
     "report-001 chain 16xLinear(256), batch 8192": (
         lambda kw: zoo.chain_report001(**kw),
         dict(width=256, blocks=16, batch=8192),
@@ -45,7 +62,7 @@ CASES = {  # name: (builder, default size, quick size)
 BUDGETS = (1.0, 0.7, 0.5, None)  # fractions of the unplanned peak; None: the least-memory plan
 
 
-def run_case(name: str, build, kw: dict) -> list[dict]:
+def run_case(name: str, build, kw: dict, budgets=BUDGETS) -> list[dict]:
     torch.manual_seed(0)
     model, inputs, *rest = build(kw)
     loss_fn = rest[0] if rest else None
@@ -55,7 +72,7 @@ def run_case(name: str, build, kw: dict) -> list[dict]:
     prof = remat.profile(compiled, inputs, loss_fn=loss_fn, optimizer=opt)
     least = remat.frontier(prof)[-1]
     rows = []
-    for frac in BUDGETS:
+    for frac in budgets:
         if frac is not None and frac * prof.peak_bytes < least.peak_bytes:  # no plan fits (small --quick models)
             print(f"{name} {frac}: below the least plan's {least.peak_bytes / MiB:.0f} MiB, not measured", flush=True)
             continue
@@ -78,8 +95,8 @@ def run_case(name: str, build, kw: dict) -> list[dict]:
             }
         )
         print(
-            f"{name} {frac}: plan {plan.peak_bytes / MiB:.0f} MiB, eager {rows[-1]['eager_mib']:.0f}, "
-            f"compiled {rows[-1]['compiled_mib']:.0f}",
+            f"{name} {frac}: plan {plan.peak_bytes / MiB:.1f} MiB, eager {rows[-1]['eager_mib']:.1f}, "
+            f"compiled {rows[-1]['compiled_mib']:.1f}",
             flush=True,
         )
     return rows
@@ -93,15 +110,19 @@ def _units(plan) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--models", default="", help="comma-separated parts of case names: only those cases")
+    ap.add_argument("--least", action="store_true", help="only the least-memory plan of each case")
+    ap.add_argument("--out", default="", help="results/<out>.{md,json} (default compile_peaks[_quick])")
     args = ap.parse_args()
+    wanted = [m.strip() for m in args.models.split(",") if m.strip()]
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     t0 = time.time()
     rows = []
     for name, (build, default, quick) in CASES.items():
-        if args.quick and quick is None:
+        if (args.quick and quick is None) or (wanted and not any(w in name for w in wanted)):
             continue
-        rows += run_case(name, build, quick if args.quick else default)
+        rows += run_case(name, build, quick if args.quick else default, (None,) if args.least else BUDGETS)
     table = md_table(
         ["model", "budget", "plan's peak", "plan", "eager step", "compiled step", "compiled fits", "grads equal"],
         [
@@ -110,10 +131,10 @@ def main() -> None:
                 "least plan"
                 if r["budget_fraction"] is None
                 else f"{r['budget_fraction']:.0%} = {r['budget_mib']:.0f} MiB",
-                f"{r['plan_mib']:.0f} MiB (unplanned {r['unplanned_mib']:.0f})",
+                f"{r['plan_mib']:.1f} MiB (unplanned {r['unplanned_mib']:.1f})",
                 r["units"],
-                f"{r['eager_mib']:.0f} MiB",
-                f"{r['compiled_mib']:.0f} MiB",
+                f"{r['eager_mib']:.1f} MiB",
+                f"{r['compiled_mib']:.1f} MiB",
                 "yes" if r["fits"] else "NO",
                 "yes" if r["grads_equal"] else "NO",
             ]
@@ -127,9 +148,9 @@ def main() -> None:
         "process's high-water mark of a forked copy running the loop (Adam kept across steps, third step). "
         f"The budget of the least plan is its own peak. Elapsed {time.time() - t0:.0f} s."
     )
-    command = "python benchmarks/compile_peaks.py" + (" --quick" if args.quick else "")
+    command = shlex.join(["python", "benchmarks/compile_peaks.py", *sys.argv[1:]])
     write_results(
-        "compile_peaks" + ("_quick" if args.quick else ""),
+        args.out or "compile_peaks" + ("_quick" if args.quick else ""),
         "Plans under torch.compile: the compiled step's peak by the process",
         machine_info(),
         command,
