@@ -32,6 +32,7 @@ from _common import MiB, machine_info, md_table, write_results  # noqa: E402
 import remat  # noqa: E402
 from remat import zoo  # noqa: E402
 
+PEERS_GPT2 = dict(n_layer=6, n_embd=128, n_head=4, seq=128, vocab=2048)
 CASES = {  # name: (builder, default size, quick size)
     "Llama 12x256, seq 256, batch 8": (
         lambda kw: zoo.llama(**kw),
@@ -43,16 +44,8 @@ CASES = {  # name: (builder, default size, quick size)
         dict(n_layer=12, n_embd=256, n_head=8, seq=256, batch=8, vocab=4096),
         None,
     ),
-    "GPT-2 6x128, seq 128, batch 4 (the peers' default)": (
-        lambda kw: zoo.gpt2(**kw),
-        dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048),
-        None,
-    ),
-    "GPT-2 6x128, seq 128, batch 1": (
-        lambda kw: zoo.gpt2(**kw),
-        dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=1, vocab=2048),
-        None,
-    ),
+    "GPT-2 6x128, seq 128, batch 4 (the peers' default)": (lambda kw: zoo.gpt2(**kw), {**PEERS_GPT2, "batch": 4}, None),
+    "GPT-2 6x128, seq 128, batch 1": (lambda kw: zoo.gpt2(**kw), {**PEERS_GPT2, "batch": 1}, None),
     "report-001 chain 16xLinear(256), batch 8192": (
         lambda kw: zoo.chain_report001(**kw),
         dict(width=256, blocks=16, batch=8192),
