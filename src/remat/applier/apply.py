@@ -11,7 +11,13 @@ import torch.nn as nn
 
 from remat._torch_compat import wrapped_module
 from remat._torch_compat.distributed import DDP, is_a
-from remat.applier.compiler_budget import clear_compiler_budget, optimized_module, set_compiler_budget
+from remat.applier.compiler_budget import (
+    TORCH_RNG_BUG,
+    clear_compiler_budget,
+    dropout_modules,
+    optimized_module,
+    set_compiler_budget,
+)
 from remat.applier.runs import run_of, wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
@@ -72,7 +78,7 @@ def replace_plan(model: nn.Module, plan: Plan | str, stacklevel: int = 2) -> nn.
         raise RematError(f"remat: apply expects a torch.nn.Module, saw {type(model).__name__}. Fix: pass the model.")
     wrapper, model = model, bare(model)
     segments, selective, offload = _what_to_wrap(model, plan)  # checked before anything changes
-    compiler_budget = _compiler_budget(wrapper, plan)
+    compiler_budget = _compiler_budget(wrapper, model, plan)
     replaced = _taken_off(model)
     if offload and not any(t.is_cuda for t in [*model.parameters(), *model.buffers()]):
         warnings.warn(
@@ -131,8 +137,8 @@ def bare(model: nn.Module) -> nn.Module:
     return model
 
 
-def _compiler_budget(wrapper: nn.Module, plan: Plan | str) -> float:
-    """The plan's `compiler_budget`, checked (NOTE [The compiler's budget as a plan], Rule 4); 1.0 for none."""
+def _compiler_budget(wrapper: nn.Module, model: nn.Module, plan: Plan | str) -> float:
+    """The plan's `compiler_budget`, checked (NOTE [The compiler's budget as a plan], Rules 3 and 5); 1.0 for none."""
     budget = plan.compiler_budget if isinstance(plan, Plan) else 1.0
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
         raise RematError(
@@ -147,6 +153,15 @@ def _compiler_budget(wrapper: nn.Module, plan: Plan | str) -> float:
             f"only on a step compiled by torch.compile(model), and this {type(wrapper).__name__} is not "
             "one. Fix: apply the plan to torch.compile(model) (not model.compile()), or plan again for "
             "the eager model."
+        )
+    if dropped := dropout_modules(model):
+        raise RematError(
+            f"remat: the plan sets torch.compile's activation memory budget ({budget:g}), and "
+            f"{type(model).__name__} runs dropout in training ({listing(dropped, 3)}): below 1.0 torch may recompute "
+            f"dropout in backward with other random numbers, and the gradients come out silently wrong "
+            f"({TORCH_RNG_BUG}). Expected a plan without torch.compile's budget for a model with dropout. Fix: "
+            "plan again with remat.auto (it does not use that budget when the step draws random numbers), or "
+            "apply this plan to a model without dropout."
         )
     return budget
 

@@ -26,6 +26,14 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           a kept function held the model, which held the compiled model, `_CALLS`' key: a model that had followed
           such a plan, its parameters on the GPU included, stayed allocated for the rest of the process.
 
+  Rule 5. Never with random numbers in the step: below 1.0, torch's partitioner may recompute dropout (and every
+          random op) in the backward graph, where it draws other numbers than the forward did, and the gradients
+          come out silently wrong (pytorch/pytorch#190758, open; measured with torch 2.13 on CPU: the peers' GPT-2
+          with dropout, 6 layers, at budget 0.5: the gradient's directional derivative 15% off the loss's finite
+          difference, exact at 1.0 and with remat's checkpoints; `tests/test_compile_rng.py`).  `remat.apply`
+          refuses such a plan for a model with dropout in training; `remat.auto` does not try the budget there
+          (NOTE [Plans for a compiled step], Rule 9).
+
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
 (NOTE [Plans for a compiled step] in `remat.compiled_plans`).
 """
@@ -36,9 +44,11 @@ import weakref
 
 import torch.nn as nn
 
-from remat._torch_compat import wrapped_module
+from remat._torch_compat import DropoutBase, wrapped_module
 from remat._torch_compat.compiler import activation_memory_budget, fresh_compiled_call, is_optimized_module
 
+TORCH_RNG_BUG = "pytorch/pytorch#190758"
+"""Rule 5: torch's issue, where the partitioner re-draws random numbers in backward under a memory budget."""
 BUDGET = "_remat_compiler_budget"  # on the compiled model: its forward, to put back; on the bare one: a weak ref to it
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled model -> {budget: its call} (Rule 2)
 
@@ -76,3 +86,8 @@ def clear_compiler_budget(model: nn.Module) -> None:
     optimized = model.__dict__.pop(BUDGET, lambda: None)()
     if optimized is not None:
         object.__setattr__(optimized, "forward", optimized.__dict__.pop(BUDGET))
+
+
+def dropout_modules(model: nn.Module) -> list[str]:
+    """Rule 5: the names of `model`'s dropout modules that draw random numbers (training, p > 0)."""
+    return [n for n, m in model.named_modules() if isinstance(m, DropoutBase) and m.training and m.p > 0]
