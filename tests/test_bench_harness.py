@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 pytest.importorskip("transformers")
@@ -263,3 +264,27 @@ def test_a_peers_peak_remats_counter_finds_infeasible_is_measured_at_the_least_t
     asked.clear()
     remat_compiled.aimed(point, "65% of the eager peak", 40_165_000, 0)  # no peer's peak to land on: searched once
     assert asked == [("65% of the eager peak", 40_165_000)]
+
+
+def test_a_remat_compile_point_is_held_to_the_gradients_of_the_step_compiled_at_budget_one(monkeypatch):
+    """Each remat + compile point's gradients are compared with the step compiled at budget 1.0 from the same seed
+    (`grads_vs_compiled_1`), as torch.compile's budgets are, and one that differs is listed with the strategies that
+    changed the gradients; a loss in time to a budget whose gradients differ says so (pytorch/pytorch#190758).  On
+    the GPT-2 run of 2026-12-06: torch.compile's budget 0.5 beat remat + compile within noise with such gradients."""
+    worker_compile = peers_module("worker_compile")
+    document, time_verdicts = peers_module("report.document"), peers_module("report.time_verdicts")
+    ref = {"w": torch.ones(2)}
+    monkeypatch.setattr(worker_compile, "grads_of", lambda model, call: {"w": call()})
+    rows = [{"key": "a"}, {"key": "b"}, {"key": "a", "at": "again"}, {"key": "c", "error": "failed"}]
+    calls = {"a": (None, lambda: torch.ones(2)), "b": (None, lambda: torch.tensor([1.0, 3.0]))}
+    worker_compile.against_compiled_remat(rows, calls, ref)
+    assert [r.get("grads_vs_compiled_1", {}).get("equal") for r in rows] == [True, False, True, None]
+    data = json.loads((BENCH / "results" / "peers_gpt2_rng_2026-12-06.json").read_text())
+    E, C = data["models"]["gpt2"]["eager"], data["models"]["gpt2"]["compile"]
+    assert all(r["grads_vs_compiled_1"]["equal"] for r in C["remat_compiled"] if r["status"] == "ok")
+    why = {v["peer"]: v.get("why", "") for v in time_verdicts.time_verdicts(E, C)}
+    assert why["torch.compile budget 0.5"].endswith(time_verdicts.WRONG_GRADS)
+    assert time_verdicts.WRONG_GRADS not in why["torch.compile budget 0.9"]
+    C["remat_compiled"][0]["grads_vs_compiled_1"] = rows[1]["grads_vs_compiled_1"]
+    listed = "\n".join(document._checks({"models": {"gpt2": {"eager": E, "compile": C}}}, ["gpt2"]))
+    assert f"| gpt2 | remat + compile ({C['remat_compiled'][0]['plan']}) | gradients DIFFER" in listed, listed

@@ -3,13 +3,16 @@ NOTE [Plans for a compiled step], Rule 9).
 
 Below 1.0 torch's partitioner may recompute dropout in the backward graph, where it draws other numbers than the
 forward did (pytorch/pytorch#190758): the gradients are not those of the loss the step computed, and nothing says so.
-A gradient is checked against the loss itself: its product with a random direction against the loss's central
-finite difference along it, in float64 with the same random numbers in every forward (the seed set before each).
+A gradient is checked against the loss itself (`benchmarks/compile_rng.py`'s `gradient_error`): its product with a
+random direction against the loss's central finite difference along it, in float64 with the same random numbers in
+every forward (the seed set before each).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,6 +25,9 @@ from remat import zoo
 from remat._torch_compat.compiler import activation_memory_budget
 from remat.applier.apply import applied
 from remat.verifier.process import ProcessPeak
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+from compile_rng import gradient_error  # noqa: E402  (the check benchmarks/compile_rng.py runs on GPT-2)
 
 
 class _Inner(nn.Module):
@@ -36,31 +42,8 @@ class _Inner(nn.Module):
         return x + self.down(self.drop(F.gelu(self.up(self.norm(x)))))
 
 
-def _gradient_error(model: nn.Module, compiled: nn.Module, x: torch.Tensor) -> float:
-    """|grad . v - finite difference along v| / |finite difference|, for the step `compiled` runs."""
-
-    def loss():
-        torch.manual_seed(1)  # the same dropout masks in every forward
-        return compiled(x).pow(2).mean()
-
-    params = list(model.parameters())
-    for _ in range(2):  # the second step's gradients: compiled and warm
-        model.zero_grad(set_to_none=True)
-        loss().backward()
-    torch.manual_seed(7)
-    direction = [torch.randn_like(p) for p in params]
-    along = sum((p.grad * d).sum() for p, d in zip(params, direction)).item()
-    eps, ends = 1e-6, []
-    for sign in (1, -2):
-        with torch.no_grad():
-            for p, d in zip(params, direction):
-                p.add_(sign * eps * d)
-        ends.append(loss().item())
-    with torch.no_grad():
-        for p, d in zip(params, direction):
-            p.add_(eps * d)
-    finite = (ends[0] - ends[1]) / (2 * eps)
-    return abs(along - finite) / abs(finite)
+def _loss_of(x: torch.Tensor):
+    return lambda step: step(x).pow(2).mean()
 
 
 def _model():
@@ -74,17 +57,17 @@ def test_torchs_memory_budget_redraws_dropout_in_backward_and_remats_checkpoints
     at 0.1, torch fixed pytorch/pytorch#190758 for this case: the rule can then be lifted for that torch."""
     torch._dynamo.reset()
     model, x = _model()
-    assert _gradient_error(model, torch.compile(model), x) < 1e-6
+    assert gradient_error(model, torch.compile(model), _loss_of(x)) < 1e-6
     torch._dynamo.reset()
     model, x = _model()
     with activation_memory_budget(0.1):
-        assert _gradient_error(model, torch.compile(model), x) > 1e-2
+        assert gradient_error(model, torch.compile(model), _loss_of(x)) > 1e-2
     torch._dynamo.reset()
     model, x = _model()
     compiled = torch.compile(model)
     plan = remat.plan(remat.profile(compiled, x), 1.0)  # keep-everything, then both blocks checkpointed
     remat.apply(compiled, dataclasses.replace(plan, segments=[["0"], ["1"]]))
-    assert _gradient_error(model, compiled, x) < 1e-6
+    assert gradient_error(model, compiled, _loss_of(x)) < 1e-6
 
 
 def test_a_compiler_budget_plan_is_refused_for_a_model_with_dropout_in_training():

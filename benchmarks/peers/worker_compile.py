@@ -136,14 +136,14 @@ def run(spec: dict) -> dict:
         if call is not None:
             variants[b] = (bench, call)
         out.setdefault("budgets", []).append(record)
-    against_compiled(bench, out.get("budgets", []), {b: c for b, (_, c) in variants.items()})
+    ref_compiled = against_compiled(bench, out.get("budgets", []), {b: c for b, (_, c) in variants.items()})
     if prof is not None:
         out.update(remat_profile_s=profile_s, remat_tracker_peak=prof.peak_bytes)
-        variants.update(
-            remat_compiled.measure_points(
-                bench, prof, out, spec, ref_grads, backend_for=counting_backend, fresh_function=fresh_function
-            )
+        ours = remat_compiled.measure_points(
+            bench, prof, out, spec, ref_grads, backend_for=counting_backend, fresh_function=fresh_function
         )
+        variants.update(ours)
+        against_compiled_remat(out.get("remat_compiled", []), ours, ref_compiled)
     for r in out.get("budgets", []) + out.get("remat_compiled", []):
         if "flops" in r:
             r["extra_flops"] = r["flops"] - ref_flops
@@ -188,16 +188,28 @@ def compile_at(bench, eager, b: float, ref_grads: dict):
     return record, ok
 
 
-def against_compiled(bench, records: list[dict], variants: dict) -> None:
-    """FLOPs and gradients of each budget against the same step compiled at budget 1.0."""
+def against_compiled(bench, records: list[dict], variants: dict) -> dict | None:
+    """FLOPs and gradients of each budget against the same step compiled at budget 1.0; its gradients (None where
+    it did not compile)."""
     base = next((r for r in records if r["budget"] == 1.0 and "error" not in r), None)
     if base is None:
-        return
+        return None
     ref_c = grads_of(bench, variants[1.0])
     for r in records:
         if "error" not in r:
             r["extra_flops_vs_compiled"] = r["flops"] - base["flops"]
             r["grads_vs_compiled_1"] = compare_grads(ref_c, grads_of(bench, variants[r["budget"]]))
+    return ref_c
+
+
+def against_compiled_remat(rows: list[dict], calls: dict, ref_compiled: dict | None) -> None:
+    """Gradients of each remat + compile point against the step compiled at budget 1.0 from the same seed: the
+    compiled step's own random numbers, which eager's differ from (dropout), so that a plan changing the gradients
+    shows (torch.compile's budget did, pytorch/pytorch#190758)."""
+    for r in rows:
+        if ref_compiled is not None and "error" not in r and r.get("key") in calls:
+            model_of, call = calls[r["key"]]
+            r["grads_vs_compiled_1"] = compare_grads(ref_compiled, grads_of(model_of, call))
 
 
 def time_interleaved(bench, eager, variants: dict, out: dict, rounds: int) -> None:

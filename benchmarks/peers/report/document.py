@@ -279,9 +279,16 @@ def _checks(data: dict, models: list[str]) -> list[str]:
                         m,
                         f"torch.compile budget {r['budget']:g}",
                         f"gradients {grads_text(g)} vs the same model compiled at budget 1.0 (same seed): "
-                        "the partitioner recomputes dropout in backward with fresh random numbers",
+                        "the partitioner recomputes dropout in backward with fresh random numbers "
+                        "(pytorch/pytorch#190758)",
                     ]
                 )
+        differ = {
+            r["key"]: r for r in (C or {}).get("remat_compiled", []) if grads_differ(r.get("grads_vs_compiled_1"))
+        }
+        for r in differ.values():
+            g = grads_text(r["grads_vs_compiled_1"])
+            bad.append([m, f"remat + compile ({r.get('plan', r['key'])})", f"gradients {g} vs budget 1.0 (same seed)"])
     L = []
     if errs:
         over = [e for e in errs if e[2] > 0.005]

@@ -163,7 +163,8 @@ def _compile_rows(E: dict, C: dict | None) -> list[list]:
                 gflop(r["extra_flops"]) + f" ({r['extra_flops'] / none['flops']:.0%})",
                 ratio(r.get("time_ratio")),
                 secs(r["compile_s"]) + (f" (remat.auto's search {secs(r['search_s'])})" if r.get("search_s") else ""),
-                f"vs eager {grads_text(r['grads_vs_eager'])}",
+                f"vs eager {grads_text(r['grads_vs_eager'])}"
+                + (f"; vs budget 1.0 {grads_text(r['grads_vs_compiled_1'])}" if "grads_vs_compiled_1" in r else ""),
             ]
         )
     return rows

@@ -11,13 +11,18 @@ tell such times apart."""
 
 from __future__ import annotations
 
-from .fmt import mib
+from .fmt import grads_differ, mib
 from .verdicts import PEERS_FAMILIES, tol_process
 
 TIME_TOL = 0.05
 ONEFLOW_MEM = 0.65  # user report 004: -35% memory
 SAME_STEP_AS_KEEP_ALL = "torch.compile budget 1"
 """The peer whose step is remat + compile's when remat's plan checkpoints nothing: a tie, whatever the rounds say."""
+WRONG_GRADS = (
+    "; the peer's gradients are not its own loss's (they differ from the step compiled at budget 1.0 from the same "
+    "seed: dropout re-drawn in backward, pytorch/pytorch#190758)"
+)
+"""Said of a loss to a torch.compile budget whose gradients differ from its budget 1.0's (remat's are checked so)."""
 
 
 def reaches(rss: float, peer_rss: float) -> bool:
@@ -80,6 +85,7 @@ def peer_points(E: dict, C: dict | None) -> list[dict]:
             "time": r["time_ratio"],
             "rounds": r.get("time_ratios") or [r["time_ratio"]],
             "budget": r["budget"],
+            "wrong_grads": grads_differ(r.get("grads_vs_compiled_1")),
         }
         for r in (C or {}).get("budgets", [])
         if r.get("rss_peak") and r.get("time_ratio")
@@ -131,7 +137,8 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
                     " (the per-round ratios overlap: within the rounds' noise)"
                     if verdict == "loses" and v["noise"]
                     else ""
-                ),
+                )
+                + (WRONG_GRADS if verdict == "loses" and p.get("wrong_grads") else ""),
             )
         rows.append(v)
     return rows

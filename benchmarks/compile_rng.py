@@ -1,0 +1,123 @@
+"""Does a compiled step's gradient belong to the loss it computed, with dropout?  torch.compile's activation memory
+budget below 1.0 may recompute dropout in the backward graph with other random numbers than the forward's
+(pytorch/pytorch#190758); remat then never uses that budget on a step with random numbers (NOTE [The compiler's
+budget as a plan], Rule 5).  For each configuration, in float64 with the same random numbers in every forward (the
+seed set before each): the gradient's product with a random direction against the loss's central finite difference
+along it.  A right gradient agrees to about 1e-8; a re-drawn mask is off by percents.
+
+    python benchmarks/compile_rng.py            # the peers' GPT-2 (6 layers, dropout 0.1): ~1.5 min on 2 cores
+    python benchmarks/compile_rng.py --quick    # 2 layers
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import machine_info, md_table, write_results  # noqa: E402
+
+import remat  # noqa: E402
+from remat import zoo  # noqa: E402
+from remat._torch_compat.compiler import activation_memory_budget  # noqa: E402
+
+EPS = 1e-6
+"""The finite difference's step along the direction (float64: its error is about 1e-8 of the derivative)."""
+
+
+def gradient_error(model, compiled, loss_of) -> float:
+    """|grad . v - finite difference along v| / |finite difference| for the loss `loss_of(compiled)`, the
+    gradients of its second step (compiled and warm), every forward from seed 1."""
+
+    def loss():
+        torch.manual_seed(1)  # the same dropout masks in every forward
+        return loss_of(compiled)
+
+    params = [p for p in model.parameters() if p.requires_grad]
+    for _ in range(2):
+        model.zero_grad(set_to_none=True)
+        loss().backward()
+    torch.manual_seed(7)
+    direction = [torch.randn_like(p) for p in params]
+    along = sum((p.grad * d).sum() for p, d in zip(params, direction) if p.grad is not None).item()
+    ends = []
+    for sign in (1, -2):  # the loss at +EPS, then at -EPS along the direction
+        with torch.no_grad():
+            for p, d in zip(params, direction):
+                p.add_(sign * EPS * d)
+        ends.append(loss().item())
+    with torch.no_grad():  # back where it was
+        for p, d in zip(params, direction):
+            p.add_(EPS * d)
+    finite = (ends[0] - ends[1]) / (2 * EPS)
+    return abs(along - finite) / abs(finite)
+
+
+def _gpt2(n_layer: int):
+    """The peers' GPT-2 in float64, its loss computed here in float64 (Hugging Face's casts logits to float32)."""
+    model, x = zoo.gpt2(n_layer=n_layer, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
+    ids = x["input_ids"]
+
+    def loss_of(step):
+        logits = step(input_ids=ids).logits
+        return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
+
+    return model.double().train(), ids, loss_of
+
+
+def run(n_layer: int) -> list[dict]:
+    rows = []
+    for name, budget, planned in [
+        ("torch.compile", 1.0, False),
+        ("torch.compile, activation_memory_budget 0.5", 0.5, False),
+        ("torch.compile, activation_memory_budget 0.1", 0.1, False),
+        ("remat's least-memory plan, then torch.compile", 1.0, True),
+    ]:
+        torch._dynamo.reset()
+        model, ids, loss_of = _gpt2(n_layer)
+        compiled = torch.compile(model)
+        plan = ""
+        if planned:
+            least = remat.frontier(remat.profile(model, {"input_ids": ids}, loss_fn=lambda out: out.logits.sum()))[-1]
+            remat.apply(compiled, least)
+            plan = f"{len(least.segments)} checkpoints + {len(least.selective)} selective"
+        with activation_memory_budget(budget):
+            error = gradient_error(model, compiled, loss_of)
+        rows.append({"config": name, "budget": budget, "plan": plan, "error": error})
+        print(f"{name}: {error:.1e}", flush=True)
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    torch.set_num_threads(2)
+    t0 = time.time()
+    n_layer = 2 if args.quick else 6
+    rows = run(n_layer)
+    table = md_table(
+        ["configuration", "remat's plan", "gradient's error along v"],
+        [[r["config"], r["plan"] or "—", f"{r['error']:.1e}"] for r in rows],
+    )
+    body = (
+        f"GPT-2 ({n_layer} layers of 128, 4 heads, seq 128, batch 4, vocab 2048, dropout 0.1, float64), the "
+        f"second step's gradients.\n\n{table}\n\ngradient's error along v = abs(grad . v - finite difference) / "
+        f"abs(finite difference), v a random direction, the central finite difference of step {EPS:g} along it, "
+        f"every forward from one seed (the same dropout masks).  Elapsed {time.time() - t0:.0f} s."
+    )
+    name = "compile_rng" + ("_quick" if args.quick else "")
+    command = "python benchmarks/compile_rng.py" + (" --quick" if args.quick else "")
+    title = "Compiled gradients against the loss, with dropout"
+    write_results(name, title, machine_info(), command, [("Results", body)], rows)
+
+
+if __name__ == "__main__":
+    main()
