@@ -7,11 +7,13 @@ along it.  A right gradient agrees to about 1e-8; a re-drawn mask is off by perc
 
     python benchmarks/compile_rng.py            # the peers' GPT-2 (6 layers, dropout 0.1): ~1.5 min on 2 cores
     python benchmarks/compile_rng.py --quick    # 2 layers
+    python benchmarks/compile_rng.py --device cuda --out compile_rng_cuda   # on a GPU (Inductor's Triton kernels)
 """
 
 from __future__ import annotations
 
 import argparse
+import shlex
 import sys
 import time
 import warnings
@@ -59,19 +61,19 @@ def gradient_error(model, compiled, loss_of) -> float:
     return abs(along - finite) / abs(finite)
 
 
-def _gpt2(n_layer: int):
+def _gpt2(n_layer: int, device: str):
     """The peers' GPT-2 in float64, its loss computed here in float64 (Hugging Face's casts logits to float32)."""
     model, x = zoo.gpt2(n_layer=n_layer, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
-    ids = x["input_ids"]
+    ids = x["input_ids"].to(device)
 
     def loss_of(step):
         logits = step(input_ids=ids).logits
         return F.cross_entropy(logits[:, :-1].reshape(-1, logits.shape[-1]), ids[:, 1:].reshape(-1))
 
-    return model.double().train(), ids, loss_of
+    return model.to(device).double().train(), ids, loss_of
 
 
-def run(n_layer: int) -> list[dict]:
+def run(n_layer: int, device: str = "cpu") -> list[dict]:
     rows = []
     for name, budget, planned in [
         ("torch.compile", 1.0, False),
@@ -80,7 +82,7 @@ def run(n_layer: int) -> list[dict]:
         ("remat's least-memory plan, then torch.compile", 1.0, True),
     ]:
         torch._dynamo.reset()
-        model, ids, loss_of = _gpt2(n_layer)
+        model, ids, loss_of = _gpt2(n_layer, device)
         compiled = torch.compile(model)
         plan = ""
         if planned:
@@ -97,24 +99,27 @@ def run(n_layer: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu", help="where the model runs (cuda on a GPU)")
+    ap.add_argument("--out", default="", help="results/<out>.{md,json} (default compile_rng[_quick])")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     t0 = time.time()
     n_layer = 2 if args.quick else 6
-    rows = run(n_layer)
+    rows = run(n_layer, args.device)
     table = md_table(
         ["configuration", "remat's plan", "gradient's error along v"],
         [[r["config"], r["plan"] or "—", f"{r['error']:.1e}"] for r in rows],
     )
     body = (
-        f"GPT-2 ({n_layer} layers of 128, 4 heads, seq 128, batch 4, vocab 2048, dropout 0.1, float64), the "
+        f"GPT-2 ({n_layer} layers of 128, 4 heads, seq 128, batch 4, vocab 2048, dropout 0.1, float64) on "
+        f"{args.device}, the "
         f"second step's gradients.\n\n{table}\n\ngradient's error along v = abs(grad . v - finite difference) / "
         f"abs(finite difference), v a random direction, the central finite difference of step {EPS:g} along it, "
         f"every forward from one seed (the same dropout masks).  Elapsed {time.time() - t0:.0f} s."
     )
-    name = "compile_rng" + ("_quick" if args.quick else "")
-    command = "python benchmarks/compile_rng.py" + (" --quick" if args.quick else "")
+    name = args.out or "compile_rng" + ("_quick" if args.quick else "")
+    command = shlex.join(["python", "benchmarks/compile_rng.py", *sys.argv[1:]])
     title = "Compiled gradients against the loss, with dropout"
     write_results(name, title, machine_info(), command, [("Results", body)], rows)
 

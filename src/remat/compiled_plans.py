@@ -141,6 +141,12 @@ def plan_for(
     return _fastest_fit(tried, budget, prof, uncompiled=uncompiled, skipped=skipped)
 
 
+def most_candidates(model, prof: StepProfile, trials: int) -> int:
+    """How many candidates `plan_for` compiles at most: `trials` of each kind, remat's alone on a step that draws
+    random numbers (Rule 9)."""
+    return trials if _draws_random(model, prof) else 3 * trials
+
+
 def _draws_random(model, prof: StepProfile) -> list[str]:
     """Rule 9: the outermost blocks whose forward ran a random op, and the dropout modules in training."""
     names = [b.name for b in prof.blocks if b.has_dropout]
@@ -321,7 +327,7 @@ def _fastest_fit(
     )
     eager = f" (eager prediction {fmt_bytes(best.peak_bytes, 'auto')})" if best.compiler_budget == 1.0 else ""
     note = (
-        f"chosen for the compiled step: {len(tried)} plans compiled and measured by the {counter} "
+        f"chosen for the compiled step: {len(tried)} plan{'s' * (len(tried) != 1)} compiled and measured by the {counter} "
         f"({len(tried) - knobs - both} of remat's checkpoints, {knobs} of torch.compile's own budget"
         f"{f', {both} of both' if both else ''}); this one "
         f"peaked at {fmt_bytes(measured.peak_bytes, 'auto')}{eager} in {measured.step_s * 1e3:,.1f} ms a step"

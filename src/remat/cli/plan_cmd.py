@@ -25,7 +25,7 @@ from remat.cli.common import (
     spinner,
     write,
 )
-from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, UNCOMPILED, plan_for
+from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, UNCOMPILED, most_candidates, plan_for
 from remat.errors import InfeasibleBudget, RematError
 from remat.gpu_fit import fit_gpu
 from remat.planner import baseline_plans
@@ -76,7 +76,8 @@ def _add_compile_options(p: argparse.ArgumentParser) -> None:
         "--compile",
         action="store_true",
         help="plan for the step as torch.compile(model) runs it: where the compiled step is over --budget, "
-        "candidate plans (remat's checkpoints, torch.compile's own activation memory budget, and both) are "
+        "candidate plans (remat's checkpoints; where the step runs no dropout, torch.compile's own activation "
+        "memory budget, and both) are "
         "compiled and measured, and the fastest that fits is chosen, as remat.auto does (real mode; "
         "docs/compile.md). Apply the plan written by --out to torch.compile(model)",
     )
@@ -224,7 +225,9 @@ def _compiled_plan(args: argparse.Namespace, built: Target | None, prof: StepPro
     budget = parse_budget(args.budget, prof.peak_bytes)
     options = {"solver": args.solver, **_solver_options(args)}
     try:
-        with spinner(f"compiling and measuring candidate plans (at most {3 * args.trials})"):
+        with spinner(
+            f"compiling and measuring candidate plans (at most {most_candidates(built.model, prof, args.trials)})"
+        ):
             return plan_for(built.model, step, prof, budget, args.trials, options)
     except InfeasibleBudget as e:  # in the CLI's words
         raise InfeasibleBudget(
