@@ -247,6 +247,24 @@ def _losses(all_v: list[dict], large: bool = False) -> list[str]:
     return L
 
 
+def _compiled_grads_changed(m: str, C: dict) -> list[list[str]]:
+    """Rows of the compiled strategies (torch.compile's budgets, remat + compile's plans) whose gradients differ
+    from the step compiled at budget 1.0 from the same seed."""
+    rows = []
+    for r in C.get("budgets", []):
+        if grads_differ(g := r.get("grads_vs_compiled_1")):
+            what = (
+                f"gradients {grads_text(g)} vs the same model compiled at budget 1.0 (same seed): the partitioner "
+                "recomputes dropout in backward with fresh random numbers (pytorch/pytorch#190758)"
+            )
+            rows.append([m, f"torch.compile budget {r['budget']:g}", what])
+    differ = {r["key"]: r for r in C.get("remat_compiled", []) if grads_differ(r.get("grads_vs_compiled_1"))}
+    for r in differ.values():
+        g = grads_text(r["grads_vs_compiled_1"])
+        rows.append([m, f"remat + compile ({r.get('plan', r['key'])})", f"gradients {g} vs budget 1.0 (same seed)"])
+    return rows
+
+
 def _checks(data: dict, models: list[str]) -> list[str]:
     """remat's predictions against its measurements, and the strategies that failed or changed the gradients."""
     errs, bad = [], []
@@ -271,24 +289,7 @@ def _checks(data: dict, models: list[str]) -> list[str]:
                     else ""
                 )
                 bad.append([m, c["label"], f"gradients {grads_text(c['grads'])} vs none {why}"])
-        for r in (C or {}).get("budgets", []):
-            g = r.get("grads_vs_compiled_1")
-            if grads_differ(g):
-                bad.append(
-                    [
-                        m,
-                        f"torch.compile budget {r['budget']:g}",
-                        f"gradients {grads_text(g)} vs the same model compiled at budget 1.0 (same seed): "
-                        "the partitioner recomputes dropout in backward with fresh random numbers "
-                        "(pytorch/pytorch#190758)",
-                    ]
-                )
-        differ = {
-            r["key"]: r for r in (C or {}).get("remat_compiled", []) if grads_differ(r.get("grads_vs_compiled_1"))
-        }
-        for r in differ.values():
-            g = grads_text(r["grads_vs_compiled_1"])
-            bad.append([m, f"remat + compile ({r.get('plan', r['key'])})", f"gradients {g} vs budget 1.0 (same seed)"])
+        bad += _compiled_grads_changed(m, C or {})
     L = []
     if errs:
         over = [e for e in errs if e[2] > 0.005]
