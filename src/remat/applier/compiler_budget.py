@@ -28,11 +28,12 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
 
   Rule 5. Never with random numbers in the step: below 1.0, torch's partitioner may recompute dropout (and every
           random op) in the backward graph, where it draws other numbers than the forward did, and the gradients
-          come out silently wrong (pytorch/pytorch#190758, open; measured with torch 2.13 on CPU: the peers' GPT-2
-          with dropout, 6 layers, at budget 0.5: the gradient's directional derivative 15% off the loss's finite
-          difference, exact at 1.0 and with remat's checkpoints; `tests/test_compile_rng.py`).  `remat.apply`
-          refuses such a plan for a model with dropout in training; `remat.auto` does not try the budget there
-          (NOTE [Plans for a compiled step], Rule 9).
+          come out silently wrong (pytorch/pytorch#190758, open; measured with torch 2.13 on CPU, 2026-12-06, by
+          `python benchmarks/compile_rng.py`: the peers' GPT-2 with dropout, float64, the gradient along a random
+          direction against the loss's finite difference: 32% off at budget 0.5 and 43% at 0.1, 2.3e-8 at 1.0
+          and with remat's checkpoints compiled; `tests/test_compile_rng.py` holds it on the installed torch).
+          `remat.apply` refuses such a plan for a model with dropout in training; `remat.auto` does not try the
+          budget there (NOTE [Plans for a compiled step], Rule 9).
 
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
 (NOTE [Plans for a compiled step] in `remat.compiled_plans`).
