@@ -206,10 +206,15 @@ def against_compiled_remat(rows: list[dict], calls: dict, ref_compiled: dict | N
     """Gradients of each remat + compile point against the step compiled at budget 1.0 from the same seed: the
     compiled step's own random numbers, which eager's differ from (dropout), so that a plan changing the gradients
     shows (torch.compile's budget did, pytorch/pytorch#190758)."""
+    if ref_compiled is None:
+        return
+    by_key = {}  # one step per plan: a plan measured at several points has one set of gradients
     for r in rows:
-        if ref_compiled is not None and "error" not in r and r.get("key") in calls:
-            model_of, call = calls[r["key"]]
-            r["grads_vs_compiled_1"] = compare_grads(ref_compiled, grads_of(model_of, call))
+        if "error" not in r and r.get("key") in calls:
+            if r["key"] not in by_key:
+                model_of, call = calls[r["key"]]
+                by_key[r["key"]] = compare_grads(ref_compiled, grads_of(model_of, call))
+            r["grads_vs_compiled_1"] = by_key[r["key"]]
 
 
 def time_interleaved(bench, eager, variants: dict, out: dict, rounds: int) -> None:
