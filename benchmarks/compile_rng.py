@@ -1,11 +1,11 @@
 """Does a compiled step's gradient belong to the loss it computed, with dropout?  torch.compile's activation memory
 budget below 1.0 may recompute dropout in the backward graph with other random numbers than the forward's
-(pytorch/pytorch#190758); remat then never uses that budget on a step with random numbers (NOTE [The compiler's
+(pytorch/pytorch#190758); remat's plans that set that budget keep what each random op drew (NOTE [The compiler's
 budget as a plan], Rule 5).  For each configuration, in float64 with the same random numbers in every forward (the
 seed set before each): the gradient's product with a random direction against the loss's central finite difference
 along it.  A right gradient agrees to about 1e-8; a re-drawn mask is off by percents.
 
-    python benchmarks/compile_rng.py            # the peers' GPT-2 (6 layers, dropout 0.1): ~1.5 min on 2 cores
+    python benchmarks/compile_rng.py            # the peers' GPT-2 (6 layers, dropout 0.1): ~4 min on 2 cores
     python benchmarks/compile_rng.py --quick    # 2 layers
     python benchmarks/compile_rng.py --device cuda --out compile_rng_cuda   # on a GPU (Inductor's Triton kernels)
 """
@@ -13,6 +13,7 @@ along it.  A right gradient agrees to about 1e-8; a re-drawn mask is off by perc
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 import time
@@ -73,23 +74,32 @@ def _gpt2(n_layer: int, device: str):
     return model.to(device).double().train(), ids, loss_of
 
 
+CONFIGS = [
+    ("torch.compile", 1.0, ""),
+    ("torch.compile, activation_memory_budget 0.5", 0.5, ""),
+    ("torch.compile, activation_memory_budget 0.1", 0.1, ""),
+    ("remat's least-memory plan, then torch.compile", 1.0, "least"),
+    ("remat's plan of torch.compile's budget 0.5", 0.5, "budget"),
+    ("remat's plan of torch.compile's budget 0.1", 0.1, "budget"),
+    ("remat's least-memory plan and torch.compile's budget 0.5", 0.5, "least"),
+]
+"""(row, budget, remat's plan): torch.compile's own budget set by hand where no plan; remat.apply sets the plan's
+budget (`Plan.compiler_budget`), keeping the random numbers (NOTE [The compiler's budget as a plan], Rule 5)."""
+
+
 def run(n_layer: int, device: str = "cpu") -> list[dict]:
     rows = []
-    for name, budget, planned in [
-        ("torch.compile", 1.0, False),
-        ("torch.compile, activation_memory_budget 0.5", 0.5, False),
-        ("torch.compile, activation_memory_budget 0.1", 0.1, False),
-        ("remat's least-memory plan, then torch.compile", 1.0, True),
-    ]:
+    for name, budget, planned in CONFIGS:
         torch._dynamo.reset()
         model, ids, loss_of = _gpt2(n_layer, device)
         compiled = torch.compile(model)
         plan = ""
         if planned:
-            least = remat.frontier(remat.profile(model, {"input_ids": ids}, loss_fn=lambda out: out.logits.sum()))[-1]
-            remat.apply(compiled, least)
-            plan = f"{len(least.segments)} checkpoints + {len(least.selective)} selective"
-        with activation_memory_budget(budget):
+            prof = remat.profile(model, {"input_ids": ids}, loss_fn=lambda out: out.logits.sum())
+            chosen = remat.frontier(prof)[-1] if planned == "least" else remat.plan(prof, prof.peak_bytes)
+            remat.apply(compiled, dataclasses.replace(chosen, compiler_budget=budget))
+            plan = f"{len(chosen.segments)} checkpoints + {len(chosen.selective)} selective, compiler budget {budget:g}"
+        with activation_memory_budget(1.0 if planned else budget):
             error = gradient_error(model, compiled, loss_of)
         rows.append({"config": name, "budget": budget, "plan": plan, "error": error})
         print(f"{name}: {error:.1e}", flush=True)

@@ -20,6 +20,7 @@ peers (every block, selective op checkpointing, ...) that no remat + compile poi
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 import dataclasses
 import json
 import statistics
@@ -29,6 +30,7 @@ import torch
 import torch._functorch.config as functorch_config
 
 import remat
+from remat._torch_compat.compiler import random_numbers_kept
 from remat.compiled_plans import compiler_plan, measure_compiled, plan_for
 
 from _common import describe_plan, timed
@@ -212,8 +214,11 @@ def _one(bench, plan, ref_grads: dict, backend_for, fresh_function, name: str):
 
     compiled = torch.compile(fresh_function(eager, name), backend=backend_for(fig))
 
-    def call():
-        with functorch_config.patch(activation_memory_budget=knob):
+    def call():  # the budget as remat.apply sets it, random numbers kept (NOTE [The compiler's budget as a plan])
+        with (
+            functorch_config.patch(activation_memory_budget=knob),
+            random_numbers_kept() if knob < 1.0 else nullcontext(),
+        ):
             return compiled()
 
     try:

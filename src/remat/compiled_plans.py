@@ -10,8 +10,6 @@ from typing import Any, NamedTuple
 import torch
 
 from remat.applier import apply, remove
-from remat.applier.apply import bare
-from remat.applier.compiler_budget import TORCH_RNG_BUG, dropout_modules
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.measure.loop import Loop
 from remat.planner import plan
@@ -79,11 +77,10 @@ from remat.verifier.verify import independent_step
 #         predicted on the eager step (its peak and seconds): the compiled step can keep more than the eager one
 #         at the least memory (the peers' default GPT-2 at batch 4, remat's least-memory plan: 38.6 MiB eager,
 #         40.5 MiB compiled, 2026-12-06), and a user who asked for that budget is better told the way that reaches it.
-# Rule 9: a step that draws random numbers (a block whose forward ran dropout or another random op, or a dropout
-#         module in training) gets no candidate of torch.compile's budget, alone or in a hybrid: below 1.0 it can
-#         re-draw them in backward and change the gradients silently (NOTE [The compiler's budget as a plan],
-#         Rule 5).  remat's own checkpoints replay the forward's random numbers, compiled too; the plan's notes and
-#         the error where none fits say why the budget was not tried.
+# Rule 9: a step that draws random numbers (dropout) gets candidates of torch.compile's budget too: remat's
+#         budget keeps what each random op drew (NOTE [The compiler's budget as a plan], Rule 5), where torch's
+#         own re-draws it in backward and changes the gradients silently.  From 2026-12-06 until the keeping
+#         existed, the same day, such a step got remat's checkpoints only.
 # Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
 
 SEARCH_TRIALS = 4
@@ -121,37 +118,20 @@ def plan_for(
     compiled = prof.compiled_peak_bytes
     if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
         return plan(prof, budget, **plan_options)
-    random = _draws_random(model, prof)
     try:
         tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
-        if not random:  # Rule 9
-            tried += _compiler_candidates(model, step, prof, budget, trials)
-            tried += _hybrid_candidates(model, step, prof, budget, tried, trials=trials, plan_options=plan_options)
+        tried += _compiler_candidates(model, step, prof, budget, trials)
+        tried += _hybrid_candidates(model, step, prof, budget, tried, trials=trials, plan_options=plan_options)
     finally:
         if any(p.is_cuda for p in model.parameters()):  # Rule 7: the candidates compiled in this process
             torch.compiler.reset()
-    skipped = (
-        f"torch.compile's own activation memory budget was not tried: this step draws random numbers (in "
-        f"{listing(random, 3)}), which that budget can re-draw in backward, changing the gradients silently "
-        f"({TORCH_RNG_BUG}; docs/compile.md)."
-        if random
-        else ""
-    )
     uncompiled = functools.partial(_uncompiled_fix, prof, budget, plan_options)
-    return _fastest_fit(tried, budget, prof, uncompiled=uncompiled, skipped=skipped)
+    return _fastest_fit(tried, budget, prof, uncompiled=uncompiled)
 
 
-def most_candidates(model, prof: StepProfile, trials: int) -> int:
-    """How many candidates `plan_for` compiles at most: `trials` of each kind, remat's alone on a step that draws
-    random numbers (Rule 9)."""
-    return trials if _draws_random(model, prof) else 3 * trials
-
-
-def _draws_random(model, prof: StepProfile) -> list[str]:
-    """Rule 9: the outermost blocks whose forward ran a random op, and the dropout modules in training."""
-    names = [b.name for b in prof.blocks if b.has_dropout]
-    names += [n for n in dropout_modules(bare(model)) if n not in names]
-    return [n for n in names if not any(n.startswith(f"{o}.") for o in names)]
+def most_candidates(trials: int) -> int:
+    """How many candidates `plan_for` compiles at most: `trials` of each kind (remat's, the compiler's, both)."""
+    return 3 * trials
 
 
 def _remat_candidates(
@@ -295,11 +275,8 @@ def measure_compiled(model, candidate: Plan, step: tuple[Any, Any, Any]) -> tupl
     return measured, counter
 
 
-def _fastest_fit(
-    tried: list[Measured], budget: int, prof: StepProfile, uncompiled=lambda: "", skipped: str = ""
-) -> Plan:
-    """Rule 5; none fitting, `InfeasibleBudget` with `uncompiled()`'s fix after the others (Rule 8).  `skipped`: a
-    sentence saying which kind of candidate was not tried and why, in the error and the plan's notes (Rule 9)."""
+def _fastest_fit(tried: list[Measured], budget: int, prof: StepProfile, uncompiled=lambda: "") -> Plan:
+    """Rule 5; none fitting, `InfeasibleBudget` with `uncompiled()`'s fix after the others (Rule 8)."""
     fitting = [t for t in tried if t.peak.peak_bytes <= budget]
     if not fitting:
         least = min(m.peak_bytes for _, m, _ in tried)
@@ -307,7 +284,7 @@ def _fastest_fit(
             f"remat: no plan tried fits the compiled step in {fmt_bytes(budget, 'auto')}: {len(tried)} compiled and "
             f"measured by the {tried[0].counter} peaked at "
             f"{listing([fmt_bytes(m.peak_bytes, 'auto') for _, m, _ in tried], 8)}. Expected a budget the compiled "
-            f"step can meet.{f' {skipped}' if skipped else ''} Fix: a budget of {fmt_bytes(least, 'auto')} or more, "
+            f"step can meet. Fix: a budget of {fmt_bytes(least, 'auto')} or more, "
             f"or {MORE_TRIALS}{uncompiled()}.",
             least,
             budget,
@@ -340,7 +317,7 @@ def _fastest_fit(
         measured_peak_bytes=measured.peak_bytes,
         measured_counter=counter,
         measured_step_s=measured.step_s,
-        notes=[note, f"measured: {each}.", *([skipped] if skipped else []), *best.notes],
+        notes=[note, f"measured: {each}.", *best.notes],
     )
 
 

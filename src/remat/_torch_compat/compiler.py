@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import types
 from collections.abc import Callable, Iterator
+
+import torch
 
 from remat._torch_compat.distributed import compiled_module
 
@@ -17,6 +20,100 @@ def activation_memory_budget(budget: float) -> Iterator[None]:
 
     with functorch_config.patch(activation_memory_budget=budget):
         yield
+
+
+@contextlib.contextmanager
+def random_numbers_kept() -> Iterator[None]:
+    """What compiles meanwhile draws each random number once: Inductor's partitioner is told to save, never recompute,
+    the random ops of every joint graph (`torch._inductor.config.joint_custom_pre_pass`, private: read when a joint
+    graph is made; the tag `node.meta["recompute"]` that `torch.utils.checkpoint`'s selective policies set, which
+    the partitioner's memory budget honours).  A pass the user set runs first."""
+    import torch._inductor.config as inductor_config
+
+    own = inductor_config.joint_custom_pre_pass
+    if isinstance(own, (list, tuple)):  # torch 2.13 takes several; older releases one
+        own = _Chain(own) if own else None
+    with inductor_config.patch(joint_custom_pre_pass=_keep_random_class()(own)):
+        yield
+
+
+class _Chain:
+    def __init__(self, passes) -> None:
+        self.passes = tuple(passes)
+
+    def __call__(self, graph) -> None:
+        for p in self.passes:
+            p(graph)
+
+    def uuid(self):
+        return tuple(getattr(p, "uuid", lambda: None)() for p in self.passes)
+
+
+@functools.cache
+def _keep_random_class() -> type:
+    """The pass `random_numbers_kept` sets: a `CustomGraphPass` (private; a callable on a graph, with a `uuid` that
+    Inductor's caches key on), made at first use (its module takes seconds to import), after the user's own."""
+    from torch._inductor.custom_graph_pass import CustomGraphPass
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    class KeepRandom(CustomGraphPass):
+        def __init__(self, before) -> None:
+            self.before = before
+
+        def __call__(self, graph) -> None:
+            if self.before is not None:
+                self.before(graph)
+            for node in kept_random_nodes(graph):
+                node.meta["recompute"] = CheckpointPolicy.MUST_SAVE
+
+        def uuid(self):
+            before = None if self.before is None else getattr(self.before, "uuid", lambda: repr(self.before))()
+            return (KEEP_RANDOM_VERSION, before)
+
+    return KeepRandom
+
+
+KEEP_RANDOM_VERSION = "remat-keep-random-1"
+"""In the pass's `uuid`: a new one when `kept_random_nodes` chooses otherwise, so no cached graph outlives it."""
+
+
+def kept_random_nodes(graph) -> list:
+    """The nodes of a joint graph to save so that no random op runs again in backward: each random op's own output,
+    or, where the forward only compares it (dropout's mask, a bool 1/4 the size of the float it is drawn as), the
+    nodes that use it, when they are all in the forward and smaller together.  Inside a checkpoint too: under a
+    memory budget its own replay of the random numbers does not hold (a 2-layer GPT-2, remat's least-memory plan
+    compiled at budget 0.5: the gradient 120% off with those left to the checkpoint, to 1e-8 with them kept,
+    `python benchmarks/compile_rng.py --quick`, 2026-12-06)."""
+    backward = _after_tangents(graph)
+    kept = []
+    for node in graph.nodes:
+        target = node.target
+        if node.op != "call_function" or torch.Tag.nondeterministic_seeded not in getattr(target, "tags", ()):
+            continue
+        users = list(node.users)
+        if users and not any(u in backward for u in users) and sum(map(_bytes, users)) < _bytes(node):
+            kept += [u for u in users if u not in kept]
+        else:
+            kept.append(node)
+    return kept
+
+
+def _after_tangents(graph) -> set:
+    """The backward's nodes of a joint graph: those that use a tangent, however indirectly."""
+    after: set = set()
+    for node in graph.nodes:
+        if (node.op == "placeholder" and node.name.startswith("tangents")) or any(
+            a in after for a in node.all_input_nodes
+        ):
+            after.add(node)
+    return after
+
+
+def _bytes(node) -> int:
+    """A node's output bytes; a huge number for one that is not a tensor of a known size (never the smaller)."""
+    val = node.meta.get("val")
+    size = val.numel() * val.element_size() if isinstance(val, torch.Tensor) else None
+    return size if isinstance(size, int) else 1 << 62
 
 
 RECOMPILES_IN_A_MEASUREMENT = 10_000

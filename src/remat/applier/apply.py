@@ -11,13 +11,7 @@ import torch.nn as nn
 
 from remat._torch_compat import wrapped_module
 from remat._torch_compat.distributed import DDP, is_a
-from remat.applier.compiler_budget import (
-    TORCH_RNG_BUG,
-    clear_compiler_budget,
-    dropout_modules,
-    optimized_module,
-    set_compiler_budget,
-)
+from remat.applier.compiler_budget import clear_compiler_budget, optimized_module, set_compiler_budget
 from remat.applier.runs import run_of, wrap_run
 from remat.applier.wrapping import is_wrapped, unwrap, wrap_offload, wrap_segment
 from remat.errors import RematError, listing
@@ -138,7 +132,7 @@ def bare(model: nn.Module) -> nn.Module:
 
 
 def _compiler_budget(wrapper: nn.Module, model: nn.Module, plan: Plan | str) -> float:
-    """The plan's `compiler_budget`, checked (NOTE [The compiler's budget as a plan], Rules 3 and 5); 1.0 for none."""
+    """The plan's `compiler_budget`, checked (NOTE [The compiler's budget as a plan], Rule 3); 1.0 for none."""
     budget = plan.compiler_budget if isinstance(plan, Plan) else 1.0
     if isinstance(budget, bool) or not isinstance(budget, (int, float)) or not 0.0 <= budget <= 1.0:
         raise RematError(
@@ -153,15 +147,6 @@ def _compiler_budget(wrapper: nn.Module, model: nn.Module, plan: Plan | str) -> 
             f"only on a step compiled by torch.compile(model), and this {type(wrapper).__name__} is not "
             "one. Fix: apply the plan to torch.compile(model) (not model.compile()), or plan again for "
             "the eager model."
-        )
-    if dropped := dropout_modules(model):
-        raise RematError(
-            f"remat: the plan sets torch.compile's activation memory budget ({budget:g}), and "
-            f"{type(model).__name__} runs dropout in training ({listing(dropped, 3)}): below 1.0 torch may recompute "
-            f"dropout in backward with other random numbers, and the gradients come out silently wrong "
-            f"({TORCH_RNG_BUG}). Expected a plan without torch.compile's budget for a model with dropout. Fix: "
-            "plan again with remat.auto (it does not use that budget when the step draws random numbers), or "
-            "apply this plan to a model without dropout."
         )
     return budget
 

@@ -26,14 +26,18 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           a kept function held the model, which held the compiled model, `_CALLS`' key: a model that had followed
           such a plan, its parameters on the GPU included, stayed allocated for the rest of the process.
 
-  Rule 5. Never with random numbers in the step: below 1.0, torch's partitioner may recompute dropout (and every
-          random op) in the backward graph, where it draws other numbers than the forward did, and the gradients
-          come out silently wrong (pytorch/pytorch#190758, open; measured with torch 2.13 on CPU, 2026-12-06, by
+  Rule 5. Random numbers are drawn once: below 1.0, torch's partitioner may recompute dropout (and every random
+          op) in the backward graph, where it draws other numbers than the forward did, and the gradients come
+          out silently wrong (pytorch/pytorch#190758, open; measured with torch 2.13 on CPU, 2026-12-06, by
           `python benchmarks/compile_rng.py`: the peers' GPT-2 with dropout, float64, the gradient along a random
-          direction against the loss's finite difference: 32% off at budget 0.5 and 43% at 0.1, 2.3e-8 at 1.0
-          and with remat's checkpoints compiled; `tests/test_compile_rng.py` holds it on the installed torch).
-          `remat.apply` refuses such a plan for a model with dropout in training; `remat.auto` does not try the
-          budget there (NOTE [Plans for a compiled step], Rule 9).
+          direction against the loss's finite difference: 32% off at budget 0.5 and 43% at 0.1, 2.3e-8 at 1.0).
+          So the compiled call also tells the partitioner to save what each random op drew
+          (`random_numbers_kept`: dropout's bool mask, a quarter of the float it is drawn as), the way
+          `torch.utils.checkpoint`'s selective policies mark an op to save; the budget acts on the rest.  The same
+          GPT-2 under remat's budget 0.5 and 0.1: the loss's gradients, to 1e-8; the peers' GPT-2 in float32 at
+          0.5: 284 MiB with the masks kept, 288 MiB re-drawing them, the same seconds within the noise
+          (2026-12-06).  Before (2026-12-06, earlier), `remat.apply` refused the budget on a model with dropout in
+          training and `remat.auto` did not try it there.
 
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
 (NOTE [Plans for a compiled step] in `remat.compiled_plans`).
@@ -45,11 +49,14 @@ import weakref
 
 import torch.nn as nn
 
-from remat._torch_compat import DropoutBase, wrapped_module
-from remat._torch_compat.compiler import activation_memory_budget, fresh_compiled_call, is_optimized_module
+from remat._torch_compat import wrapped_module
+from remat._torch_compat.compiler import (
+    activation_memory_budget,
+    fresh_compiled_call,
+    is_optimized_module,
+    random_numbers_kept,
+)
 
-TORCH_RNG_BUG = "pytorch/pytorch#190758"
-"""Rule 5: torch's issue, where the partitioner re-draws random numbers in backward under a memory budget."""
 BUDGET = "_remat_compiler_budget"  # on the compiled model: its forward, to put back; on the bare one: a weak ref to it
 _CALLS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # compiled model -> {budget: its call} (Rule 2)
 
@@ -63,8 +70,8 @@ def optimized_module(wrapper: nn.Module) -> nn.Module | None:
 
 
 def set_compiler_budget(wrapper: nn.Module, model: nn.Module, budget: float) -> None:
-    """Rules 1 and 2: `model`'s compiled step, run through `wrapper`, saves activations within `budget` (0 to 1) of
-    Inductor's; at 1.0, Inductor's default, nothing is set."""
+    """Rules 1, 2 and 5: `model`'s compiled step, run through `wrapper`, saves activations within `budget` (0 to 1) of
+    Inductor's, and every random number it draws; at 1.0, Inductor's default, nothing is set."""
     if budget >= 1.0:
         return
     optimized = optimized_module(wrapper)
@@ -74,7 +81,7 @@ def set_compiler_budget(wrapper: nn.Module, model: nn.Module, budget: float) -> 
     call = calls[budget]
 
     def forward(*args, **kwargs):
-        with activation_memory_budget(budget):
+        with activation_memory_budget(budget), random_numbers_kept():
             return call(model, *args, **kwargs)
 
     object.__setattr__(optimized, BUDGET, optimized.__dict__["forward"])  # Rule 4: no reference back to `optimized`
@@ -87,8 +94,3 @@ def clear_compiler_budget(model: nn.Module) -> None:
     optimized = model.__dict__.pop(BUDGET, lambda: None)()
     if optimized is not None:
         object.__setattr__(optimized, "forward", optimized.__dict__.pop(BUDGET))
-
-
-def dropout_modules(model: nn.Module) -> list[str]:
-    """Rule 5: the names of `model`'s dropout modules that draw random numbers (training, p > 0)."""
-    return [n for n, m in model.named_modules() if isinstance(m, DropoutBase) and m.training and m.p > 0]

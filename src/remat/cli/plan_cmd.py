@@ -225,9 +225,7 @@ def _compiled_plan(args: argparse.Namespace, built: Target | None, prof: StepPro
     budget = parse_budget(args.budget, prof.peak_bytes)
     options = {"solver": args.solver, **_solver_options(args)}
     try:
-        with spinner(
-            f"compiling and measuring candidate plans (at most {most_candidates(built.model, prof, args.trials)})"
-        ):
+        with spinner(f"compiling and measuring candidate plans (at most {most_candidates(args.trials)})"):
             return plan_for(built.model, step, prof, budget, args.trials, options)
     except InfeasibleBudget as e:  # in the CLI's words
         raise InfeasibleBudget(
