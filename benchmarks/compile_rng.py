@@ -8,11 +8,13 @@ along it.  A right gradient agrees to about 1e-8; a re-drawn mask is off by perc
     python benchmarks/compile_rng.py            # the peers' GPT-2 (6 layers, dropout 0.1): ~4 min on 2 cores
     python benchmarks/compile_rng.py --quick    # 2 layers
     python benchmarks/compile_rng.py --device cuda --out compile_rng_cuda   # on a GPU (Inductor's Triton kernels)
+    python benchmarks/compile_rng.py --peaks    # what keeping the masks costs: peak and seconds, ~5 min
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import shlex
 import sys
@@ -27,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import machine_info, md_table, write_results  # noqa: E402
 
 import remat  # noqa: E402
-from remat import zoo  # noqa: E402
+from remat import compiled_plans, zoo  # noqa: E402
 from remat._torch_compat.compiler import activation_memory_budget  # noqa: E402
+from remat.applier import compiler_budget  # noqa: E402
 
 EPS = 1e-6
 """The finite difference's step along the direction (float64: its error is about 1e-8 of the derivative)."""
@@ -106,15 +109,81 @@ def run(n_layer: int, device: str = "cpu") -> list[dict]:
     return rows
 
 
+def peaks(budgets: list[float], rounds: int = 2) -> list[dict]:
+    """What keeping the random numbers costs: `remat.zoo.gpt2()` (float32, dropout 0.1) compiled with remat's plan of
+    each budget and measured by remat's counter (a forked copy: its peak, the fastest of its steps), the masks kept
+    (as `remat.apply` sets the budget) and re-drawn (the keeping switched off: torch's own budget), interleaved."""
+    model, x = zoo.gpt2()
+    compiled = torch.compile(model.train())
+
+    def loss_fn(out):
+        return out.loss
+
+    prof = remat.profile(compiled, x, loss_fn=loss_fn)
+    rows = []
+    for budget in budgets:
+        for _ in range(rounds):
+            for kept in (True, False):
+                with _keeping(kept):
+                    plan = compiled_plans.compiler_plan(prof, prof.peak_bytes, budget)
+                    m, _ = compiled_plans.measure_compiled(compiled, plan, (x, loss_fn, None))
+                rows.append({"budget": budget, "kept": kept, "peak_mib": m.peak_bytes / 2**20, "step_s": m.step_s})
+                print(rows[-1], flush=True)
+    return rows
+
+
+@contextlib.contextmanager
+def _keeping(kept: bool):
+    """remat's budget as it is (`kept`), or with the keeping of random numbers switched off."""
+    saved = compiler_budget.random_numbers_kept
+    compiler_budget._CALLS.clear()  # each compiles afresh
+    if not kept:
+        compiler_budget.random_numbers_kept = contextlib.nullcontext
+    try:
+        yield
+    finally:
+        compiler_budget.random_numbers_kept = saved
+
+
+def _peaks_body(rows: list[dict]) -> str:
+    table = md_table(
+        ["torch.compile budget", "dropout's masks", "peak MiB (each round)", "step ms (each round)"],
+        [
+            [
+                f"{b:g}",
+                "kept (remat's plan)" if k else "re-drawn (torch's own)",
+                ", ".join(f"{r['peak_mib']:.1f}" for r in rows if (r["budget"], r["kept"]) == (b, k)),
+                ", ".join(f"{r['step_s'] * 1e3:.0f}" for r in rows if (r["budget"], r["kept"]) == (b, k)),
+            ]
+            for b in dict.fromkeys(r["budget"] for r in rows)
+            for k in (True, False)
+        ],
+    )
+    return (
+        "`remat.zoo.gpt2()` (4 layers of 256, seq 256, batch 8, vocab 8192, dropout 0.1, float32), compiled with "
+        "remat's plan of each budget and measured by remat's counter (a forked copy running the loop: the "
+        "process's high-water mark, the fastest of its timed steps, one thread), kept and re-drawn interleaved."
+        f"\n\n{table}"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu", help="where the model runs (cuda on a GPU)")
-    ap.add_argument("--out", default="", help="results/<out>.{md,json} (default compile_rng[_quick])")
+    ap.add_argument("--peaks", action="store_true", help="what keeping the masks costs in peak and seconds instead")
+    ap.add_argument("--out", default="", help="results/<out>.{md,json} (default compile_rng[_quick|_peaks])")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     t0 = time.time()
+    command = shlex.join(["python", "benchmarks/compile_rng.py", *sys.argv[1:]])
+    if args.peaks:
+        rows = peaks([0.5, 0.1])
+        body = f"{_peaks_body(rows)}\n\nElapsed {time.time() - t0:.0f} s."
+        title = "What keeping dropout's masks costs under torch.compile's budget"
+        write_results(args.out or "compile_rng_peaks", title, machine_info(), command, [("Results", body)], rows)
+        return
     n_layer = 2 if args.quick else 6
     rows = run(n_layer, args.device)
     table = md_table(
@@ -129,7 +198,6 @@ def main() -> None:
         f"every forward from one seed (the same dropout masks).  Elapsed {time.time() - t0:.0f} s."
     )
     name = args.out or "compile_rng" + ("_quick" if args.quick else "")
-    command = shlex.join(["python", "benchmarks/compile_rng.py", *sys.argv[1:]])
     title = "Compiled gradients against the loss, with dropout"
     write_results(name, title, machine_info(), command, [("Results", body)], rows)
 

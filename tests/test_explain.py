@@ -22,7 +22,7 @@ from remat import zoo
 from remat._torch_compat import FakeTensorMode, intercept_checkpoints
 from remat.errors import RematError
 from remat.explainer import examples, explain
-from remat.types import Explanation, Finding
+from remat.types import Explanation, Finding, Severity
 
 F32 = 4
 
@@ -428,6 +428,49 @@ def test_pointwise_outputs_that_eager_recomputation_pays_for_point_to_torch_comp
     plan = remat.plan(expl.profile, expl.profile.peak_bytes - fig["freed_bytes"])
     report = remat.verify(model, x, plan, time_rounds=0)
     assert report.ok and report.grads_equal, str(report)
+
+
+def test_the_advice_to_compile_says_not_to_set_the_budget_by_hand_on_a_model_with_dropout():
+    """GPT-2 trains with dropout: torch's own budget below 1.0 would re-draw it (NOTE [The compiler's budget as a
+    plan], Rule 5), so the advice points to remat.auto on the compiled model and warns off the config; with its
+    dropout at 0 the warning goes."""
+    model, x = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=4, vocab=256)
+    fix = next(f for f in explain(model, x) if f.code == "compiler-fuses-it").fix
+    assert "remat.auto(torch.compile(model), inputs, budget)" in fix
+    assert fix.endswith(
+        "Not torch._functorch.config.activation_memory_budget by hand: this model trains with dropout "
+        "(transformer.drop, transformer.h.0.attn.attn_dropout, transformer.h.0.attn.resid_dropout ...), which "
+        "below 1.0 torch re-draws in backward, so the gradients come out silently wrong (pytorch/pytorch#190758)."
+    ), fix
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = 0.0
+    fix = next(f for f in explain(model, x) if f.code == "compiler-fuses-it").fix
+    assert "by hand" not in fix and "remat.auto(torch.compile(model)" in fix, fix
+
+
+def test_torchs_budget_set_by_hand_on_a_model_with_dropout_is_a_correctness_finding():
+    """torch._functorch.config.activation_memory_budget below 1.0 and dropout in training: the gradients of the
+    compiled step are not the loss's (tests/test_compile_rng.py measures it); at 1.0, or without dropout, nothing."""
+    import torch._functorch.config as functorch_config
+
+    model, x = zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=4, vocab=256)
+    assert "compile-budget-redraws-dropout" not in explain(model, x).codes()
+    with functorch_config.patch(activation_memory_budget=0.5):
+        expl = explain(model, x)
+    f = next(f for f in expl if f.code == "compile-budget-redraws-dropout")
+    assert f.severity == Severity.CORRECTNESS and f.figures == {"dropouts": 7}
+    assert f.message.startswith(
+        "torch._functorch.config.activation_memory_budget is 0.5 in this process and the model trains with random "
+        "numbers (dropout: transformer.drop, transformer.h.0.attn.attn_dropout, transformer.h.0.attn.resid_dropout "
+        "...). Below 1.0"
+    ), f.message
+    assert f.message.endswith("It acts once the model runs under torch.compile."), f.message
+    assert f.fix.startswith("Set the budget back to 1.0 and let remat set it: remat.auto(torch.compile(model)")
+    assert expl.codes()[0] == "compile-budget-redraws-dropout"  # correctness first
+    model.eval()  # no random numbers: the budget is safe
+    with functorch_config.patch(activation_memory_budget=0.5):
+        assert "compile-budget-redraws-dropout" not in explain(model, x).codes()
 
 
 def test_a_compiled_model_gets_no_advice_to_compile():

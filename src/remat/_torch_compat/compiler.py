@@ -22,6 +22,13 @@ def activation_memory_budget(budget: float) -> Iterator[None]:
         yield
 
 
+def activation_memory_budget_set() -> float:
+    """torch.compile's activation memory budget as this process has it set (1.0, torch's default, when unset)."""
+    import torch._functorch.config as functorch_config
+
+    return float(functorch_config.activation_memory_budget)
+
+
 @contextlib.contextmanager
 def random_numbers_kept() -> Iterator[None]:
     """What compiles meanwhile draws each random number once: Inductor's partitioner is told to save, never recompute,

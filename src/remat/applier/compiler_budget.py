@@ -34,10 +34,10 @@ modules or whole ops.  A plan whose `compiler_budget` is below 1.0 asks for that
           So the compiled call also tells the partitioner to save what each random op drew
           (`random_numbers_kept`: dropout's bool mask, a quarter of the float it is drawn as), the way
           `torch.utils.checkpoint`'s selective policies mark an op to save; the budget acts on the rest.  The same
-          GPT-2 under remat's budget 0.5 and 0.1: the loss's gradients, to 1e-8; the peers' GPT-2 in float32 at
-          0.5: 284 MiB with the masks kept, 288 MiB re-drawing them, the same seconds within the noise
-          (2026-12-06).  Before (2026-12-06, earlier), `remat.apply` refused the budget on a model with dropout in
-          training and `remat.auto` did not try it there.
+          GPT-2 under remat's budget 0.5 and 0.1: the loss's gradients, to 1e-8; `remat.zoo.gpt2()` in float32 at
+          0.5: 284 MiB with the masks kept, 288 MiB re-drawing them, at 0.1: 308 against 343 MiB and about 7%
+          slower (`python benchmarks/compile_rng.py --peaks`, 2026-12-06).  Before (2026-12-06, earlier),
+          `remat.apply` refused the budget on a model with dropout in training and `remat.auto` did not try it.
 
 What it saves cannot be predicted from the eager step remat tracks; `remat.auto` measures it
 (NOTE [Plans for a compiled step] in `remat.compiled_plans`).

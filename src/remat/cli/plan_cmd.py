@@ -76,8 +76,8 @@ def _add_compile_options(p: argparse.ArgumentParser) -> None:
         "--compile",
         action="store_true",
         help="plan for the step as torch.compile(model) runs it: where the compiled step is over --budget, "
-        "candidate plans (remat's checkpoints; where the step runs no dropout, torch.compile's own activation "
-        "memory budget, and both) are "
+        "candidate plans (remat's checkpoints, torch.compile's own activation memory budget with dropout's "
+        "masks kept, and both) are "
         "compiled and measured, and the fastest that fits is chosen, as remat.auto does (real mode; "
         "docs/compile.md). Apply the plan written by --out to torch.compile(model)",
     )

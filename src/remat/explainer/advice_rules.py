@@ -10,7 +10,8 @@ import torch.nn as nn
 
 from remat.applier.apply import applied
 from remat.applier.wrapping import MARK
-from remat.explainer.evidence import Evidence, _b, _gflop
+from remat.explainer.correctness_rules import TORCH_RNG_BUG
+from remat.explainer.evidence import Evidence, _b, _few, _gflop, dropouts
 from remat.planner.problem import Problem
 from remat.report.text import summarize_profile
 from remat.types import PLAN_FAILED, Action, Finding, Plan, Severity
@@ -215,12 +216,7 @@ def compiler_fuses_it(ev: Evidence) -> list[Finding]:
         "fuses such ops into the kernels around them and stores few of their outputs, for little or no time; "
         "here the compiler's own budget is the better tool."
     )
-    fix = (
-        "Compile the step first (torch.compile(model); lower torch._functorch.config.activation_memory_budget from "
-        "1.0 to have it recompute more, op by op), then plan what is left on the compiled model: "
-        "remat.profile(torch.compile(model), ...) and remat.verify(compiled, inputs, plan), which measures the "
-        "compiled step by the process counter (docs/compile.md)."
-    )
+    fix = _compile_first(ev)
     return [
         Finding(
             "compiler-fuses-it",
@@ -238,3 +234,21 @@ def compiler_fuses_it(ev: Evidence) -> list[Finding]:
             ),
         )
     ]
+
+
+def _compile_first(ev: Evidence) -> str:
+    """compiler-fuses-it's fix: remat.auto on the compiled model, and, with dropout, not torch's budget by hand."""
+    drops = dropouts(ev)
+    return (
+        "Compile the step first (torch.compile(model)), then let remat.auto(torch.compile(model), inputs, budget) "
+        "choose what the compiled step recomputes: it compiles and measures remat's checkpoints and torch.compile's "
+        "own activation memory budget (op by op, with dropout's masks kept) and applies the fastest that fits; "
+        "remat.verify(compiled, inputs, plan) measures the compiled step by the process counter (docs/compile.md)."
+        + (
+            f" Not torch._functorch.config.activation_memory_budget by hand: this model trains with dropout "
+            f"({_few(drops)}), which below 1.0 torch re-draws in backward, so the gradients come out silently wrong "
+            f"({TORCH_RNG_BUG})."
+            if drops
+            else ""
+        )
+    )

@@ -34,6 +34,7 @@ import torch.nn as nn
 
 from remat import applier, planner
 from remat._torch_compat import tree_flatten
+from remat._torch_compat.compiler import activation_memory_budget_set
 from remat._torch_compat.distributed import is_compiled, uncompiled
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.explainer.evidence import _b, _few
@@ -118,6 +119,7 @@ def _evidence(step: "_Step", model: nn.Module, observed_bytes: int | None, compi
         observed_bytes=observed_bytes,
         reserved_bytes=step.reserved_bytes,
         compiled=compiled,
+        compiler_budget=activation_memory_budget_set(),
     )
     return ev, calls
 

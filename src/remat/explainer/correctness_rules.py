@@ -1,12 +1,12 @@
 """The correctness findings of `remat.explain` (severity CORRECTNESS): checkpoints that change
-what the model learns (reentrant-no-grad-input, rng-not-preserved, rng-keyword-tensors, batchnorm-recomputed).
+what the model learns (reentrant-no-grad-input, rng-not-preserved, rng-keyword-tensors, batchnorm-recomputed,
+compile-budget-redraws-dropout).
 """
 
 from __future__ import annotations
 
 from remat._torch_compat import BatchNormBase as _BatchNorm
-from remat._torch_compat import DropoutBase as _DropoutNd
-from remat.explainer.evidence import Evidence, _b, _few
+from remat.explainer.evidence import Evidence, _b, _few, dropouts
 from remat.types import CheckpointRegion, Finding, Severity
 
 
@@ -66,7 +66,7 @@ def rng_not_preserved(ev: Evidence) -> list[Finding]:
 
 
 def _dropouts(ev: Evidence, r: CheckpointRegion) -> list[str]:
-    return [n for n in r.modules if isinstance(m := ev.modules.get(n), _DropoutNd) and m.training and m.p > 0]
+    return dropouts(ev, r.modules)
 
 
 def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
@@ -153,3 +153,32 @@ def _batchnorm(ev: Evidence, r: CheckpointRegion, bns: list[str]) -> Finding:
     return Finding(
         "batchnorm-recomputed", r.module, message, nbytes, fix, Severity.CORRECTNESS, dict(batchnorms=len(bns))
     )
+
+
+def compile_budget_redraws_dropout(ev: Evidence) -> list[Finding]:
+    """torch.compile's activation memory budget set below 1.0 by hand on a model that trains with dropout: torch's
+    partitioner may draw other masks in backward (NOTE [The compiler's budget as a plan], Rule 5)."""
+    drops = dropouts(ev)
+    if ev.compiler_budget >= 1.0 or not (drops or any(b.has_dropout for b in ev.plain.blocks)):
+        return []
+    where = f"dropout: {_few(drops)}" if drops else "dropout or another random op"
+    message = (
+        f"torch._functorch.config.activation_memory_budget is {ev.compiler_budget:g} in this process and the model "
+        f"trains with random numbers ({where}). Below 1.0 torch.compile's partitioner may recompute dropout in "
+        "backward, where it draws other masks than the forward did, so the compiled step's gradients belong to a "
+        "different network than the one that produced the loss; nothing fails, training is silently off "
+        f"({TORCH_RNG_BUG}; measured in docs/compile.md)."
+        + ("" if ev.compiled else " It acts once the model runs under torch.compile.")
+    )
+    fix = (
+        "Set the budget back to 1.0 and let remat set it: remat.auto(torch.compile(model), inputs, budget) measures "
+        "torch.compile's own budget with dropout's masks kept, beside remat's checkpoints, and applies the fastest "
+        "plan that fits (docs/compile.md); or train without dropout."
+    )
+    return [
+        Finding("compile-budget-redraws-dropout", "", message, 0, fix, Severity.CORRECTNESS, dict(dropouts=len(drops)))
+    ]
+
+
+TORCH_RNG_BUG = "pytorch/pytorch#190758"
+"""torch's issue: its partitioner re-draws random numbers in backward under a memory budget."""

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch.nn as nn
 
+from remat._torch_compat import DropoutBase
 from remat.errors import listing
 from remat.planner.problem import Problem
 from remat.report.text import fmt_bytes, fmt_flops
@@ -38,6 +39,15 @@ class Evidence:
     reserved_bytes: int | None
     compiled: bool = False
     """The model explained runs compiled (`torch.compile(model)` or `model.compile()`)."""
+    compiler_budget: float = 1.0
+    """torch.compile's activation memory budget set in this process when explain ran (torch's config; 1.0 its
+    default)."""
+
+
+def dropouts(ev: Evidence, names=None) -> list[str]:
+    """The dropout modules among `names` (every module: None) that draw random numbers (training, p > 0)."""
+    names = ev.modules if names is None else names
+    return [n for n in names if isinstance(m := ev.modules.get(n), DropoutBase) and m.training and m.p > 0]
 
 
 def _b(n: int) -> str:

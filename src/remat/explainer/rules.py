@@ -13,6 +13,7 @@ from __future__ import annotations
 from remat.explainer.advice_rules import compiler_fuses_it, measured_with_reserved_memory, no_checkpointing, remat_plan
 from remat.explainer.correctness_rules import (
     batchnorm_recomputed,
+    compile_budget_redraws_dropout,
     reentrant_no_grad_input,
     rng_keyword_tensors,
     rng_not_preserved,
@@ -37,6 +38,7 @@ RULES = (
     rng_not_preserved,
     rng_keyword_tensors,
     batchnorm_recomputed,
+    compile_budget_redraws_dropout,
     measured_with_reserved_memory,
     kv_cache_in_training,
     remat_plan,
