@@ -20,17 +20,15 @@ peers (every block, selective op checkpointing, ...) that no remat + compile poi
 from __future__ import annotations
 
 import copy
-from contextlib import nullcontext
 import dataclasses
 import json
 import statistics
 import time
 
 import torch
-import torch._functorch.config as functorch_config
 
 import remat
-from remat._torch_compat.compiler import random_numbers_kept
+from remat.applier.compiler_budget import compiling_under
 from remat.compiled_plans import compiler_plan, measure_compiled, plan_for
 
 from _common import describe_plan, timed
@@ -215,10 +213,7 @@ def _one(bench, plan, ref_grads: dict, backend_for, fresh_function, name: str):
     compiled = torch.compile(fresh_function(eager, name), backend=backend_for(fig))
 
     def call():  # the budget as remat.apply sets it, random numbers kept (NOTE [The compiler's budget as a plan])
-        with (
-            functorch_config.patch(activation_memory_budget=knob),
-            random_numbers_kept() if knob < 1.0 else nullcontext(),
-        ):
+        with compiling_under(knob):
             return compiled()
 
     try:

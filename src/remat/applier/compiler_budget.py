@@ -45,7 +45,9 @@ What it saves cannot be predicted from the eager step remat tracks; `remat.auto`
 
 from __future__ import annotations
 
+import contextlib
 import weakref
+from collections.abc import Iterator
 
 import torch.nn as nn
 
@@ -81,12 +83,20 @@ def set_compiler_budget(wrapper: nn.Module, model: nn.Module, budget: float) -> 
     call = calls[budget]
 
     def forward(*args, **kwargs):
-        with activation_memory_budget(budget), random_numbers_kept():
+        with compiling_under(budget):
             return call(model, *args, **kwargs)
 
     object.__setattr__(optimized, BUDGET, optimized.__dict__["forward"])  # Rule 4: no reference back to `optimized`
     object.__setattr__(model, BUDGET, weakref.ref(optimized))
     object.__setattr__(optimized, "forward", forward)
+
+
+@contextlib.contextmanager
+def compiling_under(budget: float) -> Iterator[None]:
+    """What compiles meanwhile is partitioned under `budget` as a plan's `compiler_budget` sets it (Rules 1 and 5):
+    below 1.0 with every random number kept."""
+    with activation_memory_budget(budget), random_numbers_kept() if budget < 1.0 else contextlib.nullcontext():
+        yield
 
 
 def clear_compiler_budget(model: nn.Module) -> None:
