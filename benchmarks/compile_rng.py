@@ -9,6 +9,8 @@ along it.  A right gradient agrees to about 1e-8; a re-drawn mask is off by perc
     python benchmarks/compile_rng.py --quick    # 2 layers
     python benchmarks/compile_rng.py --device cuda --out compile_rng_cuda   # on a GPU (Inductor's Triton kernels)
     python benchmarks/compile_rng.py --peaks    # what keeping the masks costs: peak and seconds, ~5 min
+    python benchmarks/compile_rng.py --peaks --peers-size --budgets 1,0.95,0.9 --rounds 3
+                                                # the same on the peers' GPT-2 (6x128, seq 128, batch 4)
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import remat  # noqa: E402
 from remat import compiled_plans, zoo  # noqa: E402
 from remat._torch_compat.compiler import activation_memory_budget  # noqa: E402
 from remat.applier import compiler_budget  # noqa: E402
+
+PEERS_GPT2 = dict(n_layer=6, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
+"""The peers harness's default GPT-2 (benchmarks/peers)."""
+
 
 EPS = 1e-6
 """The finite difference's step along the direction (float64: its error is about 1e-8 of the derivative)."""
@@ -67,7 +73,7 @@ def gradient_error(model, compiled, loss_of) -> float:
 
 def _gpt2(n_layer: int, device: str):
     """The peers' GPT-2 in float64, its loss computed here in float64 (Hugging Face's casts logits to float32)."""
-    model, x = zoo.gpt2(n_layer=n_layer, n_embd=128, n_head=4, seq=128, batch=4, vocab=2048)
+    model, x = zoo.gpt2(**{**PEERS_GPT2, "n_layer": n_layer})
     ids = x["input_ids"].to(device)
 
     def loss_of(step):
@@ -109,11 +115,11 @@ def run(n_layer: int, device: str = "cpu") -> list[dict]:
     return rows
 
 
-def peaks(budgets: list[float], rounds: int = 2) -> list[dict]:
-    """What keeping the random numbers costs: `remat.zoo.gpt2()` (float32, dropout 0.1) compiled with remat's plan of
-    each budget and measured by remat's counter (a forked copy: its peak, the fastest of its steps), the masks kept
-    (as `remat.apply` sets the budget) and re-drawn (the keeping switched off: torch's own budget), interleaved."""
-    model, x = zoo.gpt2()
+def peaks(budgets: list[float], rounds: int = 2, size: dict | None = None) -> list[dict]:
+    """What keeping the random numbers costs: `remat.zoo.gpt2(**size)` (float32, dropout 0.1) compiled with remat's
+    plan of each budget and measured by remat's counter (a forked copy: its peak, the fastest of its steps), the masks
+    kept (as `remat.apply` sets the budget) and re-drawn (the keeping switched off: torch's own budget), interleaved."""
+    model, x = zoo.gpt2(**(size or {}))
     compiled = torch.compile(model.train())
 
     def loss_fn(out):
@@ -145,7 +151,7 @@ def _keeping(kept: bool):
         compiler_budget.random_numbers_kept = saved
 
 
-def _peaks_body(rows: list[dict]) -> str:
+def _peaks_body(rows: list[dict], size: dict | None) -> str:
     table = md_table(
         ["torch.compile budget", "dropout's masks", "peak MiB (each round)", "step ms (each round)"],
         [
@@ -160,10 +166,19 @@ def _peaks_body(rows: list[dict]) -> str:
         ],
     )
     return (
-        "`remat.zoo.gpt2()` (4 layers of 256, seq 256, batch 8, vocab 8192, dropout 0.1, float32), compiled with "
+        f"{_gpt2_words(size)}, compiled with "
         "remat's plan of each budget and measured by remat's counter (a forked copy running the loop: the "
         "process's high-water mark, the fastest of its timed steps, one thread), kept and re-drawn interleaved."
         f"\n\n{table}"
+    )
+
+
+def _gpt2_words(size: dict | None) -> str:
+    if size is None:
+        return "`remat.zoo.gpt2()` (4 layers of 256, seq 256, batch 8, vocab 8192, dropout 0.1, float32)"
+    return (
+        f"the peers' GPT-2 ({size['n_layer']} layers of {size['n_embd']}, seq {size['seq']}, batch {size['batch']}, "
+        f"vocab {size['vocab']}, dropout 0.1, float32)"
     )
 
 
@@ -173,14 +188,18 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", help="where the model runs (cuda on a GPU)")
     ap.add_argument("--peaks", action="store_true", help="what keeping the masks costs in peak and seconds instead")
     ap.add_argument("--out", default="", help="results/<out>.{md,json} (default compile_rng[_quick|_peaks])")
+    ap.add_argument("--budgets", default="0.5,0.1", help="--peaks: torch.compile budgets, comma-separated")
+    ap.add_argument("--rounds", type=int, default=2, help="--peaks: interleaved rounds per budget")
+    ap.add_argument("--peers-size", action="store_true", help="--peaks: the peers' GPT-2 instead of zoo.gpt2()'s")
     args = ap.parse_args()
     warnings.filterwarnings("ignore")
     torch.set_num_threads(2)
     t0 = time.time()
     command = shlex.join(["python", "benchmarks/compile_rng.py", *sys.argv[1:]])
     if args.peaks:
-        rows = peaks([0.5, 0.1])
-        body = f"{_peaks_body(rows)}\n\nElapsed {time.time() - t0:.0f} s."
+        size = PEERS_GPT2 if args.peers_size else None
+        rows = peaks([float(b) for b in args.budgets.split(",")], args.rounds, size)
+        body = f"{_peaks_body(rows, size)}\n\nElapsed {time.time() - t0:.0f} s."
         title = "What keeping dropout's masks costs under torch.compile's budget"
         write_results(args.out or "compile_rng_peaks", title, machine_info(), command, [("Results", body)], rows)
         return
