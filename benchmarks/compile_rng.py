@@ -157,7 +157,7 @@ def _peaks_body(rows: list[dict], size: dict | None) -> str:
         [
             [
                 f"{b:g}",
-                "kept (remat's plan)" if k else "re-drawn (torch's own)",
+                _masks(b, k),
                 ", ".join(f"{r['peak_mib']:.1f}" for r in rows if (r["budget"], r["kept"]) == (b, k)),
                 ", ".join(f"{r['step_s'] * 1e3:.0f}" for r in rows if (r["budget"], r["kept"]) == (b, k)),
             ]
@@ -171,6 +171,13 @@ def _peaks_body(rows: list[dict], size: dict | None) -> str:
         "process's high-water mark, the fastest of its timed steps, one thread), kept and re-drawn interleaved."
         f"\n\n{table}"
     )
+
+
+def _masks(budget: float, kept: bool) -> str:
+    """What becomes of dropout's masks in one row: at 1.0 torch re-draws nothing and remat keeps nothing."""
+    if budget >= 1.0:
+        return "remat's plan (nothing to keep at 1.0)" if kept else "torch's own (nothing re-drawn at 1.0)"
+    return "kept (remat's plan)" if kept else "torch's own (may re-draw)"
 
 
 def _gpt2_words(size: dict | None) -> str:
