@@ -146,6 +146,49 @@ def test_an_eager_loss_within_noise_is_measured_again_with_remats_plan_at_the_pe
     assert r["why"] == "slower: 1.27× against 1.16×"
 
 
+def _compiled(key: str, plan: str, at: str, mib: float, ratio: float, rounds: list[float]) -> dict:
+    return {"key": key, "plan": plan, "at": at, "rss_peak": int(mib * MiB), "time_ratio": ratio, "time_ratios": rounds}
+
+
+def test_a_compiled_loss_within_noise_is_measured_again_with_the_plan_remats_search_aimed_at_the_peer(peers_passes):
+    """BERT on 2026-12-07: at torch.compile's budget 0.5 (35.9 MiB, 0.74x) remat's fastest point in three rounds was
+    the plan aimed at 65% of the eager peak (1 checkpoint + 1 selective, 0.78x), while its search aimed at that
+    budget had chosen remat's own budget 0.5 (35.3 MiB, 0.80x).  `--recheck` measures the peer and both plans
+    again, and the verdict takes the faster that reaches the peer's peak measured again."""
+    passes, tv = peers_passes
+    eager = {"configs": [_config("none", "no checkpointing", "none", 65.0, 1.0, [1.0] * 3)]}
+    compiled = {
+        "budgets": [{"budget": 0.5, "rss_peak": int(35.9 * MiB), "time_ratio": 0.74, "time_ratios": [0.7, 0.74, 0.8]}],
+        "remat_compiled": [
+            _compiled("b05", "compile budget 0.5", "torch.compile budget 0.5", 35.3, 0.80, [0.76, 0.8, 0.85]),
+            _compiled("c1s1", "1 ckpt + 1 selective", "65% of the eager peak", 32.7, 0.78, [0.72, 0.78, 0.8]),
+            _compiled("b09", "compile budget 0.9", "torch.compile budget 0.9", 37.6, 0.68, [0.6, 0.68, 0.7]),
+        ],
+    }
+    (v,) = tv.time_verdicts(eager, compiled)
+    assert (v["verdict"], v["remat_key"], v["remat_keys"]) == ("loses", "c1s1", ["c1s1", "b05"])
+    assert v["noise"] and tv.doubtful(v)
+
+    R = {"eager": eager, "compile": compiled}
+    points, _ = passes._recheckable("bert", R)
+    args = passes.argparse.Namespace(threads=2, rounds=None)
+    spec = passes._recheck_spec("bert", {"profile": {"size": "default"}, "models": {"bert": R}}, args, points, True)
+    assert (spec["budgets"], spec["plans"], spec["rounds"]) == ([0.5], ["b05", "c1s1"], passes.RECHECK_ROUNDS)
+
+    peer = {"budget": 0.5, "rss_peak": int(36.0 * MiB), "time_ratio": 0.80, "time_ratios": []}
+    again = [
+        _compiled("b05", "compile budget 0.5", "", 35.5, 0.77, []),
+        _compiled("c1s1", "1 ckpt + 1 selective", "", 32.6, 0.825, []),
+    ]
+    compiled["recheck"] = {"budgets": [peer], "remat_compiled": again, "rounds": 15, "date": "2026-12-07"}
+    r = tv.rechecked(v, R)
+    assert (r["verdict"], r["remat"], r["remat_time"]) == ("ties", "remat + compile (compile budget 0.5)", 0.77)
+
+    again[0]["rss_peak"] = int(37.5 * MiB)  # above the peer's peak + max(1 MiB, 1%): not at the peer's point
+    r = tv.rechecked(v, R)  # the other: within 5% of the peer's time at 3.4 MiB less
+    assert (r["verdict"], r["remat"], r["remat_time"]) == ("wins", "remat + compile (1 ckpt + 1 selective)", 0.825)
+
+
 def test_the_eager_recheck_worker_rebuilds_a_plan_from_the_modules_the_results_keep(harness):
     """The worker `--recheck` runs for eager points, on report 001's chain (8 blocks): the plan rebuilt from its
     segments alone (the results JSON keeps no plan) checkpoints the blocks `checkpoint_sequential(2)` does, so both

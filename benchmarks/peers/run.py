@@ -177,7 +177,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--recheck",
         metavar="PATH",
         help="measure again, in one fresh process, each peer point an earlier run's remat lost within "
-        "the rounds' noise or tied more slowly, and the remat point it was judged against: a "
+        "the rounds' noise or tied more slowly, the remat point it was judged against and remat's points "
+        "aimed at it: a "
         "torch.compile budget against remat + compile over --rounds (default 9) interleaved rounds, "
         "an eager peer against an eager remat plan over --rounds (default 30); added to that run",
     )

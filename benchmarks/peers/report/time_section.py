@@ -104,7 +104,8 @@ def _counts_line(pairs: list[tuple[dict, dict | None]], compiled: bool = True) -
         + (
             f"; with {len(again)} of them (losses within noise, ties remat was slower in) measured again over "
             f"more rounds in one process (`run.py "
-            f"--recheck`: the same peer point and the same remat point), **wins {after['wins']}**, **ties "
+            f"--recheck`: the same peer point, the remat point judged against it and remat's points aimed at it), "
+            f"**wins {after['wins']}**, **ties "
             f"{after['ties']}**, **loses {after['loses']}**"
             if again
             else ""

@@ -57,6 +57,7 @@ def remat_candidates(E: dict, C: dict | None) -> list[dict]:
                     "rounds": r.get("time_ratios") or [r["time_ratio"]],
                     "keeps_all": r["plan"] == "0 ckpt",
                     "key": r["key"],
+                    "at": r.get("at") or "",
                 }
             )
     return out
@@ -116,10 +117,7 @@ def time_verdicts(E: dict, C: dict | None) -> list[dict]:
             remat_time=best["time"],
             remat_compiled=best["compiled"],
             peer_budget=p.get("budget"),
-            remat_key=best.get("key"),
-            remat_ekeys=[k for k in dict.fromkeys([best.get("ekey"), p.get("matched_ekey")]) if k]
-            if best.get("ekey")
-            else [],
+            **_recheck_keys(p, best, fits),
         )
         v["noise"] = min(best["rounds"]) <= max(p["rounds"]) and min(p["rounds"]) <= max(best["rounds"])
         if best.get("keeps_all") and p["peer"] == SAME_STEP_AS_KEEP_ALL:
@@ -171,13 +169,15 @@ def doubtful(v: dict) -> bool:
 def rechecked(v: dict, R: dict) -> dict | None:
     """Verdict `v` of model run `R` judged again on `run.py --recheck`'s figures of the same points (one fresh
     process, more rounds), by the same rule: a torch.compile budget against remat + compile from
-    `R["compile"]["recheck"]`; an eager peer against remat's fastest eager plan from `R["eager"]["recheck"]`, of
+    `R["compile"]["recheck"]`, the fastest at the peer's peak of the point `v` chose and the points remat's search
+    chose aimed at that peer (`remat_keys`; runs rechecked before 2026-12-07 measured the first only); an eager peer against remat's fastest eager plan from `R["eager"]["recheck"]`, of
     the one `v` chose and the one remat planned at the peer's own peak (`R["eager"]["matched"]`).  None where the
     recheck did not measure both sides.  {verdict, why, rss, time, remat, remat_rss, remat_time, rounds, date}."""
     if v.get("peer_budget") is not None and v.get("remat_key"):
         recheck = (R.get("compile") or {}).get("recheck") or {}
         peer = _measured(recheck.get("budgets"), "budget", v["peer_budget"])
-        mine = _measured(recheck.get("remat_compiled"), "key", v["remat_key"])
+        keys = v.get("remat_keys") or [v["remat_key"]]
+        mine = _fastest_at(peer, [_measured(recheck.get("remat_compiled"), "key", k) for k in keys])
     elif v.get("peer_ekey") and v.get("remat_ekeys"):
         recheck = (R.get("eager") or {}).get("recheck") or {}
         peer = _measured(recheck.get("configs"), "key", v["peer_ekey"])
@@ -198,6 +198,26 @@ def rechecked(v: dict, R: dict) -> dict | None:
         "rounds": recheck.get("rounds"),
         "date": recheck.get("date", ""),
     }
+
+
+def _recheck_keys(p: dict, best: dict, fits: list[dict]) -> dict:
+    """What `run.py --recheck` measures again at peer point `p` besides the peer: remat + compile's `best` and the
+    points aimed at `p` (`remat_keys`), or eager remat's `best` and its plan at the peer's own peak (`remat_ekeys`)."""
+    return {
+        "remat_key": best.get("key"),
+        "remat_keys": [k for k in dict.fromkeys([best.get("key"), *_aimed_at(p, fits)]) if k]
+        if best.get("key")
+        else [],
+        "remat_ekeys": [k for k in dict.fromkeys([best.get("ekey"), p.get("matched_ekey")]) if k]
+        if best.get("ekey")
+        else [],
+    }
+
+
+def _aimed_at(p: dict, fits: list[dict]) -> list[str]:
+    """The keys of the remat + compile points aimed at peer point `p` (its search's own choice, re-aimed or not)
+    that reach its peak: measured again beside the fastest, since three rounds may have ranked them wrongly."""
+    return [c["key"] for c in fits if c.get("compiled") and c.get("at", "").split(" (")[0] == p["peer"]]
 
 
 def _fastest_at(peer: dict | None, mine: list[dict | None]) -> dict | None:
