@@ -170,9 +170,10 @@ def rechecked(v: dict, R: dict) -> dict | None:
     """Verdict `v` of model run `R` judged again on `run.py --recheck`'s figures of the same points (one fresh
     process, more rounds), by the same rule: a torch.compile budget against remat + compile from
     `R["compile"]["recheck"]`, the fastest at the peer's peak of the point `v` chose and the points remat's search
-    chose aimed at that peer (`remat_keys`; runs rechecked before 2026-12-07 measured the first only); an eager peer against remat's fastest eager plan from `R["eager"]["recheck"]`, of
-    the one `v` chose and the one remat planned at the peer's own peak (`R["eager"]["matched"]`).  None where the
-    recheck did not measure both sides.  {verdict, why, rss, time, remat, remat_rss, remat_time, rounds, date}."""
+    chose aimed at that peer (`remat_keys`; runs rechecked before 2026-12-07 measured the first only); an eager
+    peer against remat's fastest eager plan from `R["eager"]["recheck"]`, of the one `v` chose and the one remat
+    planned at the peer's own peak (`R["eager"]["matched"]`).  None where the recheck did not measure both sides.
+    {verdict, why, rss, time, remat, remat_rss, remat_time, rounds, date}."""
     if v.get("peer_budget") is not None and v.get("remat_key"):
         recheck = (R.get("compile") or {}).get("recheck") or {}
         peer = _measured(recheck.get("budgets"), "budget", v["peer_budget"])
