@@ -184,7 +184,8 @@ def recheck(args: argparse.Namespace) -> int:
         return 0
     data["command"] += (
         f"; python benchmarks/peers/run.py --recheck {args.recheck} --models {','.join(dict.fromkeys(done))}"
-        f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
+        + (f" --rounds {args.rounds}" if args.rounds else "")
+        + f" ({time.strftime('%Y-%m-%d')}, commit {git_state().get('commit', '?')})"
     )
     name = args.out or Path(args.recheck).stem
     print(f"added to {report.write_all(data, name=name, docs=bool(args.docs))} (docs: --from-json, merged)")
