@@ -103,6 +103,16 @@ def peers_passes():
         sys.path[:] = saved
 
 
+def _recheck_of(passes, model: str, R: dict, compiled: bool) -> tuple[list[dict], dict]:
+    """`run.py --recheck`'s doubtful compiled points of `model`'s run `R`, and its worker's SPEC for the compiled
+    (or the eager) ones, at the default rounds."""
+    compiled_points, eager_points = passes._recheckable(model, R)
+    args = passes.argparse.Namespace(threads=2, rounds=None)
+    data = {"profile": {"size": "default"}, "models": {model: R}}
+    points = compiled_points if compiled else eager_points
+    return compiled_points, passes._recheck_spec(model, data, args, points, compiled)
+
+
 def test_an_eager_loss_within_noise_is_measured_again_with_remats_plan_at_the_peers_own_peak(peers_passes):
     """mlp000 on 2026-11-29: remat's fastest point at checkpoint_sequential(6)'s peak was a 6-checkpoint plan
     (1.22x against 1.16x, within the rounds' noise); its plan at the peer's own peak, 5 checkpoints, had the peer's
@@ -123,11 +133,7 @@ def test_an_eager_loss_within_noise_is_measured_again_with_remats_plan_at_the_pe
     assert v["noise"] and tv.doubtful(v)
 
     R = {"eager": eager, "compile": None}
-    compiled, points = passes._recheckable("mlp000", R)
-    args = passes.argparse.Namespace(threads=2, rounds=None)
-    spec = passes._recheck_spec(
-        "mlp000", {"profile": {"size": "default"}, "models": {"mlp000": R}}, args, points, False
-    )
+    compiled, spec = _recheck_of(passes, "mlp000", R, compiled=False)
     assert compiled == [] and spec["rounds"] == passes.EAGER_RECHECK_ROUNDS
     assert sorted(c["key"] for c in spec["configs"]) == ["p", "r5", "r6"]
 
@@ -170,9 +176,7 @@ def test_a_compiled_loss_within_noise_is_measured_again_with_the_plan_remats_sea
     assert v["noise"] and tv.doubtful(v)
 
     R = {"eager": eager, "compile": compiled}
-    points, _ = passes._recheckable("bert", R)
-    args = passes.argparse.Namespace(threads=2, rounds=None)
-    spec = passes._recheck_spec("bert", {"profile": {"size": "default"}, "models": {"bert": R}}, args, points, True)
+    _, spec = _recheck_of(passes, "bert", R, compiled=True)
     assert (spec["budgets"], spec["plans"], spec["rounds"]) == ([0.5], ["b05", "c1s1"], passes.RECHECK_ROUNDS)
 
     peer = {"budget": 0.5, "rss_peak": int(36.0 * MiB), "time_ratio": 0.80, "time_ratios": []}
