@@ -22,6 +22,14 @@ def activation_memory_budget(budget: float) -> Iterator[None]:
         yield
 
 
+def set_activation_memory_budget(budget: float) -> None:
+    """torch.compile's activation memory budget set to `budget` for the rest of this process, as a training script
+    sets it by hand (remat itself sets it only around a compilation: `activation_memory_budget`)."""
+    import torch._functorch.config as functorch_config
+
+    functorch_config.activation_memory_budget = budget
+
+
 def activation_memory_budget_set() -> float:
     """torch.compile's activation memory budget as this process has it set (1.0, torch's default, when unset)."""
     import torch._functorch.config as functorch_config

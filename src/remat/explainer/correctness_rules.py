@@ -69,8 +69,14 @@ def _dropouts(ev: Evidence, r: CheckpointRegion) -> list[str]:
     return dropouts(ev, r.modules)
 
 
+def _random_from(drops: list[str]) -> str:
+    """Where a step's random numbers come from, in a finding's words: its dropout modules, or, with none of them
+    named, any random op."""
+    return f"dropout: {_few(drops)}" if drops else "dropout or another random op"
+
+
 def _rng(ev: Evidence, r: CheckpointRegion) -> Finding:
-    where = f"dropout: {_few(_dropouts(ev, r))}" if _dropouts(ev, r) else "dropout or another random op"
+    where = _random_from(_dropouts(ev, r))
     message = (
         f"{r.label} runs with preserve_rng_state=False and its forward draws random numbers ({where}). When "
         "backward recomputes it, dropout draws a new mask, so the gradients belong to a different network than "
@@ -93,7 +99,7 @@ def rng_keyword_tensors(ev: Evidence) -> list[Finding]:
 
 
 def _keywords(ev: Evidence, r: CheckpointRegion) -> Finding:
-    where = f"dropout: {_few(_dropouts(ev, r))}" if _dropouts(ev, r) else "dropout or another random op"
+    where = _random_from(_dropouts(ev, r))
     names = [n for n in r.keyword_tensors if n != "functools.partial"]
     given = [f"keyword argument{'s' if len(names) > 1 else ''} {', '.join(names)}"] if names else []
     given += ["tensors bound by functools.partial"] if "functools.partial" in r.keyword_tensors else []
@@ -161,7 +167,7 @@ def compile_budget_redraws_dropout(ev: Evidence) -> list[Finding]:
     drops = dropouts(ev)
     if ev.compiler_budget >= 1.0 or not (drops or any(b.has_dropout for b in ev.plain.blocks)):
         return []
-    where = f"dropout: {_few(drops)}" if drops else "dropout or another random op"
+    where = _random_from(drops)
     message = (
         f"torch._functorch.config.activation_memory_budget is {ev.compiler_budget:g} in this process and the model "
         f"trains with random numbers ({where}). Below 1.0 torch.compile's partitioner may recompute dropout in "

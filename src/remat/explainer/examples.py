@@ -192,7 +192,7 @@ def compile_budget_by_hand(budget: float = 0.5):
     """A training script's way to save memory under torch.compile: torch's activation memory budget set below 1.0
     by hand, on a GPT-2 that trains with dropout (torch may then re-draw the masks in backward).  Like such a
     script, this sets the budget for the rest of the process."""
-    import torch._functorch.config as functorch_config
+    from remat._torch_compat.compiler import set_activation_memory_budget
 
-    functorch_config.activation_memory_budget = budget
+    set_activation_memory_budget(budget)
     return zoo.gpt2(n_layer=2, n_embd=64, n_head=2, seq=64, batch=4, vocab=256)
