@@ -231,7 +231,9 @@ def _sync(device: str) -> None:
 def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *, aim: float = 0, trials=2) -> dict:
     """One variant of one model, built afresh: the third step's peak, the median of TIMED steps.  An `auto`
     variant first runs `remat.auto` on the compiled model for `aim` (bytes, or SMOKE_AIM on the CPU), in at most
-    `trials` compilations of each kind."""
+    `trials` compilations of each kind.  `wall_s`: the whole variant, building, compiling and searching included
+    (what the next run on a lent GPU, minutes counted, is sized by)."""
+    began = time.perf_counter()
     before = torch.cuda.memory_allocated() if device == "cuda" else None  # what earlier variants left
     model, batch = build(name, size, device, autocast=device)
     inner = model.inner if isinstance(model, Autocast) else model
@@ -265,6 +267,7 @@ def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *,
                 issued.append(issue_s)
             del result
     out["step_s"], out["issue_s"] = statistics.median(seconds), statistics.median(issued)
+    out["steps_s"], out["wall_s"] = seconds, time.perf_counter() - began  # each timed step: its spread
     return out
 
 

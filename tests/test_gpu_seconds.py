@@ -8,6 +8,7 @@ a Llama-style decoder and BERT-base: the eager step and every-layer checkpointin
 """
 
 import json
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -101,6 +102,11 @@ def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
         assert all(r.get("step_s", 0) > 0 for r in res["models"][name].values()), res["models"][name]
         # the host's time to issue a step is part of the step (on the CPU, nearly all of it)
         assert all(0 < r["issue_s"] <= r["step_s"] for r in res["models"][name].values()), res["models"][name]
+        # the whole variant (what the next GPU run is sized by): at least the timed steps not under the median
+        assert all(r["wall_s"] > bench.TIMED / 2 * r["step_s"] for r in res["models"][name].values())
+        # each timed step kept, the spread of the median
+        assert all(len(r["steps_s"]) == bench.TIMED for r in res["models"][name].values())
+        assert all(statistics.median(r["steps_s"]) == r["step_s"] for r in res["models"][name].values())
     assert "| llama_style_decoder | plan65 |" in proc.stdout
     assert "host-bound" in proc.stdout  # a CPU step is its host's own work
 

@@ -6,7 +6,8 @@
                                               # docs/peers_<model>.png and the span between
                                               # <!-- peers:begin/end --> in docs/benchmarks.md
     python benchmarks/peers/run.py --large    # issue 15's zoo, every unplanned step >= 1 GiB, with
-                                              # remat + torch.compile as a peer (~30 min a model);
+                                              # remat + torch.compile as a peer (30-40 min a model;
+                                              # BERT's compile worker alone > 50 min, 2026-12-07);
                                               # writes benchmarks/results/peers_large.{md,json},
                                               # docs/peers_large.md and docs/peers_large_<model>.png
     python benchmarks/peers/run.py --quick    # CI smoke test (< 3 min); writes
@@ -182,7 +183,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         "torch.compile budget against remat + compile over --rounds (default 9) interleaved rounds, "
         "an eager peer against an eager remat plan over --rounds (default 30); added to that run",
     )
-    ap.add_argument("--timeout", type=int, default=3600, help="seconds per worker (BERT's compile worker: 34 min)")
+    ap.add_argument(
+        "--timeout", type=int, default=3600, help="seconds per worker (BERT's compile worker: 34 min; --large: over 50)"
+    )
     args = ap.parse_args(argv)
     if args.recompile and not args.at_peers_of:
         ap.error("--recompile re-runs the compile worker of an earlier run; give that run with --at-peers-of PATH")

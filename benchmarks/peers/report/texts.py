@@ -21,8 +21,9 @@ INTRO_LARGE = [
     "Issue 15's run: the peers benchmark on models whose unplanned step is about 1 GiB or more on this machine, "
     "with remat + torch.compile as a peer point (remat's plan applied, then the whole step compiled with Inductor), "
     "judged first as the issue asks: at each peer's measured peak (the process counter, eager or compiled), does "
-    "remat reach it with no more measured time? Reproduce with `python benchmarks/peers/run.py --large` (about 30 min "
-    "a model on 2 cores, both compile passes included; `--models bert,llama` a subset); the code is in "
+    "remat reach it with no more measured time? Reproduce with `python benchmarks/peers/run.py --large` (30 to 40 "
+    "min a model on 2 cores, both compile passes included, but BERT's compile worker alone ran past 50 min on "
+    "2026-12-07: `--timeout` is per worker, 3,600 s by default; `--models bert,llama` a subset); the code is in "
     "`benchmarks/peers/` "
     "(`remat_compiled.py`, `report/time_verdicts.py`), the raw figures in `benchmarks/results/peers_large.json`. "
     "The small zoo (report models, 8 peers' families, finer budgets) is docs/peers.md.",
