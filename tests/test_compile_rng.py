@@ -134,6 +134,28 @@ def test_a_pass_of_the_users_own_runs_before_remats(monkeypatch):
     assert inductor_config.joint_custom_pre_pass is own
 
 
+def test_the_settings_around_a_compiled_call_are_the_users_again_after_it_even_when_it_raises(monkeypatch):
+    """What a compiler-budget plan sets around each call of the compiled model (the budget, remat's pass) is put
+    back to what the user had, also when the call raises (remat sets them itself since 2026-12-07, not through the
+    config's `patch`)."""
+    import torch._functorch.config as functorch_config
+
+    from remat.applier.compiler_budget import compiling_under
+
+    def own(graph):
+        pass
+
+    monkeypatch.setattr(inductor_config, "joint_custom_pre_pass", own)
+    monkeypatch.setattr(functorch_config, "activation_memory_budget", 0.8)
+    with pytest.raises(RuntimeError, match="the step failed"):
+        with compiling_under(0.5):
+            assert functorch_config.activation_memory_budget == 0.5
+            assert inductor_config.joint_custom_pre_pass is not own
+            raise RuntimeError("the step failed")
+    assert functorch_config.activation_memory_budget == 0.8
+    assert inductor_config.joint_custom_pre_pass is own
+
+
 def test_auto_tries_the_compilers_budget_on_a_step_with_dropout(monkeypatch):
     """Rule 9 on stubbed measurements (each candidate 1 MiB under the budget): on a GPT-2 with dropout the search
     measures torch.compile's budget too (remat's keeps the random numbers); before 2026-12-06's keeping it measured
