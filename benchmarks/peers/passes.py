@@ -149,7 +149,7 @@ def _recheck_spec(m: str, data: dict, args: argparse.Namespace, points: list[dic
             spec,
             rounds=args.rounds or RECHECK_ROUNDS,
             budgets=sorted({v["peer_budget"] for v in points}),
-            plans=sorted({k for v in points for k in v.get("remat_keys") or [v["remat_key"]]}),
+            plans=sorted({k for v in points for k in v["remat_keys"]}),
         )
     keys = {k for v in points for k in [v["peer_ekey"], *v["remat_ekeys"]]}
     configs = [{"key": c["key"], "spec": c["spec"]} for c in data["models"][m]["eager"]["configs"] if c["key"] in keys]

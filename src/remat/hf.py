@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 import torch
 import torch.nn as nn
 
-from remat._torch_compat import fake_mode_of
+from remat._torch_compat import fake_mode_of, replaced
 
 CACHE_NOTE = (
     "use_cache=True turned off for the training step, as Hugging Face does under gradient checkpointing "
@@ -204,21 +204,11 @@ def masks_read_where_known(traced: Callable[[torch.Tensor], bool]) -> Iterator[N
     asks = getattr(utils, "is_fake_tensor", None)
     with contextlib.ExitStack() as stack:
         if asks is not None:
-            stack.enter_context(_replaced(utils, "is_fake_tensor", lambda x: bool(asks(x)) and traced(x)))
+            stack.enter_context(replaced(utils, "is_fake_tensor", lambda x: bool(asks(x)) and traced(x)))
         if hasattr(pretrained, "warn_if_padding_and_no_attention_mask"):
             no_warning = lambda self, input_ids, attention_mask: None  # noqa: E731
-            stack.enter_context(_replaced(pretrained, "warn_if_padding_and_no_attention_mask", no_warning))
+            stack.enter_context(replaced(pretrained, "warn_if_padding_and_no_attention_mask", no_warning))
         yield
-
-
-@contextlib.contextmanager
-def _replaced(owner, name: str, value) -> Iterator[None]:
-    was = getattr(owner, name)
-    setattr(owner, name, value)
-    try:
-        yield
-    finally:
-        setattr(owner, name, was)
 
 
 # NOTE [A kernel Hugging Face runs as its reference]

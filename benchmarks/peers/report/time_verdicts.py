@@ -177,8 +177,7 @@ def rechecked(v: dict, R: dict) -> dict | None:
     if v.get("peer_budget") is not None and v.get("remat_key"):
         recheck = (R.get("compile") or {}).get("recheck") or {}
         peer = _measured(recheck.get("budgets"), "budget", v["peer_budget"])
-        keys = v.get("remat_keys") or [v["remat_key"]]
-        mine = _fastest_at(peer, [_measured(recheck.get("remat_compiled"), "key", k) for k in keys])
+        mine = _fastest_at(peer, [_measured(recheck.get("remat_compiled"), "key", k) for k in v["remat_keys"]])
     elif v.get("peer_ekey") and v.get("remat_ekeys"):
         recheck = (R.get("eager") or {}).get("recheck") or {}
         peer = _measured(recheck.get("configs"), "key", v["peer_ekey"])
@@ -206,13 +205,14 @@ def _recheck_keys(p: dict, best: dict, fits: list[dict]) -> dict:
     points aimed at `p` (`remat_keys`), or eager remat's `best` and its plan at the peer's own peak (`remat_ekeys`)."""
     return {
         "remat_key": best.get("key"),
-        "remat_keys": [k for k in dict.fromkeys([best.get("key"), *_aimed_at(p, fits)]) if k]
-        if best.get("key")
-        else [],
-        "remat_ekeys": [k for k in dict.fromkeys([best.get("ekey"), p.get("matched_ekey")]) if k]
-        if best.get("ekey")
-        else [],
+        "remat_keys": _led_by(best.get("key"), _aimed_at(p, fits)),
+        "remat_ekeys": _led_by(best.get("ekey"), [p.get("matched_ekey")]),
     }
+
+
+def _led_by(first: str | None, others: list) -> list[str]:
+    """`first`, then those of `others` set and not already listed; none without `first`."""
+    return [k for k in dict.fromkeys([first, *others]) if k] if first else []
 
 
 def _aimed_at(p: dict, fits: list[dict]) -> list[str]:

@@ -38,6 +38,7 @@ __all__ = [
     "tree_unflatten",
     "tree_map",
     "fsdp_checkpoint_wrapper",
+    "replaced",
     "ModuleTracker",
     "FakeTensor",
     "FakeTensorMode",
@@ -188,6 +189,21 @@ def _as_tuple(tensors) -> tuple:
 def fake_mode_of(t: torch.Tensor):
     """The FakeTensorMode a fake tensor belongs to, or None for a real tensor."""
     return t.fake_mode if isinstance(t, FakeTensor) else None
+
+
+@contextlib.contextmanager
+def replaced(owner, name: str, value) -> Iterator[None]:
+    """`owner.name` is `value` meanwhile, put back after: torch's private config around a compiled call
+    (`remat._torch_compat.compiler`) and Hugging Face's own functions under fake tensors (`remat.hf`).  Not a
+    config module's own `patch`: it builds a class at each call, and remat's compiler-budget plans set two around
+    every step (0.16 ms a step of a tiny compiled Llama on CPU, none measurable so, 2026-12-07; docs/changelog.md,
+    session 65)."""
+    before = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, before)
 
 
 def fsdp_checkpoint_wrapper(module, reentrant: bool = False):

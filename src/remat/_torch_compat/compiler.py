@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
+from remat._torch_compat import replaced
 from remat._torch_compat.distributed import compiled_module
 
 
@@ -18,21 +19,8 @@ def activation_memory_budget(budget: float) -> Iterator[None]:
     (`torch._functorch.config.activation_memory_budget`, private: read when a joint graph is partitioned)."""
     import torch._functorch.config as functorch_config
 
-    with _set(functorch_config, "activation_memory_budget", budget):
+    with replaced(functorch_config, "activation_memory_budget", budget):
         yield
-
-
-@contextlib.contextmanager
-def _set(config, name: str, value) -> Iterator[None]:
-    """`config.name` is `value` meanwhile, put back after.  Not the config module's own `patch`: it builds a class at
-    each call, and remat's compiler-budget plans set two around every step (0.16 ms a step of a tiny compiled Llama
-    on CPU, none measurable so, 2026-12-07; docs/changelog.md, session 65)."""
-    before = getattr(config, name)
-    setattr(config, name, value)
-    try:
-        yield
-    finally:
-        setattr(config, name, before)
 
 
 def set_activation_memory_budget(budget: float) -> None:
@@ -61,7 +49,7 @@ def random_numbers_kept() -> Iterator[None]:
     own = inductor_config.joint_custom_pre_pass
     if isinstance(own, (list, tuple)):  # torch 2.13 takes several; older releases one
         own = _Chain(own) if own else None
-    with _set(inductor_config, "joint_custom_pre_pass", _keep_random_class()(own)):
+    with replaced(inductor_config, "joint_custom_pre_pass", _keep_random_class()(own)):
         yield
 
 
