@@ -10,13 +10,15 @@ The default run needs no GPU: fake-mode profiles for hardware="H100" against the
 figures (tests/gpu_facts/h100/op_times.json, step_times.json, zoo_truth.json); tests/test_gpu_seconds.py holds the
 same cases to 25% per op and 5 points per step.  Writes benchmarks/results/gpu_seconds.md/.json.
 
-`--gpu` is issue 36's two tables measured again: for a bf16 Llama-style decoder and BERT-base (random weights,
-nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, remat's every-block, its plans at
-65% of the peak and at the least memory (made by `--make-plans`, committed in results/gpu_seconds/plans/), and with
-`--compile` torch.compile alone, at its activation memory budgets 0.7, 0.5 and 0.3, remat's two plans compiled, and
-`remat.auto` on the compiled model for the peak each of those budgets measured in the same run (`auto 0.5+compile`:
-the search as a user runs it on a GPU, in this process, at most `--auto-trials` compilations of each kind; its
-budget's `compile 0.5` must run first, in the same call).  Each variant in a model built afresh, AdamW, the output
+`--gpu` is issue 36's two tables measured again (gpu_seconds_run.py): for a bf16 Llama-style decoder and BERT-base
+(random weights, nothing downloaded), the eager step, Hugging Face's every-layer checkpointing, remat's every-block,
+its plans at 65% of the peak and at the least memory (made by `--make-plans`, committed in
+results/gpu_seconds/plans/), `remat.auto` on the model for 35% under the eager step's measured peak (`auto -35%`),
+and with `--compile` torch.compile alone, at its activation memory budgets 0.7, 0.5 and 0.3, remat's two plans
+compiled, and `remat.auto` on the compiled model for the peak each of those budgets measured in the same run, and
+for `auto -35%`'s (`auto 0.5+compile`: the search as a user runs it on a GPU, in this process, at most
+`--auto-trials` compilations of each kind; the point it aims at, `compile 0.5` or `eager`, must run first, in the
+same call).  Each variant in a model built afresh, AdamW, the output
 held through backward, the third step's max_memory_allocated, the median of TIMED synchronised steps and of the
 host's time to issue them (before the synchronisation: near the step's own when the host, not the GPU, sets the
 pace), and what was allocated before the variant began (an earlier variant's leftovers count in its peak:
@@ -29,11 +31,8 @@ results/gpu_seconds/gpu_<device>_<date>.json (or into --out-dir).
 from __future__ import annotations
 
 import argparse
-import gc
 import json
-import statistics
 import sys
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -47,13 +46,11 @@ if (ROOT / "src").is_dir():
 
 import remat  # noqa: E402
 from _catalog import ISSUE36, SIZES  # noqa: E402
-from _common import describe_plan  # noqa: E402
-from _models import Autocast, build_sized  # noqa: E402
+from _models import build_sized  # noqa: E402
 from gpu_seconds_report import render  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "tests"))
 from h100_ops import CASES, FACTS, OFF, op_table, predicted  # noqa: E402  (the cases test_gpu_seconds.py holds)
-from remat._torch_compat.compiler import activation_memory_budget  # noqa: E402
 
 PLANS = HERE / "results" / "gpu_seconds" / "plans"
 WARM, TIMED = 2, 6
@@ -223,153 +220,6 @@ def make_plans(size: str, plans: Path) -> dict:
     return made
 
 
-def _sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()
-
-
-def run_variant(name: str, variant: str, size: str, device: str, plans: Path, *, aim: float = 0, trials=2) -> dict:
-    """One variant of one model, built afresh: the third step's peak, the median of TIMED steps.  An `auto`
-    variant first runs `remat.auto` on the compiled model for `aim` (bytes, or SMOKE_AIM on the CPU), in at most
-    `trials` compilations of each kind.  `wall_s`: the whole variant, building, compiling and searching included
-    (what the next run on a lent GPU, minutes counted, is sized by)."""
-    began = time.perf_counter()
-    before = torch.cuda.memory_allocated() if device == "cuda" else None  # what earlier variants left
-    model, batch = build(name, size, device, autocast=device)
-    inner = model.inner if isinstance(model, Autocast) else model
-    if variant == "hf":
-        inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    elif variant == "every-block":
-        remat.apply(model, "every-block")
-    elif variant.split("+")[0] in ("plan65", "least"):
-        remat.apply(model, remat.load_plan(plans / f"{name}.{variant.split('+')[0]}.json"))
-    budget = float(variant.split()[1]) if variant.startswith("compile ") else 1.0
-    runner = torch.compile(model) if "compile" in variant else model
-    opt = torch.optim.AdamW(model.parameters())
-    seconds, issued, out = [], [], searched(runner, batch, opt, aim, trials) if variant.startswith("auto ") else {}
-    out["before_bytes"] = before
-    with activation_memory_budget(budget):
-        for i in range(WARM + 1 + TIMED):
-            if i == WARM and device == "cuda":
-                _sync(device)
-                torch.cuda.reset_peak_memory_stats()
-            t0 = time.perf_counter()
-            result = runner(**batch)
-            result.loss.backward()  # the output held through backward, as the issue's loop
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            issue_s = time.perf_counter() - t0  # the host's time to issue the step (report's HOST_BOUND)
-            _sync(device)
-            if i == WARM and device == "cuda":
-                out["peak_bytes"] = torch.cuda.max_memory_allocated()
-            elif i > WARM:
-                seconds.append(time.perf_counter() - t0)
-                issued.append(issue_s)
-            del result
-    out["step_s"], out["issue_s"] = statistics.median(seconds), statistics.median(issued)
-    out["steps_s"], out["wall_s"] = seconds, time.perf_counter() - began  # each timed step: its spread
-    return out
-
-
-def searched(runner, batch: dict, opt, aim: int | float, trials: int) -> dict:
-    """`remat.auto` on the compiled model for `aim`, as a user on a GPU calls it: the plan it applied and what its
-    search measured (on CUDA in this process; NOTE [Plans for a compiled step], Rule 7)."""
-    t0 = time.perf_counter()
-    if isinstance(aim, float):  # the smoke run's: a share of the compiled step's peak, as remat.profile measures it
-        aim = int(aim * remat.profile(runner, batch, optimizer=opt).compiled_peak_bytes)
-    plan = remat.auto(runner, batch, budget=aim, optimizer=opt, trials=trials)
-    return {
-        "budget": aim,
-        "plan": describe_plan(plan),
-        "search_s": time.perf_counter() - t0,
-        "search_peak_bytes": plan.measured_peak_bytes,
-        "search_step_s": plan.measured_step_s,
-        "search": plan.notes[1] if plan.measured_peak_bytes else plan.notes[0],
-    }
-
-
-VARIANTS = ["eager", "hf", "every-block", "plan65", "least"]
-COMPILED = ["compile", "least+compile", "compile 0.5", "plan65+compile", "compile 0.3", "compile 0.7"]
-AUTO = ["auto 0.5+compile", "auto 0.3+compile", "auto 0.7+compile"]
-"""`remat.auto` on the compiled model, for the peak torch.compile's budget measured in the same run."""
-SMOKE_AIM = 0.95
-"""The smoke run's budget for remat.auto on the CPU, where the loop reads no peak: this share of the compiled
-step's peak by remat.profile, so that the search compiles candidates, and can meet it."""
-TIERS = [VARIANTS, COMPILED[:2], COMPILED[2:4], AUTO[:1], COMPILED[4:], AUTO[1:]]
-"""The order of a run, each tier for both models: without compile, then the points the issue's table had, then
-remat.auto at compile 0.5's point, then the rest of torch.compile's budgets and remat.auto at them."""
-
-
-def chosen(args) -> list[tuple[str, str]]:
-    """(model, variant) in the order they run."""
-    wanted = args.variants.split(",") if args.variants else VARIANTS + (COMPILED + AUTO if args.compile else [])
-    models = args.models.split(",") if args.models else list(MODELS)
-    unknown = sorted(set(wanted) - set(VARIANTS + COMPILED + AUTO)) + sorted(set(models) - set(MODELS))
-    if unknown:
-        sys.exit(
-            f"remat: --variants takes {VARIANTS + COMPILED + AUTO} and --models {list(MODELS)}; got {unknown}. "
-            "Fix: name them from those lists, comma-separated."
-        )
-    return [(m, v) for tier in TIERS for m in models for v in tier if v in wanted]
-
-
-SKIP_AUTO = "its torch.compile point was not measured in this run (name both in --variants)"
-
-
-def aimed(variant: str, measured: dict, device: str) -> int | float | None:
-    """What an `auto` variant's search aims at: the peak of torch.compile at the same budget in this run (on the
-    CPU, where the loop reads no peak, SMOKE_AIM); None if that was not measured; 0 for the other variants."""
-    if not variant.startswith("auto "):
-        return 0
-    point = measured.get(f"compile {variant.split()[1].removesuffix('+compile')}", {})
-    if "step_s" not in point:
-        return None
-    return point["peak_bytes"] if device == "cuda" else SMOKE_AIM
-
-
-def on_the_gpu(args) -> tuple[dict, Path]:
-    """Every variant chosen, run; the results, written again after each variant (a run stopped by the device's
-    time limit keeps what it measured), and where."""
-    runs = chosen(args)  # before anything is written
-    device = "cpu" if args.smoke else "cuda"
-    size = "smoke" if args.smoke else "issue"
-    plans = args.out_dir / "smoke_plans" if args.smoke else PLANS  # never the committed plans
-    made = make_plans(size, plans) if args.smoke else json.loads((plans / "made.json").read_text())
-    deadline = time.monotonic() + args.budget_s
-    res = {
-        "device": torch.cuda.get_device_name() if device == "cuda" else "cpu",
-        "torch": torch.__version__,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "made": made,
-        "models": {m: {} for m in dict.fromkeys(m for m, _ in runs)},
-    }
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H%M")
-    path = args.out_dir / f"gpu_{res['device'].replace(' ', '_')}_{stamp}.json"
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for name, variant in runs:
-        aim = aimed(variant, res["models"][name], device)
-        try:
-            if time.monotonic() > deadline:
-                r = {"skipped": "over --budget-s"}
-            elif aim is None:
-                r = {"skipped": SKIP_AUTO}
-            else:
-                r = run_variant(name, variant, size, device, plans, aim=aim, trials=args.auto_trials)
-        except Exception as e:  # noqa: BLE001 -- a variant that fails is a result, the others still run
-            r = {"error": f"{type(e).__name__}: {e}"[:300]}
-        res["models"][name][variant] = r
-        path.write_text(json.dumps(res, indent=1))
-        if "skipped" in r:
-            continue
-        print(name, variant, r, flush=True)
-        if "compile" in variant:
-            torch.compiler.reset()  # the compiled graphs hold the variant's model
-        gc.collect()  # what other libraries' cycles hold; remat's plans make none since 2026-12-04 (Rule 8)
-        if device == "cuda":
-            torch.cuda.empty_cache()
-    return res, path
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--make-plans", action="store_true", help="plans for the GPU run, made here (fake, H100)")
@@ -390,6 +240,8 @@ def main() -> None:
                 "remat: --gpu runs the plans on a CUDA GPU, and this machine has none. Fix: run it where one is, "
                 "or add --smoke for the tiny run on the CPU."
             )
+        from gpu_seconds_run import on_the_gpu
+
         res, path = on_the_gpu(args)  # written after each variant
         print(render(res), f"wrote {path}", sep="\n")
     else:

@@ -29,14 +29,16 @@ if (HERE.parent / "src").is_dir():
 
 import remat  # noqa: E402
 from _common import MiB, md_table  # noqa: E402
-from gpu_seconds import PLANS, TIERS, build  # noqa: E402
+from gpu_seconds import PLANS, build  # noqa: E402
 from remat.applier.wrapping import is_wrapped  # noqa: E402
 
 RESULTS = HERE / "results"
 RUN = RESULTS / "gpu_seconds" / "gpu_NVIDIA_H200_2026-12-04T1326.json"
 PREDICTED = RESULTS / "peak_gap" / "cpu-fake-H100_2026-12-04T1743.json"
+RAN = ("eager", "hf", "every-block", "plan65", "least")
+"""The eager variants of RUN, in the order it ran them (its first tier)."""
 PLANNED = ("every-block", "plan65", "least")
-"""The variants that `remat.apply` plans (among the eager ones: tier 1 of gpu_seconds.TIERS)."""
+"""The variants that `remat.apply` plans (among RAN)."""
 
 
 def wrapped_params(name: str, variant: str, plans: Path = PLANS) -> dict[str, int]:
@@ -57,7 +59,7 @@ def account(run: dict, predicted: dict, plans: Path = PLANS) -> list[list]:
     ran: predicted is the fake step's peak of live tensors, replayed its caching allocator's `max_memory_allocated`
     (None in results from before 2026-12-04's second run)."""
     rows, held = [], {}
-    for model, variant in [(m, v) for m in run["models"] for v in TIERS[0]]:
+    for model, variant in [(m, v) for m in run["models"] for v in RAN]:
         measured = run["models"][model].get(variant, {}).get("peak_bytes")
         if measured is None:
             continue  # not run

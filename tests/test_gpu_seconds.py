@@ -7,6 +7,7 @@ start, the events), about the table's least op: that floor is taken off, and onl
 a Llama-style decoder and BERT-base: the eager step and every-layer checkpointing's overhead.
 """
 
+import argparse
 import json
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ sys.path.insert(0, str(SCRIPT.parent))
 try:
     import gpu_seconds as bench  # the cases, the models and the figures' paths: one table for both
     import gpu_seconds_report as report
+    import gpu_seconds_run as run
     from _common import MiB
 finally:
     sys.path[:] = _saved
@@ -98,7 +100,7 @@ def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
     here asserts a time)."""
     proc, res = _smoke_run(tmp_path)
     for name in bench.MODELS:
-        assert set(res["models"][name]) == set(bench.VARIANTS)
+        assert set(res["models"][name]) == set(run.VARIANTS)
         assert all(r.get("step_s", 0) > 0 for r in res["models"][name].values()), res["models"][name]
         # the host's time to issue a step is part of the step (on the CPU, nearly all of it)
         assert all(0 < r["issue_s"] <= r["step_s"] for r in res["models"][name].values()), res["models"][name]
@@ -109,6 +111,11 @@ def test_the_gpu_run_runs_every_variant_on_the_cpu_at_a_tiny_size(tmp_path):
         assert all(statistics.median(r["steps_s"]) == r["step_s"] for r in res["models"][name].values())
     assert "| llama_style_decoder | plan65 |" in proc.stdout
     assert "host-bound" in proc.stdout  # a CPU step is its host's own work
+    for name in bench.MODELS:  # remat.auto on the eager model: a plan from its real profile, what it predicted kept
+        auto = res["models"][name]["auto -35%"]
+        assert auto["budget"] > 0 and 0 < auto["said_peak_bytes"] <= auto["budget"], auto
+        assert auto["said_extra"] >= 0 and "search_step_s" not in auto, auto
+        assert f"| {name} | auto -35% (" in proc.stdout
 
 
 def test_the_report_says_which_steps_the_host_set_the_pace_of():
@@ -213,42 +220,83 @@ def test_a_gpu_run_stopped_midway_keeps_every_variant_it_measured(tmp_path, monk
         done.append(variant)
         return {"step_s": 0.25}
 
-    monkeypatch.setattr(bench, "run_variant", run_variant)
-    args = bench.argparse.Namespace(
+    monkeypatch.setattr(run, "run_variant", run_variant)
+    args = argparse.Namespace(
         smoke=True, out_dir=tmp_path, budget_s=300.0, auto_trials=1, compile=False, models="", variants="eager,hf"
     )
     with pytest.raises(KeyboardInterrupt):
-        bench.on_the_gpu(args)
+        run.on_the_gpu(args)
     (written,) = tmp_path.glob("gpu_cpu_*.json")
     assert json.loads(written.read_text())["models"]["llama_style_decoder"] == {"eager": {"step_s": 0.25}}
 
 
+def test_remat_auto_at_35_percent_under_the_eager_peak_is_judged_as_remats_and_by_its_own_prediction():
+    """`auto -35%` (remat.auto on the eager model, planned from its real profile on the GPU) is one of remat's
+    points at the issue's BERT line, its plan's extra_fraction and peak are held against the step measured, its
+    budget too, and it is no peer of remat's in the least-memory check."""
+    res = _issue_tables()
+    eager = res["models"]["bert_base_mlm"]["eager"]
+    auto = {"peak_bytes": int(10_800 * MiB), "step_s": 1.04 * eager["step_s"], "budget": int(0.65 * 16823 * MiB)}
+    auto |= {
+        "plan": "3 ckpt + 12 selective",
+        "search_s": 21.0,
+        "said_extra": 0.06,
+        "said_peak_bytes": int(10_500 * MiB),
+    }
+    res["models"]["bert_base_mlm"]["auto -35%"] = auto
+    res["models"]["llama_style_decoder"]["auto -35%"] = {**auto, "peak_bytes": int(5_000 * MiB)}  # under least+compile
+    rows = {(m, c.split(" (")[0]): (measured, verdict) for m, c, measured, verdict in report.done_when(res)}
+    bert = "bert_base_mlm"
+    assert rows[(bert, "at -35% of the eager peak")] == ("`auto -35%`: 10,800 MiB at 1.04x", "yes")
+    assert rows[(bert, "`auto -35%`: plan.extra_fraction within 5 points of the overhead")] == (
+        "said +6%, measured +4%",
+        "yes",
+    )
+    assert rows[(bert, "`auto -35%`: peak within 5% of the predicted")] == (
+        "said 10,500 MiB, measured 10,800 (+2.9%)",
+        "yes",
+    )
+    assert rows[(bert, "`auto -35%`: within its budget")] == ("10,800 MiB at 1.04x", "yes")
+    llama = "llama_style_decoder"  # the least peer is still Hugging Face's, not remat's eager search
+    assert rows[(llama, "least memory: remat + compile at or under every peer")][1] == "yes"
+    assert "| bert_base_mlm | auto -35% (3 ckpt + 12 selective; searched 21 s) | 10,800 |" in report.render(res)
+    assert "| +4.0% | +6.0% |" in report.render(res)
+
+
 def test_remat_auto_aims_at_the_peak_its_compile_point_measured_in_the_same_run():
     measured = {"compile 0.5": {"peak_bytes": 7_814_000_000, "step_s": 0.056}, "compile 0.3": {"error": "OOM"}}
-    assert bench.aimed("auto 0.5+compile", measured, "cuda") == 7_814_000_000
-    assert bench.aimed("auto 0.5+compile", measured, "cpu") == bench.SMOKE_AIM  # the CPU's loop reads no peak
-    assert bench.aimed("auto 0.3+compile", measured, "cuda") is None  # failed: skipped, with SKIP_AUTO
-    assert bench.aimed("auto 0.7+compile", measured, "cuda") is None  # not run
-    assert bench.aimed("plan65+compile", measured, "cuda") == 0
+    assert run.aimed("auto 0.5+compile", measured, "cuda") == 7_814_000_000
+    assert run.aimed("auto 0.5+compile", measured, "cpu") == run.SMOKE_AIM  # the CPU's loop reads no peak
+    assert run.aimed("auto 0.3+compile", measured, "cuda") is None  # failed: skipped, with SKIP_AUTO
+    assert run.aimed("auto 0.7+compile", measured, "cuda") is None  # not run
+    assert run.aimed("plan65+compile", measured, "cuda") == 0
+    assert run.aimed("auto -35%", measured, "cuda") is None  # the eager step not measured
+    measured["eager"] = {"peak_bytes": 20_000_000_000, "step_s": 0.28}
+    assert (
+        run.aimed("auto -35%", measured, "cuda") == run.aimed("auto -35%+compile", measured, "cuda") == 13_000_000_000
+    )
+    assert run.aimed("auto -35%+compile", measured, "cpu") == run.SMOKE_AIM
 
 
 def test_the_gpu_runs_compiled_variants_run_on_the_cpu_at_a_tiny_size(tmp_path):
     """`--gpu --smoke --compile`, a part of it: torch.compile at a budget of its own, a plan of remat's compiled and
     remat.auto's search on the compiled model (a run that crashed there would lose the GPU's minutes), in the tiers'
     order whatever the order asked."""
-    variants = "auto 0.3+compile,plan65+compile,compile 0.3,eager"
+    variants = "auto 0.3+compile,plan65+compile,compile 0.3,eager,auto -35%+compile"
     proc, res = _smoke_run(
         tmp_path, "--compile", "--models", "bert_base_mlm", "--variants", variants, "--auto-trials", "1"
     )
     assert list(res["models"]) == ["bert_base_mlm"]
     variants = res["models"]["bert_base_mlm"]
-    assert list(variants) == ["eager", "plan65+compile", "compile 0.3", "auto 0.3+compile"]
+    assert list(variants) == ["eager", "auto -35%+compile", "plan65+compile", "compile 0.3", "auto 0.3+compile"]
     assert all(r.get("step_s", 0) > 0 for r in variants.values()), variants
     auto = variants["auto 0.3+compile"]  # its budget: 95% of the compiled step's peak, on the CPU
     assert auto["budget"] > 0 and 0 < auto["search_peak_bytes"] <= auto["budget"], auto
     # BERT trains with dropout: remat's budget keeps its random numbers, so the search measures it too (Rule 9)
     assert auto["search"].startswith("measured: remat ") and "compiler budget" in auto["search"], auto["search"]
     assert "| bert_base_mlm | auto 0.3+compile (" in proc.stdout
+    at35 = variants["auto -35%+compile"]  # aimed at the eager step's point (on the CPU: SMOKE_AIM of the compiled)
+    assert at35["budget"] > 0 and 0 < at35["search_peak_bytes"] <= at35["budget"], at35
     assert "Issue 36's checks, on these figures:" in proc.stdout
 
 
