@@ -2,6 +2,7 @@
 
     python benchmarks/gpu_snapshot.py --out F.json [--cases resmlp,resmlp:least,unet_bn,bert]
     python benchmarks/gpu_snapshot.py --out F.json --cases bert_base_mlm,bert_base_mlm:least   # issue 36's
+    python benchmarks/gpu_snapshot.py --out F.json --cases bert_base_mlm+compile     # compiled, its code kept
     python benchmarks/gpu_snapshot.py --out F.json --kernels [--profiles] [--cases t5,bert]   # attention kernels
 
 Each case runs in a fresh process: the gpu_check model built on the GPU, Adam, the plain loop of
@@ -9,13 +10,18 @@ Each case runs in a fresh process: the gpu_check model built on the GPU, Adam, t
 before the model is built, and after the third step the allocator's trace replayed: every block live when
 the third step's allocated bytes were highest, its size and the Python frames that allocated it, grouped.
 That list is what a fake-mode prediction is compared with, block by block, to find the bytes it misses.
+A case ending in "+compile" is the model (with its plan) under `torch.compile`: its blocks are allocated by
+Inductor's generated code, whose files are copied to `inductor_code/` beside F so the frames can be read here.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
+import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -213,9 +219,11 @@ def live_at_peak(trace: list[dict], start: int = 0) -> dict:
 
 
 def built(case: str, device: str = "cuda", size: str | None = None) -> tuple:
-    """`(model, inputs, loss_fn)` of a case, "model" or "model:kind", with that plan applied: gpu_check's models
-    at its full size with its plans, or issue 36's (`bert_base_mlm`, `llama_style_decoder`) at the issue's size
-    with the plans `gpu_seconds.py --gpu` ran (docs/peers_gpu.md).  `size` another size (the test's smoke)."""
+    """`(model, inputs, loss_fn)` of a case, "model", "model:kind" or either with "+compile", with that plan applied
+    (then compiled): gpu_check's models at its full size with its plans, or issue 36's (`bert_base_mlm`,
+    `llama_style_decoder`) at the issue's size with the plans `gpu_seconds.py --gpu` ran (docs/peers_gpu.md).
+    `size` another size (the test's smoke)."""
+    case, compiled = (case[: -len("+compile")], True) if case.endswith("+compile") else (case, False)
     name, _, kind = case.partition(":")
     if name in ISSUE36:
         model, inputs, loss_fn = gpu_check.build(name, size or "issue", device, "cuda" if device == "cuda" else None)
@@ -224,12 +232,29 @@ def built(case: str, device: str = "cuda", size: str | None = None) -> tuple:
         model, inputs, loss_fn = gpu_check.build(name, size or "full", device)
         made = json.loads((gpu_check.RESULTS / "made.json").read_text())
         plan = gpu_check.RESULTS / made["models"][name]["plans"][kind]["file"] if kind else None
-    return (remat.apply(model, remat.load_plan(plan)) if kind else model), inputs, loss_fn
+    model = remat.apply(model, remat.load_plan(plan)) if kind else model
+    return (torch.compile(model) if compiled else model), inputs, loss_fn
+
+
+def generated_code(blocks: list[dict], dest: Path) -> list[str]:
+    """Copies into `dest` each file that allocated one of `blocks` (trace events) and lies in the temporary
+    directory or `TORCHINDUCTOR_CACHE_DIR`: the code Inductor generated, which goes with the machine.  Returns
+    the names copied, as `_frames` prints them."""
+    roots = [Path(r).resolve() for r in (tempfile.gettempdir(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")) if r]
+    copied: dict[str, Path] = {}
+    for ev in blocks:
+        for f in ev.get("frames", []):
+            path = Path(f.get("filename", "")).resolve()
+            if path.name not in copied and path.is_file() and any(path.is_relative_to(r) for r in roots):
+                dest.mkdir(parents=True, exist_ok=True)
+                copied[path.name] = Path(shutil.copyfile(path, dest / path.name))
+    return sorted(copied)
 
 
 def one_case(spec: dict) -> dict:
-    """One model (and plan kind: `spec["case"]` is "model" or "model:kind") in this process, a fresh one
-    (`run_fresh`): the loop of gpu_check, the trace read after the third step."""
+    """One model (and plan kind: `spec["case"]` is "model" or "model:kind", either compiled with "+compile") in this
+    process, a fresh one (`run_fresh`): the loop of gpu_check, the trace read after the third step; of a compiled
+    case, the code that allocated in the third step copied to `spec["code_dir"]` (`generated_code`)."""
     case = spec["case"]
     torch.cuda.memory._record_memory_history(max_entries=400_000, stacks="python")
     model, inputs, loss_fn = built(case)
@@ -260,6 +285,8 @@ def one_case(spec: dict) -> dict:
         device=torch.cuda.get_device_name(),
         torch=torch.__version__,
     )
+    if case.endswith("+compile"):
+        res["code_files"] = generated_code(trace[start:], Path(spec["code_dir"]))
     return res
 
 
@@ -284,7 +311,8 @@ def _snapshots(args: argparse.Namespace) -> None:
     results = []
     for case in args.cases.split(","):
         try:
-            results.append(run_fresh("gpu_snapshot.py:one_case", {"case": case}, timeout=300))
+            spec = {"case": case, "code_dir": str(Path(args.out).resolve().parent / "inductor_code")}
+            results.append(run_fresh("gpu_snapshot.py:one_case", spec, timeout=300))
         except Exception as e:  # one case's failure is reported, the others still run
             results.append({"case": case, "error": f"{type(e).__name__}: {e}"})
         r = results[-1]

@@ -22,7 +22,7 @@ from remat.applier.wrapping import is_wrapped, wrap_segment
 import remat.compiled_plans as compiled_mod
 from remat.compiled_plans import Measured, _fastest_fit, _hybrid_candidates
 from remat.measure.loop import Loop
-from remat.measure.profiling import COMPILED_NOTE
+from remat.measure.outputs import COMPILED_NOTE, unread_outputs
 from remat.report.text import fmt_bytes
 from remat.types.profile import COMPILED_PEAK_MARGIN
 from remat.verifier.process import ProcessPeak
@@ -545,3 +545,63 @@ def test_the_compilers_fractions_are_searched_from_the_top_where_the_estimate_mi
     assert seen == tried and [c.compiler_budget for c, _, _ in got] == tried
     fitting = [c.compiler_budget for c, m, _ in got if m.peak_bytes <= budget]
     assert (max(fitting) if fitting else None) == chosen
+
+
+class _Scored(torch.nn.Module):
+    """A head and its loss in one forward, returning both, as a Hugging Face model given labels does."""
+
+    def __init__(self, as_tuple: bool = False) -> None:
+        super().__init__()
+        self.body, self.head, self.as_tuple = torch.nn.Linear(16, 16), torch.nn.Linear(16, 40), as_tuple
+
+    def forward(self, x, labels=None):
+        logits = self.head(torch.relu(self.body(x)))
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits.view(-1, 40), labels.view(-1))
+        return (loss, logits) if self.as_tuple else {"loss": loss, "logits": logits}
+
+
+def _zeros_made_in_backward(compiled, batch, loss_fn, shape) -> int:
+    """How many `aten.zeros` of `shape` the compiled step's backward made (torch's own behaviour, counted)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Count(TorchDispatchMode):
+        made = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            Count.made += func is torch.ops.aten.zeros.default and tuple(out.shape) == shape
+            return out
+
+    loss = loss_fn(compiled(**batch))
+    with Count():
+        loss.backward()
+    return Count.made
+
+
+def test_a_compiled_models_profile_names_the_outputs_its_loss_does_not_read_which_torch_fills_with_zeros():
+    """NOTE [An output the loss does not read]: a model that computes its loss inside and returns its logits beside
+    it, compiled, gets a gradient of zeros of the logits' size in backward (counted from torch itself, so a torch
+    that stops doing it fails here); its profile says so with the logits' bytes, in fake mode too.  A loss that
+    reads the logits, and the bare model, get no such note; a tuple output is named by its position."""
+    torch.manual_seed(0)
+    x, labels = torch.randn(4, 8, 16), torch.randint(0, 40, (4, 8))
+    logits_bytes = 4 * 8 * 40 * 4
+    model = _Scored()
+    compiled = torch.compile(model)
+    assert _zeros_made_in_backward(compiled, {"x": x, "labels": labels}, lambda o: o["loss"], (4, 8, 40)) == 1
+    reads = lambda o: torch.nn.functional.cross_entropy(o["logits"].view(-1, 40), labels.view(-1))  # noqa: E731
+    assert _zeros_made_in_backward(compiled, {"x": x}, reads, (4, 8, 40)) == 0
+
+    said = f"the model returns `logits` ({fmt_bytes(logits_bytes, 'auto')}) beside its loss, which does not read it"
+    for mode in ("real", "fake"):
+        prof = remat.profile(compiled, {"x": x, "labels": labels}, loss_fn=lambda o: o["loss"], mode=mode)
+        assert sum(said in n for n in prof.notes) == 1, prof.notes
+    bare = remat.profile(model, {"x": x, "labels": labels}, loss_fn=lambda o: o["loss"])
+    read = remat.profile(compiled, {"x": x}, loss_fn=reads, mode="fake")
+    assert not any("gradient of zeros" in n for n in bare.notes + read.notes)
+    pair = remat.profile(torch.compile(_Scored(as_tuple=True)), {"x": x, "labels": labels}, loss_fn=lambda o: o[0])
+    assert any(f"`output[1]` ({fmt_bytes(logits_bytes, 'auto')})" in n for n in pair.notes)
+    w = torch.randn(3, 3, requires_grad=True)
+    a, b, c = w * 2, w + 1, w - 1  # `a` returned twice: named once, by its first name, in the output's order
+    assert unread_outputs({"a": a, "b": b, "again": a, "c": c}, b.sum()) == [("a", 36), ("c", 36)]
+    assert unread_outputs({"a": a, "b": b, "again": a}, a.sum() + b.sum()) == []

@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 import remat
+from remat._torch_compat.compiler import is_optimized_module
+from remat._torch_compat.distributed import compiled_module
 import h100_ops
 from h100_ops import CASES, FACTS, OFF, op_table
 from remat.planner.recipes import baseline_plans
@@ -377,6 +379,34 @@ def test_the_allocator_snapshot_runs_issue_36s_models_with_the_plans_the_gpu_ran
         plain, _, _ = gpu_snapshot.built(name, device="meta")
         assert not any("forward" in vars(m) for m in plain.modules())
     assert inputs["input_ids"].shape == (4, 2048)  # the Llama's batch, as issue 36 ran it
+    compiled, _, _ = gpu_snapshot.built("bert_base_mlm:least+compile", device="meta")
+    assert is_optimized_module(compiled)
+    inner = {n for n, m in compiled_module(compiled).named_modules() if "forward" in vars(m)}
+    assert inner == set(made["bert_base_mlm"]["least"]["recompute"])
+
+
+def test_a_compiled_snapshot_keeps_the_generated_code_that_allocated_and_nothing_else(tmp_path):
+    """`gpu_snapshot.py --cases bert_base_mlm+compile`: the blocks of a compiled step are allocated by Inductor's
+    generated code, a file in the temporary directory that does not go with the results; each such file a frame
+    names is copied beside them, once, and the repository's own files and files gone are not."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import gpu_snapshot
+    finally:
+        sys.path[:] = _saved
+    made = tmp_path / "ab" / "cabc123.py"
+    made.parent.mkdir()
+    made.write_text("def call(args):\n    buf0 = empty_strided_cuda((16, 16), (16, 1), torch.float32)\n")
+    frames = [{"filename": str(made), "line": 2, "name": "call"}, {"filename": str(SCRIPT), "line": 1, "name": "f"}]
+    events = [
+        {"action": "alloc", "frames": frames},
+        {"action": "alloc", "frames": frames[:1] + [{"filename": str(tmp_path / "gone.py"), "line": 1}]},
+    ]
+    dest = tmp_path / "out" / "inductor_code"
+    assert gpu_snapshot.generated_code(events, dest) == ["cabc123.py"]
+    assert [f.name for f in dest.iterdir()] == ["cabc123.py"] and (dest / "cabc123.py").read_text() == made.read_text()
+    assert gpu_snapshot.generated_code([{"action": "alloc", "frames": frames[1:]}], tmp_path / "none") == []
+    assert not (tmp_path / "none").exists()
 
 
 def test_the_h200_runs_peaks_less_what_earlier_plans_left_allocated_are_within_two_percent_of_predicted():

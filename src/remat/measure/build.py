@@ -43,6 +43,8 @@ class Setup:
     """The roofline a fake step's op seconds are predicted by (NOTE [An op's seconds, predicted]); None in real mode."""
     timed: bool = True
     """A real step's seconds measured (NOTE [The seconds of a step]); False where only its memory is wanted."""
+    compiled: bool = False
+    """The model is compiled: the profile says what its compiled step holds that this eager one does not."""
 
     @property
     def cuda_real(self) -> bool:

@@ -22,6 +22,7 @@ from remat.measure.device.known import KnownValues, traced_unless_known
 from remat.measure.block_io import BlockIO
 from remat.measure.build import Setup, build_profile, classify, register_state
 from remat.measure.device.cuda_allocator import ROUND
+from remat.measure.outputs import COMPILED_NOTE, unread_note, unread_outputs
 from remat.measure.loop import FIRST_STEP_NOTE, Loop, first_step_note, fresh_cast_cache, lead_in, optimizer_state
 from remat.measure.parallel import Parallel, ddp_buckets, parallel_of
 from remat.measure.ranks import check_request, optimizer_for, predicted_ddp_buckets, prediction_note
@@ -45,11 +46,6 @@ from remat.types import Mode, ParallelKind, Step, StepProfile
 SIMULATED_NOTE = (
     "CUDA target simulated on CPU: storages rounded to 512 bytes like the CUDA caching allocator; "
     "optimizer, autocast, attention, dropout and cuBLAS/cuDNN workspaces as on CUDA (docs/validation.md §4.1)."
-)
-COMPILED_NOTE = (
-    "torch.compile: the model inside it was profiled, eagerly (block names are its own, so a plan applies to "
-    "the compiled model and to the bare one); the compiled step's own peak is what "
-    "remat.verify(compiled_model, inputs, plan) measures by the process counter (docs/compile.md)."
 )
 
 
@@ -76,7 +72,7 @@ def profile(
     compiled, model = model, uncompiled(check_model(model))  # the model inside torch.compile
     check_request(model, mode, world_size, wrap)
     loop, say_phase = Loop.of(step, accumulate, keep_output), resolve(progress, "profile")
-    options = _Options(mode, device, blocks, say_phase, loop, hardware, timed, world_size, wrap)
+    options = _Options(mode, device, blocks, say_phase, loop, hardware, timed, world_size, wrap, is_compiled(compiled))
     args = (model, inputs, loss_fn, optimizer, options)
     prof = _profile(*args) if world_size == 1 else _predict_ranks(*args)
     return dataclasses.replace(prof, notes=prof.notes + [COMPILED_NOTE]) if is_compiled(compiled) else prof
@@ -94,6 +90,7 @@ class _Options:
     world_size: int = 1
     wrap: Any = None
     """With `world_size` > 1: how the model is spread over the ranks predicted (NOTE [N ranks from one process])."""
+    compiled: bool = False
 
 
 def _predict_ranks(model, inputs, loss_fn, optimizer, options: _Options) -> StepProfile:
@@ -117,6 +114,7 @@ def _profile(model, inputs, loss_fn, optimizer, options: _Options, parallel: Par
     model, found = parallel_of(model)  # NOTE [A rank's step]
     step_inputs = normalize_inputs(inputs)
     setup = dataclasses.replace(_setup(model, options.mode, options.device, options.hardware), timed=options.timed)
+    setup = dataclasses.replace(setup, compiled=options.compiled)
     check_optimizer(optimizer, model)
     candidates = find_candidates(model, options.blocks)
     run = _Run(model, loss_fn, candidates, setup, options.progress, options.loop, parallel or found)
@@ -363,6 +361,8 @@ class _Run:
                     held.clear()
                     phase("loss")
                     loss = run_user_code("the loss", lambda: compute_loss(out, self.loss_fn))  # noqa: F821  (run here)
+                    said = unread_note(unread_outputs(out, loss)) if self.setup.compiled else []
+                    self.notes.extend(n for n in said if n not in self.notes)  # NOTE [An output the loss does not read]
                     if not self.loop.keep_output:  # NOTE [The step that is measured], Rule 6
                         out = None
                 phase("backward")
