@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
-import tempfile
 from collections import defaultdict
 from pathlib import Path
 
@@ -32,6 +30,7 @@ import gpu_check  # noqa: E402  (its model builders, loop and import paths)
 import torch  # noqa: E402
 
 import remat  # noqa: E402
+from remat._torch_compat.compiler import inductor_cache_dir  # noqa: E402
 from _catalog import ISSUE36  # noqa: E402
 from _common import MiB, run_fresh  # noqa: E402
 
@@ -237,15 +236,15 @@ def built(case: str, device: str = "cuda", size: str | None = None) -> tuple:
 
 
 def generated_code(blocks: list[dict], dest: Path) -> list[str]:
-    """Copies into `dest` each file that allocated one of `blocks` (trace events) and lies in the temporary
-    directory or `TORCHINDUCTOR_CACHE_DIR`: the code Inductor generated, which goes with the machine.  Returns
-    the names copied, as `_frames` prints them."""
-    roots = [Path(r).resolve() for r in (tempfile.gettempdir(), os.environ.get("TORCHINDUCTOR_CACHE_DIR")) if r]
+    """Copies into `dest` each file that allocated one of `blocks` (trace events) and lies in Inductor's cache
+    directory: the code it generated, which stays on the machine.  Returns the names copied, as `_frames` prints
+    them."""
+    cache = Path(inductor_cache_dir()).resolve()
     copied: dict[str, Path] = {}
     for ev in blocks:
         for f in ev.get("frames", []):
             path = Path(f.get("filename", "")).resolve()
-            if path.name not in copied and path.is_file() and any(path.is_relative_to(r) for r in roots):
+            if path.name not in copied and path.is_file() and path.is_relative_to(cache):
                 dest.mkdir(parents=True, exist_ok=True)
                 copied[path.name] = Path(shutil.copyfile(path, dest / path.name))
     return sorted(copied)

@@ -107,9 +107,10 @@ def test_the_verdict_says_the_plan_holds_and_when_only_the_time_differs():
     )
     assert not over.ok and not over.counters_agree
     assert verdict(over).endswith(
-        "The compiled step peaked at 374.0 MiB, above the eager step's 317.0 MiB that the plan was priced on: Inductor "
-        "can hold more in its backward (a tied weight's gradient summed at the end, a recomputation fused into the "
-        "next block's backward; docs/compile.md). Fix: remat.auto(compiled_model, inputs, budget) compiles and "
+        "The compiled step peaked at 374.0 MiB, above the eager step's 317.0 MiB that the plan was priced on: the "
+        "compiled step can hold more in its backward (a tied weight's gradient Inductor sums at the end, a "
+        "recomputation it fuses into the next block's backward, a gradient of zeros for each output the loss does "
+        "not read; docs/compile.md). Fix: remat.auto(compiled_model, inputs, budget) compiles and "
         "measures its candidates and applies one whose compiled step fits."
     )
     assert "compiled step peaked" not in verdict(dataclasses.replace(over, independent_peak_bytes=317 * 2**20))

@@ -385,27 +385,32 @@ def test_the_allocator_snapshot_runs_issue_36s_models_with_the_plans_the_gpu_ran
     assert inner == set(made["bert_base_mlm"]["least"]["recompute"])
 
 
-def test_a_compiled_snapshot_keeps_the_generated_code_that_allocated_and_nothing_else(tmp_path):
+def test_a_compiled_snapshot_keeps_the_generated_code_that_allocated_and_nothing_else(tmp_path, monkeypatch):
     """`gpu_snapshot.py --cases bert_base_mlm+compile`: the blocks of a compiled step are allocated by Inductor's
-    generated code, a file in the temporary directory that does not go with the results; each such file a frame
-    names is copied beside them, once, and the repository's own files and files gone are not."""
+    generated code, a file in Inductor's cache directory that does not go with the results; each such file a frame
+    names is copied beside them, once, and no other file: not the repository's (wherever it lies: CI clones it into
+    the temporary directory), not another file beside the cache, not a file gone."""
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         import gpu_snapshot
     finally:
         sys.path[:] = _saved
-    made = tmp_path / "ab" / "cabc123.py"
-    made.parent.mkdir()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "cache"))
+    made = tmp_path / "cache" / "ab" / "cabc123.py"
+    made.parent.mkdir(parents=True)
     made.write_text("def call(args):\n    buf0 = empty_strided_cuda((16, 16), (16, 1), torch.float32)\n")
+    beside = tmp_path / "mine.py"
+    beside.write_text("x = 1\n")
     frames = [{"filename": str(made), "line": 2, "name": "call"}, {"filename": str(SCRIPT), "line": 1, "name": "f"}]
     events = [
         {"action": "alloc", "frames": frames},
-        {"action": "alloc", "frames": frames[:1] + [{"filename": str(tmp_path / "gone.py"), "line": 1}]},
+        {"action": "alloc", "frames": frames[:1] + [{"filename": str(tmp_path / "cache" / "gone.py"), "line": 1}]},
+        {"action": "alloc", "frames": [{"filename": str(beside), "line": 1, "name": "f"}]},
     ]
     dest = tmp_path / "out" / "inductor_code"
     assert gpu_snapshot.generated_code(events, dest) == ["cabc123.py"]
     assert [f.name for f in dest.iterdir()] == ["cabc123.py"] and (dest / "cabc123.py").read_text() == made.read_text()
-    assert gpu_snapshot.generated_code([{"action": "alloc", "frames": frames[1:]}], tmp_path / "none") == []
+    assert gpu_snapshot.generated_code(events[2:], tmp_path / "none") == []
     assert not (tmp_path / "none").exists()
 
 

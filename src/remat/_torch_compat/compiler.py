@@ -176,3 +176,12 @@ def fresh_compiled_call(optimized, name: str) -> Callable:
 def is_optimized_module(model) -> bool:
     """`model` is what `torch.compile(module)` returns (`OptimizedModule`, a private class)."""
     return compiled_module(model) is not None and "forward" in model.__dict__
+
+
+def inductor_cache_dir() -> str:
+    """Where Inductor writes the code it generates (`torch._inductor.runtime.cache_dir_utils.cache_dir`, private):
+    `TORCHINDUCTOR_CACHE_DIR`, else `torchinductor_<user>` in the temporary directory (torch sets the variable and
+    makes the directory when asked)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()

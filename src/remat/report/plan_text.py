@@ -321,9 +321,10 @@ def _compiled_kept_more(report) -> str:
         return ""
     return (
         f" The compiled step peaked at {fmt_bytes(report.independent_peak_bytes, 'auto')}, above the eager step's"
-        f" {fmt_bytes(report.measured_peak_bytes, 'auto')} that the plan was priced on: Inductor can hold more in"
-        " its backward (a tied weight's gradient summed at the end, a recomputation fused into the next block's"
-        " backward; docs/compile.md). Fix: remat.auto(compiled_model, inputs, budget) compiles and measures its"
+        f" {fmt_bytes(report.measured_peak_bytes, 'auto')} that the plan was priced on: the compiled step can hold"
+        " more in its backward (a tied weight's gradient Inductor sums at the end, a recomputation it fuses into the"
+        " next block's backward, a gradient of zeros for each output the loss does not read; docs/compile.md)."
+        " Fix: remat.auto(compiled_model, inputs, budget) compiles and measures its"
         " candidates and applies one whose compiled step fits."
     )
 
