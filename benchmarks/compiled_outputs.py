@@ -1,4 +1,4 @@
-"""What a compiled step holds for the outputs its loss does not read (issue 36: BERT-base compiled peaked 6.4 GiB
+"""What a compiled step holds for the outputs its loss does not read (issue 36: BERT-base compiled peaked 6.2 GiB
 over its eager step on the H200, docs/peers_gpu.md).
 
 Hugging Face's masked-LM model computes its loss inside `forward` and returns the logits beside it.  Compiled, the

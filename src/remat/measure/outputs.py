@@ -36,7 +36,7 @@ def named_tensors(out: Any, name: str = "output") -> list[tuple[str, torch.Tenso
     a dict, `output[1]` of a tuple, `output` itself."""
     if isinstance(out, torch.Tensor):
         return [(name, out)]
-    if hasattr(out, "to_tuple") or isinstance(out, dict):  # a Hugging Face ModelOutput is a dict too
+    if isinstance(out, dict):  # a Hugging Face ModelOutput is an OrderedDict
         return [item for key, value in out.items() for item in named_tensors(value, str(key))]
     if isinstance(out, (tuple, list)):
         return [item for i, value in enumerate(out) for item in named_tensors(value, f"{name}[{i}]")]
