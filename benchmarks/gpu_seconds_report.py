@@ -185,8 +185,10 @@ def render(res: dict) -> str:
             said = f"{extra:+.1%}" if extra is not None else ""
             overhead = f"{r['step_s'] / eager - 1:+.1%}" if eager else ""
             peak = f"{r['peak_bytes'] / MiB:,.0f}" if "peak_bytes" in r else "-"
-            if "plan" in r:  # remat.auto's: what it chose, and what its search cost
-                variant = f"{variant} ({r['plan']}; searched {r['search_s']:.0f} s)"
+            if "plan" in r:  # remat.auto's: what it chose, and what its search cost (its compilations, where kept)
+                compiled = sum(phase.startswith("candidate ") for phase, _ in r.get("phases", []))
+                each = f", {compiled} candidate{'s' * (compiled != 1)} compiled" if compiled else ""
+                variant = f"{variant} ({r['plan']}; searched {r['search_s']:.0f} s{each})"
             rows.append([name, variant, peak, f"{r['step_s'] * 1e3:.1f}", _issued(r), overhead, said])
     return "\n\n".join(
         [

@@ -87,8 +87,14 @@ def searched(runner, batch: dict, opt, aim: int | float, trials: int) -> dict:
     if isinstance(aim, float):  # the smoke run's: a share of the step's peak as remat.profile measures it
         prof = remat.profile(runner, batch, optimizer=opt)
         aim = int(aim * (prof.compiled_peak_bytes or prof.peak_bytes))
-    plan = remat.auto(runner, batch, budget=aim, optimizer=opt, trials=trials)
-    out = {"budget": aim, "plan": describe_plan(plan), "search_s": time.perf_counter() - t0}
+    phases: list = []  # [phase, seconds into the search]: how long each candidate's compiling and measuring took
+
+    def told(phase: str, _done: int) -> None:
+        if not phases or phases[-1][0] != phase:
+            phases.append([phase, round(time.perf_counter() - t0, 1)])
+
+    plan = remat.auto(runner, batch, budget=aim, optimizer=opt, trials=trials, progress=told)
+    out = {"budget": aim, "plan": describe_plan(plan), "search_s": time.perf_counter() - t0, "phases": phases}
     if plan.measured_step_s:  # chosen by compiling and measuring candidates
         out.update(search_peak_bytes=plan.measured_peak_bytes, search_step_s=plan.measured_step_s)
         out["search"] = plan.notes[1]

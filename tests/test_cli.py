@@ -541,12 +541,13 @@ def test_the_plan_printed_is_in_the_frontier_table_even_between_its_points(capsy
 # -- remat plan --compile --------------------------------------------------------------------
 
 
-def test_plan_compile_chooses_the_plan_by_measuring_the_compiled_step(capsys, target_file, tmp_path):
+def test_plan_compile_chooses_the_plan_by_measuring_the_compiled_step(capsys, target_file, tmp_path, monkeypatch):
     """`--compile`: the plan remat.auto would apply to torch.compile(model), chosen by compiling and measuring
     candidates, printed with what the compiled step measured and written for `remat.apply(torch.compile(model),
     plan)`; no hand recipes beside it (their peaks are the eager step's).  `--verify` judges the compiled step by the
     counter that measures it, and so does the budget row (a step of some 110 MiB: the counter judges it)."""
     out_path = tmp_path / "compiled_plan.json"
+    monkeypatch.setenv("REMAT_PROGRESS", "lines")  # the progress lines on stderr: each candidate before it compiles
     code, out, err = run(
         capsys, "plan", f"{target_file}:wide_chain", "--budget", "0.75", "--compile", "--trials", "2",
         "--out", out_path, "--verify",
@@ -554,6 +555,12 @@ def test_plan_compile_chooses_the_plan_by_measuring_the_compiled_step(capsys, ta
     assert code == 0, out[-3000:] + err[-3000:]
     assert "compiled step with this plan: " in out and "note: chosen for the compiled step: " in out
     assert "hand recipes" not in out
+    said = [
+        line for line in err.splitlines() if line.startswith("remat: compiling and measuring candidate plans: cand")
+    ]
+    measured = out.split("note: measured: ")[1].split(".\n")[0].replace("\n", " ").count(" MiB, ")
+    assert len(said) == measured >= 2, err  # each candidate said before it compiled, numbered
+    assert said[0].startswith("remat: compiling and measuring candidate plans: candidate 1 of at most 6: "), said
     plan = remat.load_plan(out_path)
     assert 0 < plan.measured_peak_bytes <= plan.budget_bytes and plan.measured_counter.endswith("(compiled)")
     budget_row = next(line for line in out.splitlines() if line.strip().startswith("budget"))
@@ -580,7 +587,7 @@ def test_plan_compile_says_what_no_candidate_reached_in_the_clis_words(capsys, t
     import remat.cli.plan_cmd as plan_cmd
     from remat.compiled_plans import MORE_TRIALS, UNCOMPILED
 
-    def infeasible(model, step, prof, budget, trials, options):
+    def infeasible(model, step, prof, budget, trials, options, progress=None):
         raise remat.InfeasibleBudget(
             f"remat: no plan tried fits. Fix: a budget of 2 MiB or more, or {MORE_TRIALS}, or {UNCOMPILED}: its "
             "eager step with remat's plan for this budget is predicted at 1 MiB.",

@@ -292,6 +292,62 @@ def test_auto_refuses_a_count_of_trials_that_is_not_one_or_more(trials):
     assert applied(model) is None
 
 
+@pytest.mark.parametrize(
+    "keyword, fix",
+    [
+        ("progres", r"pass only solver, max_segment, time_limit_s, offload_bandwidth, device_flops \(remat\.plan's"),
+        ("keep_output", r"profile the step with remat\.profile\(model, inputs, keep_output=\.\.\.\), then remat\.plan"),
+    ],
+)
+def test_auto_refuses_a_keyword_it_does_not_take_before_it_profiles(monkeypatch, keyword, fix):
+    """A keyword neither remat.auto's nor remat.plan's used to reach the planner as Python's TypeError, after the
+    profile (minutes for a compiled model, whose compiled step is compiled and measured first)."""
+    import remat.entry
+
+    def profiled(*args, **kwargs):
+        raise AssertionError("profiled before the keywords were checked")
+
+    monkeypatch.setattr(remat.entry, "profile", profiled)
+    model, x = zoo.chain_report001(width=16, blocks=2, batch=4)
+    with pytest.raises(remat.RematError, match=rf"^remat: remat.auto takes .*; saw '{keyword}'\. Fix: {fix}"):
+        remat.auto(model, x, 0.5, **{keyword: False})
+    assert applied(model) is None
+
+
+def test_the_search_of_a_compiled_step_tells_progress_each_candidate_before_it_compiles(monkeypatch):
+    """`plan_for(..., progress=)` (remat.auto's `progress=`, the CLI's spinner): one phase per candidate measured,
+    numbered, naming what it is, said before its measurement, on stubbed measurements (every candidate over the
+    budget, so each kind runs its trials)."""
+    model, x = zoo.chain_report001(width=128, blocks=8, batch=512)
+    prof = remat.profile(model, x)
+    budget = remat.frontier(prof, max_points=2)[-1].peak_bytes
+    prof = dataclasses.replace(prof, compiled_peak_bytes=prof.peak_bytes, compiled_step_s=1.0)
+    events = []
+
+    def measured(_model, plan, _step):
+        events.append(("measured", compiled_mod._kind(plan)))
+        return ProcessPeak(budget + (1 << 20), 0, 0.5 if plan.compiler_budget < 1.0 else 1.0), "counter"
+
+    monkeypatch.setattr(compiled_mod, "measure_compiled", measured)
+    with pytest.raises(remat.InfeasibleBudget):
+        compiled_mod.plan_for(
+            model, (x, None, None), prof, budget, trials=2, progress=lambda phase, n: events.append((phase, n))
+        )
+    said, done = events[0::2], events[1::2]
+    assert len(said) == len(done) >= 3 and all(d[0] == "measured" for d in done), events
+    kinds = {d[1] for d in done}
+    assert any(k.startswith("remat ") for k in kinds) and any(k.startswith("compiler budget") for k in kinds)
+    assert said == [(f"candidate {n} of at most 6: {kind}", n) for n, (_, kind) in enumerate(done, 1)]
+
+
+def test_auto_with_progress_says_the_phases_of_its_profile_on_stderr(capsys):
+    model, x = zoo.chain_report001(width=16, blocks=2, batch=4)
+    remat.auto(model, x, 1.0, progress=True)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines and all(line.startswith("remat: auto: ") for line in lines), lines
+    assert any(line.startswith("remat: auto: backward (") for line in lines), lines
+
+
 def test_a_compiled_step_is_measured_after_this_process_compiled_on_its_thread_pool(tmp_path):
     """The forked copy that measures a compiled step compiles it again.  Inductor's compile thread pool, once this
     process has used it, comes across the fork without its threads: the copy used to wait forever on its first kernel

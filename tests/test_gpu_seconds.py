@@ -210,6 +210,10 @@ def test_remat_autos_points_on_the_compiled_model_are_judged_against_compiles_an
     assert (
         "| llama_style_decoder | auto 0.5+compile (compile budget 0.9 + 2 ckpt + 0 selective; searched 95 s) |" in shown
     )
+    phases = [["forward", 0.1], ["candidate 1 of at most 3: remat 2 checkpoints + 0 selective", 20.5]]
+    phases += [["candidate 2 of at most 3: compiler budget 0.9", 51.0]]
+    res["models"]["llama_style_decoder"]["auto 0.5+compile"]["phases"] = phases  # a run that kept what it said
+    assert "(compile budget 0.9 + 2 ckpt + 0 selective; searched 95 s, 2 candidates compiled) |" in report.render(res)
 
 
 def test_a_gpu_run_stopped_midway_keeps_every_variant_it_measured(tmp_path, monkeypatch):
@@ -296,6 +300,10 @@ def test_the_gpu_runs_compiled_variants_run_on_the_cpu_at_a_tiny_size(tmp_path):
     assert auto["budget"] > 0 and 0 < auto["search_peak_bytes"] <= auto["budget"], auto
     # BERT trains with dropout: remat's budget keeps its random numbers, so the search measures it too (Rule 9)
     assert auto["search"].startswith("measured: remat ") and "compiler budget" in auto["search"], auto["search"]
+    # each candidate's start, in seconds into the search: what sizes the GPU's minutes; as many as were measured
+    candidates = [(p, s) for p, s in auto["phases"] if p.startswith("candidate ")]
+    assert candidates[0][0].startswith("candidate 1 of at most 3: ") and len(candidates) == auto["search"].count(" ms")
+    assert [s for _, s in candidates] == sorted(s for _, s in candidates) and candidates[-1][1] < auto["search_s"]
     assert "| bert_base_mlm | auto 0.3+compile (" in proc.stdout
     at35 = variants["auto -35%+compile"]  # aimed at the eager step's point (on the CPU: SMOKE_AIM of the compiled)
     assert at35["budget"] > 0 and 0 < at35["search_peak_bytes"] <= at35["budget"], at35

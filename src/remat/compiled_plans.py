@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -14,6 +16,7 @@ from remat.errors import InfeasibleBudget, RematError, listing
 from remat.measure.loop import Loop
 from remat.planner import plan
 from remat.planner.result import keep_all
+from remat.progress import Progress, say
 from remat.report.text import fmt_bytes
 from remat.types import Plan, StepProfile
 from remat.types.profile import COMPILED_PEAK_MARGIN
@@ -81,7 +84,8 @@ from remat.verifier.verify import independent_step
 #         budget keeps what each random op drew (NOTE [The compiler's budget as a plan], Rule 5), where torch's
 #         own re-draws it in backward and changes the gradients silently.  From 2026-12-06 until the keeping
 #         existed, the same day, such a step got remat's checkpoints only.
-# Each candidate costs one compilation (tens of seconds on the peers' large models on CPU).
+# Each candidate costs one compilation (tens of seconds on the peers' large models on CPU); with `progress`, the
+# search says each candidate before it compiles it ("candidate 2 of at most 12: compiler budget 0.7").
 
 SEARCH_TRIALS = 4
 CLOSE_ENOUGH = 0.05
@@ -109,19 +113,29 @@ class Measured(NamedTuple):
 
 
 def plan_for(
-    model, step: tuple, prof: StepProfile, budget: int, trials: int = SEARCH_TRIALS, plan_options: dict | None = None
+    model,
+    step: tuple,
+    prof: StepProfile,
+    budget: int,
+    trials: int = SEARCH_TRIALS,
+    plan_options: dict | None = None,
+    *,
+    progress: Progress | None = None,
 ) -> Plan:
     """The plan `remat.auto` applies, not applied: `remat.plan`'s, unless `model` is compiled and its compiled step is
     over `budget` (then NOTE [Plans for a compiled step]).  `step` is (inputs, loss_fn, optimizer); `prof` is
-    `remat.profile` of `model`."""
+    `remat.profile` of `model`; `progress(phase, n)` is told each candidate before it compiles."""
     plan_options = plan_options or {}
     compiled = prof.compiled_peak_bytes
     if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
         return plan(prof, budget, **plan_options)
+    said = _teller(progress, most_candidates(trials))
     try:
-        tried = _remat_candidates(model, step, prof, budget, trials, plan_options)
-        tried += _compiler_candidates(model, step, prof, budget, trials)
-        tried += _hybrid_candidates(model, step, prof, budget, tried, trials=trials, plan_options=plan_options)
+        tried = _remat_candidates(model, step, prof, budget, trials, plan_options, said=said)
+        tried += _compiler_candidates(model, step, prof, budget, trials, said=said)
+        tried += _hybrid_candidates(
+            model, step, prof, budget, tried, trials=trials, plan_options=plan_options, said=said
+        )
     finally:
         if any(p.is_cuda for p in model.parameters()):  # Rule 7: the candidates compiled in this process
             torch.compiler.reset()
@@ -134,8 +148,27 @@ def most_candidates(trials: int) -> int:
     return 3 * trials
 
 
+Said = Callable[[Plan], None]
+"""Told each candidate before it is compiled and measured."""
+
+
+def _teller(progress: Progress | None, most: int) -> Said:
+    """A `Said` that tells `progress` "candidate N of at most `most`: <what it is>", N counting from 1."""
+    count = itertools.count(1)
+
+    def said(candidate: Plan) -> None:
+        n = next(count)
+        say(progress, f"candidate {n} of at most {most}: {_kind(candidate)}", n)
+
+    return said
+
+
+def _untold(candidate: Plan) -> None:
+    """The `Said` of a search nobody watches."""
+
+
 def _remat_candidates(
-    model, step: tuple, prof: StepProfile, budget: int, trials: int, plan_options: dict
+    model, step: tuple, prof: StepProfile, budget: int, trials: int, plan_options: dict, *, said: Said = _untold
 ) -> list[Measured]:
     """Rules 1, 3 and 4 for plans of remat's checkpoints."""
     eager = dataclasses.replace(prof, compiled_peak_bytes=0)  # priced eagerly, with no compiled-step shortcut
@@ -147,6 +180,7 @@ def _remat_candidates(
         candidate = _eager_plan(eager, int(target), plan_options)
         if _key(candidate) in tried:
             break
+        said(candidate)
         measured, counter = measure_compiled(model, candidate, step)
         tried[_key(candidate)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, candidate.peak_bytes, (fit, miss))
@@ -156,7 +190,9 @@ def _remat_candidates(
     return list(tried.values())
 
 
-def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, trials: int) -> list[Measured]:
+def _compiler_candidates(
+    model, step: tuple, prof: StepProfile, budget: int, trials: int, *, said: Said = _untold
+) -> list[Measured]:
     """Rules 2, 3 and 4 for torch.compile's activation memory budget (a fraction: 1.0 is the unplanned step)."""
     resident = prof.param_bytes + prof.optimizer_bytes
     tried: list[Measured] = []
@@ -167,6 +203,7 @@ def _compiler_candidates(model, step: tuple, prof: StepProfile, budget: int, tri
             break
         fraction = round(fraction, 3)
         candidate = compiler_plan(prof, budget, fraction)
+        said(candidate)
         try:
             measured, counter = measure_compiled(model, candidate, step)
         except RematError:  # the copy could not compile or run the step under the budget: remat's plans only
@@ -201,7 +238,15 @@ def _next_fraction(fit: float, measured: list[float]) -> float | None:
 
 
 def _hybrid_candidates(
-    model, step: tuple, prof: StepProfile, budget: int, tried: list[Measured], *, trials: int, plan_options: dict
+    model,
+    step: tuple,
+    prof: StepProfile,
+    budget: int,
+    tried: list[Measured],
+    *,
+    trials: int,
+    plan_options: dict,
+    said: Said = _untold,
 ) -> list[Measured]:
     """Rule 6: remat's checkpoints under torch.compile's budget, for a fraction measured fast but over `budget`
     (`tried`: the candidates measured so far), in at most `trials` more measurements."""
@@ -228,6 +273,7 @@ def _hybrid_candidates(
         candidate = dataclasses.replace(
             checkpoints, compiler_budget=knob.compiler_budget, notes=[note, *checkpoints.notes]
         )
+        said(candidate)
         measured, counter = measure_compiled(model, candidate, step)
         hybrids[_key(checkpoints)] = Measured(candidate, measured, counter)
         fit, miss, close = _bracketed(measured.peak_bytes, budget, checkpoints.peak_bytes, (fit, miss))

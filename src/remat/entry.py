@@ -41,7 +41,9 @@ from remat.errors import RematError
 from remat.gpu_fit import fit_gpu
 from remat.measure import profile as measure_profile
 from remat.measure.loop import Loop
+from remat.planner import plan
 from remat.planner.budget import parse_budget
+from remat.progress import Progress, resolve, say
 from remat.report.text import fmt_bytes
 from remat.types import Plan, StepProfile
 from remat.verifier.verify import independent_step
@@ -76,10 +78,12 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     Known limitations: in fake mode an op whose output depends on values (`.item()`, `nonzero`) runs only on values
     computed from the inputs and buffers alone (NOTE [Values a fake step can know]), not on activations or random
     draws; CUDA's workspaces are modelled from H100 and H200 measurements (NOTE [CUDA memory that is no tensor])."""
+    options["progress"] = told = resolve(options.get("progress"), "profile")
     prof = measure_profile(model, inputs, loss_fn, optimizer, mode, **options)
     if mode != Mode.REAL or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof
     loop = Loop.of(options.get("step", "steady"), options.get("accumulate", 1), options.get("keep_output", True))
+    say(told, "the compiled step, compiled and run in a copy of the process")
     measured, counter = independent_step(model, inputs, loss_fn, optimizer, loop, TIMED_STEPS)
     if measured is None:
         return prof
@@ -135,11 +139,21 @@ profile.__signature__ = inspect.signature(measure_profile)  # type: ignore[attr-
 
 
 def auto(
-    model: nn.Module, inputs: Any, budget, loss_fn=None, optimizer=None, *, trials: int = SEARCH_TRIALS, **plan_options
+    model: nn.Module,
+    inputs: Any,
+    budget,
+    loss_fn=None,
+    optimizer=None,
+    *,
+    trials: int = SEARCH_TRIALS,
+    progress: bool | Progress | None = None,
+    **plan_options,
 ) -> Plan:
     """Profile, plan and apply in one call; returns the Plan it applied.  For a compiled model whose compiled step
     is over the budget, the plan is chosen by compiling and measuring candidates, at most `trials` of remat's
-    checkpoints and `trials` of torch.compile's own budget (NOTE [Plans for a compiled step]).
+    checkpoints, `trials` of torch.compile's own budget and `trials` of both (NOTE [Plans for a compiled step]).
+    `progress=True` writes a line to stderr at each phase of the profile and before each candidate compiles (or
+    pass a callable `progress(phase, done)`, as to `remat.profile`).  Other keywords are `remat.plan`'s.
 
     Example: plan = remat.auto(model, batch, budget="6GiB", optimizer=opt)
 
@@ -153,11 +167,12 @@ def auto(
             f"remat: trials must be a whole number of candidate plans to compile, 1 or more; saw "
             f"{trials!r}. Fix: pass trials={SEARCH_TRIALS} (the default) or more."
         )
+    _check_plan_options(plan_options)
+    told = resolve(progress, "auto")
     with taken_off(model):  # the model as written, remat's own checkpoints put back after (or if nothing fits)
-        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer)
-        chosen = plan_for(
-            model, (inputs, loss_fn, optimizer), prof, parse_budget(budget, prof.peak_bytes), trials, plan_options
-        )
+        prof = profile(model, inputs, loss_fn=loss_fn, optimizer=optimizer, progress=told)
+        step, limit = (inputs, loss_fn, optimizer), parse_budget(budget, prof.peak_bytes)
+        chosen = plan_for(model, step, prof, limit, trials, plan_options, progress=told)
         if chosen.compiler_budget == 1.0 and not chosen.measured_peak_bytes:  # an eager plan, on CUDA checked
             chosen = fit_gpu(model, (inputs, loss_fn, optimizer), prof, chosen, plan_options)
     if chosen.allocator and chosen.allocator not in os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "").replace(" ", ""):
@@ -169,3 +184,23 @@ def auto(
         )
     replace_plan(model, chosen, stacklevel=3)  # in place of the old plan, if any, saying so
     return chosen
+
+
+def _check_plan_options(plan_options: dict) -> None:
+    """`remat.auto`'s keywords besides its own are `remat.plan`'s: one that is not stops here, before a profile
+    that can take minutes (a compiled model's compiles), not as Python's TypeError from inside the planner."""
+    known = [n for n, p in inspect.signature(plan).parameters.items() if p.kind is p.KEYWORD_ONLY or n == "solver"]
+    unknown = sorted(set(plan_options) - set(known))
+    if not unknown:
+        return
+    of_profile = [n for n in unknown if n in inspect.signature(measure_profile).parameters]
+    fix = (
+        f"profile the step with remat.profile(model, inputs, {of_profile[0]}=...), then remat.plan(prof, budget) "
+        "and remat.apply(model, plan): remat.auto profiles the loop remat.profile's defaults describe"
+        if of_profile
+        else f"pass only {', '.join(known)} (remat.plan's options), or none"
+    )
+    raise RematError(
+        f"remat: remat.auto takes model, inputs, budget, loss_fn, optimizer, trials and remat.plan's options "
+        f"({', '.join(known)}); saw {', '.join(repr(n) for n in unknown)}. Fix: {fix}."
+    )

@@ -25,7 +25,7 @@ from remat.cli.common import (
     spinner,
     write,
 )
-from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, UNCOMPILED, most_candidates, plan_for
+from remat.compiled_plans import MORE_TRIALS, SEARCH_TRIALS, UNCOMPILED, plan_for
 from remat.errors import InfeasibleBudget, RematError
 from remat.gpu_fit import fit_gpu
 from remat.planner import baseline_plans
@@ -225,8 +225,9 @@ def _compiled_plan(args: argparse.Namespace, built: Target | None, prof: StepPro
     budget = parse_budget(args.budget, prof.peak_bytes)
     options = {"solver": args.solver, **_solver_options(args)}
     try:
-        with spinner(f"compiling and measuring candidate plans (at most {most_candidates(args.trials)})"):
-            return plan_for(built.model, step, prof, budget, args.trials, options)
+        with spinner("compiling and measuring candidate plans") as status:  # each: "candidate 2 of at most 12: ..."
+            told = progress_of(status, "compiling and measuring")
+            return plan_for(built.model, step, prof, budget, args.trials, options, progress=told)
     except InfeasibleBudget as e:  # in the CLI's words
         raise InfeasibleBudget(
             str(e)
