@@ -83,7 +83,7 @@ def profile(model, inputs, loss_fn=None, optimizer=None, mode: str = "real", **o
     if mode != Mode.REAL or options.get("world_size", 1) != 1 or not is_compiled(model):
         return prof
     loop = Loop.of(options.get("step", "steady"), options.get("accumulate", 1), options.get("keep_output", True))
-    say(told, "the compiled step, compiled and run in a copy of the process")
+    say(told, "the compiled step, compiled and measured")
     measured, counter = independent_step(model, inputs, loss_fn, optimizer, loop, TIMED_STEPS)
     if measured is None:
         return prof

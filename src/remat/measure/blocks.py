@@ -147,6 +147,7 @@ class _Block:
             grad_ops_before=self._grad_ops_before(previous_end),
             selective_variants=self.variants,
             selective_replays=not self.replay.anew,
+            selective_matmul_written=self._matmul_output_written(),
             foreign_grad_inputs=self._foreign_grad_inputs(previous),
             call=self.call,
         )
@@ -180,6 +181,12 @@ class _Block:
         """NOTE [Which outputs a selective checkpoint keeps]."""
         matmul_keeps = {op.signature for _, op in block.rerun if op.name in SAVE_OPS}
         return replayable(selective_variants(block, self.internal, matmul_keeps), self.replay)
+
+    def _matmul_output_written(self) -> bool:
+        """An output the matmul policy would keep, made by the block's forward and written in place after
+        (`BlockProfile.selective_matmul_written`)."""
+        made = {k for k, op in self.block_ops.rerun if op.name in SAVE_OPS}
+        return any(r.written and r.alloc_step in made for r in self.block_ops.records)
 
     def _grad_ops_before(self, previous_end: int | None) -> int:
         """Forward ops between the end of the previous module of the same container and this one's start

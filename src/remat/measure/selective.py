@@ -12,7 +12,8 @@ NOTE [Which outputs a selective checkpoint keeps]
           longer frees them), those it does not save go into the selective cache until the block's
           backward; it spares the re-run of its ops.  A class whose outputs take no bytes of their own
           (views) is always re-run: keeping a view would keep its base; so is one whose output a later op
-          writes in place (`StorageRecord.written`: torch refuses a cached tensor that changed).
+          writes in place (`StorageRecord.written`: torch refuses a cached tensor that changed); a block that
+          writes a matmul's output so is offered no matmul policy (`BlockProfile.selective_matmul_written`).
   Rule 2. Classes are ranked by seconds spared per byte kept, dearest first, the seconds the roofline
           predicts (`OpRecord.predicted_s`; FLOPs per byte break ties, then the order they first ran in).  Not
           the clock's: measured, a tril and a matmul of a GPT-2 block swapped places from one profile to the

@@ -269,7 +269,8 @@ def _make_selective_units(
         # NOTE [A selective checkpoint and autocast's cache] in `remat.measure.cast_replay`
     held_end, at = max(b.backward_start_op, b.backward_end_op + 1), rerun_points([b])[0]
     kept, units, rerun = kept_holds(b, held_end, wanted), [], Rerun(live, b, b.forward_end_op, start)
-    for v in (_matmul_policy(b), *b.selective_variants):
+    policies = b.selective_variants if b.selective_matmul_written else [_matmul_policy(b), *b.selective_variants]
+    for v in policies:  # the matmul policy would keep a tensor written in place after: torch refuses it at the re-run
         if v.free_bytes <= 0:
             continue
         seconds = v.recompute_s + v.recompute_ops * per_op[0] + 2 * _forward_ops(b) * per_op[1]

@@ -1,8 +1,7 @@
 """Plain data produced by the measurement: `StepProfile` and its parts.
 
-Everything here is a frozen dataclass of ints, floats, strings and lists, so a
-profile taken on one machine can be saved as JSON and read, reported or planned
-on another.  Field names carry their units (`*_bytes`, `*_s`, `*_flops`).
+Everything here is a frozen dataclass of ints, floats, strings and lists, so a profile taken on one machine can be
+saved as JSON and read, reported or planned on another.  Field names carry their units (`*_bytes`, `*_s`, `*_flops`).
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from remat.types.reserve import GpuReserve
 from remat.types.timeline import Timeline
 
 PROFILE_FORMAT = "remat.StepProfile"
-PROFILE_VERSION = 16
+PROFILE_VERSION = 17
 """What each version added, and how an older one reads: `remat.types.profile_versions`."""
 
 COMPILED_PEAK_MARGIN = 0.02
@@ -129,8 +128,8 @@ class BlockProfile:
     it saves its own output; "*" if code outside every sibling saves it too.  A checkpointed
     segment of siblings frees the output when all of these are in the segment; `output_own_bytes` aside (v16)."""
     input_unsaved_bytes: int
-    """Part of the inputs that autograd does not keep and that would otherwise be freed: a
-    checkpoint around it keeps them alive until its backward."""
+    """Part of the inputs that autograd does not keep and that would otherwise be freed: a checkpoint around it keeps
+    them alive until its backward."""
     forward_flops: int
     """Forward FLOPs (formulas of `torch.utils.flop_counter`)."""
     backward_flops: int
@@ -141,11 +140,11 @@ class BlockProfile:
     """Forward FLOPs a non-reentrant checkpoint around this module would re-run in backward: its
     ops up to the last one whose output autograd saves inside it (torch stops recomputing there)."""
     selective_free_bytes: int
-    """Part of `internal_bytes` that selective checkpointing frees: outputs of ops other than matmuls,
-    convolutions and attention (those it keeps)."""
+    """Part of `internal_bytes` that selective checkpointing frees: outputs of ops other than matmuls, convolutions and
+    attention (those it keeps)."""
     selective_extra_bytes: int
-    """Outputs of its matmul-like ops that autograd does not keep but selective checkpointing caches
-    until the block's backward."""
+    """Outputs of its matmul-like ops that autograd does not keep but selective checkpointing caches until the block's
+    backward."""
     selective_recompute_flops: int
     """Forward FLOPs selective checkpointing re-runs: the ops it does not keep, up to the last saved one."""
     forward_s: float
@@ -247,6 +246,9 @@ class BlockProfile:
     selective_replays: bool = True
     """torch's selective checkpoint replays its forward: False where the forward took from autocast's cache a cast
     the re-run makes anew (NOTE [A selective checkpoint and autocast's cache] in `remat.measure.cast_replay`)."""
+    selective_matmul_written: bool = False
+    """An output the matmul policy keeps is written in place later (a conv's through `nn.ReLU(inplace=True)`): torch's
+    selective checkpoint refuses it at the re-run, so only `selective_variants` are planned (they keep no such output)."""
     selective_kept_made: list[list[int]] = field(default_factory=list)
     selective_kept_outside: list[list[int]] = field(default_factory=list)
     """`SelectiveVariant.kept_made` and `kept_outside` of the policy keeping matmul, convolution and attention outputs."""
@@ -375,13 +377,8 @@ class StepProfile:
 
     @classmethod
     def from_json(cls, text: str) -> "StepProfile":
-        data = _json.load(
-            text,
-            PROFILE_FORMAT,
-            PROFILE_VERSION,
-            "pass the text written by StepProfile.to_json() or `remat profile --json`",
-            upgrades=UPGRADES,
-        )
+        fix = "pass the text written by StepProfile.to_json() or `remat profile --json`"
+        data = _json.load(text, PROFILE_FORMAT, PROFILE_VERSION, fix, upgrades=UPGRADES)
 
         def make() -> StepProfile:
             data["at_peak"] = Breakdown(**data["at_peak"])

@@ -23,6 +23,7 @@ for `remat.types._json.load`).  What each version added:
 15: whether torch's selective checkpoint replays a block under autocast (`BlockProfile.selective_replays`).
 16: `BlockProfile.output_kept_by` names the keepers of a block's saved outputs but those only its own ops keep;
    `BlockProfile.batchnorm_stats_bytes`.
+17: whether a block writes in place an output the matmul policy keeps (`BlockProfile.selective_matmul_written`).
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ UPGRADES: dict[int, Callable[[dict], dict]] = {
     13: dict,
     14: dict,
     15: dict,
+    16: dict,
 }
 """Version -> what makes it the next one's JSON (version 6 reads as 7 as it is; version 7 as 8, without what is
 freed before a block's first forward and backward op: read as 0, a checkpoint's recomputation counts from the
@@ -79,4 +81,5 @@ where a checkpoint re-runs: read as not recorded, at its last block's first back
 15, without whether torch's selective checkpoint replays a block under autocast: read as it does, and its variants
 keeping a cast as they are; version 15 as 16, its `output_kept_by` naming the block itself for outputs only its own
 ops keep: planned as before, a checkpoint's re-run taking such a block's other outputs as its own ops' too, and
-without the BatchNorm statistics its re-run copies: read as none, not counted, as before)."""
+without the BatchNorm statistics its re-run copies: read as none, not counted, as before; version 16 as 17,
+without whether a block writes a matmul's output in place: read as not, the matmul policy offered as before)."""
