@@ -261,3 +261,29 @@ def test_a_block_that_writes_a_kept_output_in_place_gets_no_selective_checkpoint
     assert chosen  # selective checkpoints were planned: the variants, which keep no written output
     plain = nn.Sequential(*[_WritesItsConv(32, in_place=False) for _ in range(2)])
     assert not any(b.selective_matmul_written for b in remat.profile(plain, x).blocks)
+
+
+def test_hugging_faces_funnel_transformer_writes_its_layers_matmul_outputs_in_place_and_is_marked_so():
+    """A real model with such blocks (of the 39 configurations in benchmarks/unseen_models.py, the only one, its
+    configuration here; 2026-12-07): the Funnel Transformer's layers write a matmul's output in place.  The matmul policy around one of them fails as
+    torch says; the profile marks them, and the planner offers them no such policy."""
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    torch.manual_seed(0)
+    cfg = transformers.FunnelConfig(vocab_size=256, d_model=64, n_head=4, d_head=16, d_inner=128, block_sizes=[1, 1, 1])
+    model = transformers.FunnelForMaskedLM(cfg)
+    ids = torch.randint(0, 256, (2, 32))
+    inputs = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
+    prof = remat.profile(model, inputs)
+    marked = {b.name for b in prof.blocks if b.selective_matmul_written}
+    assert "funnel.encoder.blocks.0.0" in marked and "funnel.decoder.layers.0" in marked, marked
+    units = [u for u in Problem.of(prof).units if u.action == Action.SELECTIVE and u.keeps == ()]
+    assert not [u for u in units if set(u.blocks) & marked]
+    keep = remat.plan(prof, prof.peak_bytes)
+    name = "funnel.encoder.blocks.0.0"
+    policy = dataclasses.replace(keep, selective=[name], decisions={**keep.decisions, name: Action.SELECTIVE})
+    remat.apply(model, policy)
+    with pytest.raises(RuntimeError, match="Tensor cached during selective activation checkpoint has been mutated"):
+        model(**inputs).loss.backward()
+    remat.remove(model)
