@@ -18,7 +18,7 @@ from remat.measure.block_io import BlockIO
 from remat.measure.cast_replay import cast_replay, replayable
 from remat.measure.calls import call_profiles
 from remat.measure.chains import uncalled_chains, with_chains
-from remat.measure.selective import BlockOps, cache_facts, selective_variants
+from remat.measure.selective import BlockOps, cache_facts, selective_variants, written_at
 from remat.measure.tracker import OpRecord, StorageRecord, Tracker
 from remat.hf import checkpointed_by_hf
 from remat.module_tree import class_name, container_kind, enclosing, parent_name, within
@@ -185,8 +185,8 @@ class _Block:
     def _matmul_output_written(self) -> bool:
         """An output the matmul policy would keep, made by the block's forward and written in place after
         (`BlockProfile.selective_matmul_written`)."""
-        made = {k for k, op in self.block_ops.rerun if op.name in SAVE_OPS}
-        return any(r.written and r.alloc_step in made for r in self.block_ops.records)
+        written = written_at(self.block_ops)
+        return any(k in written for k, op in self.block_ops.rerun if op.name in SAVE_OPS)
 
     def _grad_ops_before(self, previous_end: int | None) -> int:
         """Forward ops between the end of the previous module of the same container and this one's start

@@ -120,15 +120,20 @@ def cache_facts(kept: Callable[[OpRecord], bool], block: BlockOps) -> tuple[list
     return [[k, b] for k, b in sorted(made.items())], outside
 
 
+def written_at(block: BlockOps) -> set[int]:
+    """Timeline indices of the block's ops whose output a later op writes in place (`StorageRecord.written`): torch's
+    selective checkpoint refuses such an output from its cache (Rule 1)."""
+    return {r.alloc_step for r in block.records if r.written and r.op}
+
+
 def selective_variants(
     block: BlockOps, internal: list[StorageRecord], matmul_keeps: set[str]
 ) -> list[SelectiveVariant]:
     """The variants of one block.  `internal`: its activations kept only inside it; `matmul_keeps`: the signatures
     the matmul policy keeps (Rule 4)."""
-    rerun, after, records = block.rerun, block.after, block.records
+    rerun, after, changed = block.rerun, block.after, written_at(block)
     classes = _classes(block, internal)
-    written_at = {r.alloc_step for r in records if r.written and r.op}
-    written = {op.signature for k, op in (*rerun, *after) if k in written_at}  # a kept signature is cached after too
+    written = {op.signature for k, op in (*rerun, *after) if k in changed}  # a kept signature is cached after too
     ranked = sorted((c for c in classes.values() if c.bytes > 0 and c.signature not in written), key=_Class.rank)
     variants: list[SelectiveVariant] = []
     for k in _cuts([c.bytes for c in ranked]):
