@@ -61,3 +61,41 @@ def attention():
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[_SelfAttention(256, 4) for _ in range(4)])
     return model, (torch.randn(8, 512, 256),)
+
+
+class _Kernel(torch.nn.Module):
+    """A function made a module outside the model, as `kernels.use_kernel_forward_from_hub` makes Hugging Face's
+    `mamba_inner_fn` one: called with what a fused kernel would take, it returns None where there is none."""
+
+    def forward(self, a):
+        return None
+
+
+_KERNEL = _Kernel()
+
+
+class _DeadBranch(torch.nn.Module):
+    """A block that computes a sigmoid of its input it never uses (Hugging Face Mamba's mixer from transformers 5.25
+    computes its A for a fused kernel and drops it on CPU), optionally handing it to `_KERNEL`, then a residual MLP."""
+
+    def __init__(self, width: int, kernel: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(width, width)
+        self.kernel = kernel
+
+    def forward(self, x):
+        unused = torch.sigmoid(x)  # sigmoid saves its own output
+        if self.kernel:
+            _KERNEL(unused)
+        return x + self.lin(torch.tanh(x))
+
+
+def dead_branches(kernel: bool = False):
+    """3 `_DeadBranch` blocks of width 256 at batch 8192: each unused sigmoid is 8 MiB of a ~60 MiB step."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[_DeadBranch(256, kernel) for _ in range(3)])
+    return model, (torch.randn(8192, 256),)
+
+
+def dead_branches_to_a_kernel():
+    return dead_branches(kernel=True)

@@ -33,7 +33,12 @@ class ModuleTracker(_ModuleTracker):
     in it: an activation module made on the fly or shared through a module-level table, a loss
     module) is named by its class alone, never under the model.  Called while modules of the
     model run, it runs inside the innermost of them: `innermost` answers that one, and entering
-    it in a recomputation drops none of the model's open modules.
+    it in a recomputation drops none of the model's open modules.  Nor are its tensors hooked for its
+    backward there (`_inside_the_model`): torch's hook on a tensor holds that tensor's node, the node holds
+    the hook, and a tensor the forward then drops unused lived until the tracker exited.  Hugging Face's
+    `kernels` make functions such modules; from transformers 5.25 Mamba's mixer hands one, `mamba_inner_fn`,
+    an `A` that the CPU's path never uses: 4 KiB per layer, counted to the step's end and past its peak, and
+    a checkpoint's input held with it (`tests/test_dead_branches.py`, 2026-12-07).
     """
 
     def __init__(self, root: str | None = None) -> None:
@@ -61,9 +66,10 @@ class ModuleTracker(_ModuleTracker):
                 self.recomputing.add(name)
             else:
                 self.recomputing = {n for n in self.recomputing if name.startswith(n + ".")} | {name}
-        elif torch.is_grad_enabled():
+        elif torch.is_grad_enabled() and not self._inside_the_model(self._get_mod_name(mod)):
             super()._fw_pre_hook(mod, input)
-        else:  # no graph is recorded, so no backward of this call to hook (nor, for a view made here, a node)
+        else:  # no graph is recorded, so no backward of this call to hook (nor, for a view made here, a node);
+            # or a module outside the model called inside it, whose backward is the model module's around it
             self._get_append_fn(self._get_mod_name(mod), False)()
 
     def _fw_post_hook(self, mod, input, output) -> None:
@@ -72,9 +78,15 @@ class ModuleTracker(_ModuleTracker):
             return
         given = {id(t) for t in tree_flatten(input)[0] if isinstance(t, torch.Tensor)}
         made = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor) and id(t) not in given]
-        if not torch.is_grad_enabled():
+        if not torch.is_grad_enabled() or self._inside_the_model(self._get_mod_name(mod)):
             made = []
         super()._fw_post_hook(mod, input, made)  # an output that is an input (nn.Identity) opens no backward
+
+    def _inside_the_model(self, name: str) -> bool:
+        """`name` is a module outside the model called while one of the model's runs: its backward runs inside that
+        one's, which `innermost` names anyway, and hooking its tensors would keep a tensor it drops (a branch the
+        forward computes and never uses) alive until the tracker exits (see the class docstring)."""
+        return self._outside(name) and any(n != "Global" and not self._outside(n) for n in self.parents)
 
     def _outside(self, name: str) -> bool:
         """The module named `name` is not the model nor one of its submodules (always False without `root`)."""

@@ -10,16 +10,17 @@ NOTE [When the caller lets go of an output]
   512 tokens had its plans predicted 3.9 and 8.4 MB above their 57 MB steps (docs/validation.md section 2.4), one of
   4 layers its least plan at 108,140,548 bytes where two checkpoints reach 79,067,140
   (`tests/test_what_a_checkpoint_frees.py`, with a model shaped like it held to the byte; 2026-12-03).
-  Rule 1. Each tensor such a block returns is watched by a weak reference (torch keeps a tensor's Python object
-          while autograd holds it, so the reference lives as long as what the step keeps).
+  Rule 1. Each tensor such a block returns is watched by a weak reference.  Autograd's hold is remat's pack of an
+          alias (NOTE [What remat's pack keeps] in `remat.measure.tracker`), never the object: the reference dies
+          when nothing but autograd keeps the tensor (before 2026-12-07 the pack held the object, and the search
+          below looked past it).
   Rule 2. At the start of each later candidate, and at the end of each module around the block, every watched
           tensor is looked for: among what any object the garbage collector sees refers to (a tuple, a list, a
-          module's dict; but remat's own pack of it for autograd, `tracker.Packed`), among the variables of the
-          functions still running (the forwards around the hook, read as a snapshot and emptied at once, which
-          the search above does not see), and, at a module's end, in what it returns.  Found nowhere: the step
-          has let go of it, and the op where it was looked for is where a checkpoint of the block frees it
-          (`BlockIO.let_go`, then `BlockProfile.output_own_free_op`).  Found: it stays watched, at most until the
-          step's backward, from whose first op it is freed as before.
+          module's dict), among the variables of the functions still running (the forwards around the hook, read
+          as a snapshot and emptied at once, which the search above does not see), and, at a module's end, in what
+          it returns.  Gone, or found nowhere: the step has let go of it, and the op where it was looked for is
+          where a checkpoint of the block frees it (`BlockIO.let_go`, then `BlockProfile.output_own_free_op`).
+          Found: it stays watched, at most until the step's backward, from whose first op it is freed as before.
   Rule 3. What it cannot see: a view of the tensor that the model keeps without reading it (the view is another
           object), and references held by C code outside autograd.  Either would make a checkpoint free it later
           than predicted.  And a running function that keeps the dict of its own `locals()` and reads it later
@@ -50,7 +51,7 @@ from torch.autograd.graph import register_multi_grad_hook
 from torch.nn.modules.module import register_module_forward_pre_hook
 
 from remat._torch_compat import global_forward_hook_with_kwargs, in_backward, tree_flatten
-from remat.measure.tracker import Packed, StorageRecord, Tracker
+from remat.measure.tracker import StorageRecord, Tracker
 from remat.module_tree import WRAPPED_MARK, find_extras, parent_name, within
 
 
@@ -172,13 +173,16 @@ class BlockIO:
         ]
         returned = {id(t) for t in tree_flatten(_flatten_output(out))[0] if isinstance(t, torch.Tensor)}
         objects, owners = [], []
+        done = set()
         for w in mine:
             t = w[1]()
-            if t is not None and id(t) not in returned:
+            if t is None:  # nothing refers to it any more, autograd's packs included (they hold an alias)
+                self.let_go.setdefault(id(w[2]), len(self.tracker.ops))
+                done.add(id(w))
+            elif id(t) not in returned:
                 objects.append(t)
                 owners.append(w)
         t = None
-        done = set()
         for w, free in zip(owners, _unheld(objects)):
             if free:
                 self.let_go.setdefault(id(w[2]), len(self.tracker.ops))
@@ -192,14 +196,13 @@ class BlockIO:
 
 
 def _unheld(objects: list) -> list[bool]:
-    """Rule 2: for each of `objects`, whether only autograd's packs (remat's `Packed`) still keep it: no object the
-    garbage collector sees refers to it, and no variable of a function still running (the modules' forwards around
-    the hook) holds it."""
+    """Rule 2: for each of `objects`, whether the step has let go of it: no object the garbage collector sees refers
+    to it, and no variable of a function still running (the modules' forwards around the hook) holds it."""
     if not objects:
         return []
     seen: set[int] = set()
     for r in gc.get_referrers(*objects):
-        if r is not objects and type(r) is not Packed:
+        if r is not objects:
             seen.update(id(x) for x in gc.get_referents(r))
     r = None
     seen |= _in_running_frames({id(o) for o in objects})

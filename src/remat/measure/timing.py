@@ -39,6 +39,7 @@ NOTE [The seconds of a step]
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -53,7 +54,7 @@ from remat.measure.device.roofline import overheads_on
 from remat.measure.loop import Loop, clear_grads, micro_batch
 from remat.measure.step import StepInputs, run_user_code
 from remat.module_tree import class_name, within
-from remat.measure.tracker import OpRecord, Tracker
+from remat.measure.tracker import OpRecord, Tracker, alias
 
 REPEATS = 3
 """Rounds of timed steps (Rule 1)."""
@@ -75,9 +76,12 @@ class OpTimer(TorchDispatchMode):
         self.cuda = cuda
         self.names: list[str] = []
         self._spans: list = []
+        self._packing = False  # in `alias`: the detach is no op of the step, as in the tracked one
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
+        if self._packing:
+            return func(*args, **kwargs)
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -210,7 +214,8 @@ def time_loop(
         clear_grads(model, opt)
         walls.append(stamps[-1] - stamps[0])
         phases.append([b - a for a, b in zip(stamps[1:], stamps[2:])])
-        with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(identity, identity):
+        timer = OpTimer(cuda)
+        with timer, torch.autograd.graph.saved_tensors_hooks(functools.partial(alias, timer), identity):
             bounds = []  # the hooks as the tracked step has them: the same ops run
             last_pass(lambda: _bound(sync, bounds, timer))
         clear_grads(model, opt)
@@ -237,7 +242,7 @@ def _bound(sync: Callable[[], None], bounds: list[int], timer: OpTimer) -> None:
 
 
 def identity(t):
-    """A saved-tensors hook that keeps the tensor as it is (the unpack hook of the tracked step too)."""
+    """The unpack hook of the timed pass: what `alias` packed, as it is."""
     return t
 
 

@@ -178,12 +178,24 @@ class StorageRecord:
 
 
 class Packed(NamedTuple):
-    """What `Tracker.mark_saved` gives autograd to keep: a type of its own, so that a search for who refers to a
-    tensor can tell autograd's hold from the model's (NOTE [When the caller lets go of an output])."""
+    """What `Tracker.mark_saved` gives autograd.  NOTE [What remat's pack keeps]: an alias (`detach()`), not the tensor:
+    an op saving its own output (exp, softmax) is that output's `grad_fn`, the two held each other through C++ unseen
+    by Python's collector, and an output the forward dropped unused outlived the step: three unused `-exp(w)` of 16 KiB
+    were counted to the step's end (328,712 bytes for 279,560) and stayed allocated after `remat.profile` returned
+    (2026-12-07, `tests/test_dead_branches.py`).  The model's own object goes when the model lets go of it."""
 
     tensor: torch.Tensor
     record: StorageRecord
     pack: int
+
+
+def alias(mode, t: torch.Tensor) -> torch.Tensor:
+    """`t` detached for a pack hook, the detach no op of dispatch mode `mode` (NOTE [What remat's pack keeps])."""
+    mode._packing = True
+    try:
+        return t.detach()
+    finally:
+        mode._packing = False
 
 
 @dataclass(slots=True)
@@ -235,6 +247,8 @@ class Tracker(SeesResizes):
     nominal: Hardware | None = None
     """A real step's: predicts its forward ops' `predicted_s` beside the clock's seconds (the device's nominal
     roofline); only forward ops are ranked, and the prediction costs ~17 us an op on the tracker's hot path."""
+
+    _packing: bool = False  # in `alias`: the detach is no op of the step
 
     def __post_init__(self):
         super().__init__()
@@ -295,7 +309,7 @@ class Tracker(SeesResizes):
         rec.saved = True
         rec.packs.append((len(self.ops) - 1, self.current_module()))
         rec.unpacks.append(-1)
-        return Packed(t, rec, len(rec.unpacks) - 1)
+        return Packed(alias(self, t), rec, len(rec.unpacks) - 1)
 
     def mark_unpacked(self, packed: torch.Tensor | tuple) -> torch.Tensor:
         """Unpack hook: the tensor `mark_saved` packed; notes the op before which autograd first unpacked it."""
@@ -328,11 +342,11 @@ class Tracker(SeesResizes):
 
     # -- dispatch --------------------------------------------------------------------
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if has_dtensor(types):  # Rule 6: seen again as the ops DTensor runs on the local shards
-            return NotImplemented
         kwargs = kwargs or {}
-        if runs_no_kernel(func):  # NOTE [An op's seconds, predicted], Rule 3: fake tensors ask, a real step does not
-            return func(*args, **kwargs)
+        if has_dtensor(types) and not self._packing:  # Rule 6: seen again as the ops DTensor runs on the local shards
+            return NotImplemented
+        if self._packing or runs_no_kernel(func):  # NOTE [What remat's pack keeps]; fake tensors ask (Rule 3 of
+            return func(*args, **kwargs)  # NOTE [An op's seconds, predicted]), a real step runs no kernel for them
         reads_forward = self.phase in ("forward", "loss") and not in_backward()
         reads_grad = False
         tensors = [a for a in tree_flatten((args, kwargs))[0] if isinstance(a, torch.Tensor)]
