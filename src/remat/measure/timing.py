@@ -39,7 +39,6 @@ NOTE [The seconds of a step]
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from collections.abc import Callable
@@ -94,6 +93,10 @@ class OpTimer(TorchDispatchMode):
             self._spans.append(time.perf_counter() - t0)
         self.names.append(op_name(func))
         return out
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """The timed pass's pack hook: what the tracked step's packs (NOTE [What remat's pack keeps])."""
+        return alias(self, t)
 
     def seconds(self) -> list[float]:
         if not self.cuda:
@@ -214,8 +217,7 @@ def time_loop(
         clear_grads(model, opt)
         walls.append(stamps[-1] - stamps[0])
         phases.append([b - a for a, b in zip(stamps[1:], stamps[2:])])
-        timer = OpTimer(cuda)
-        with timer, torch.autograd.graph.saved_tensors_hooks(functools.partial(alias, timer), identity):
+        with OpTimer(cuda) as timer, torch.autograd.graph.saved_tensors_hooks(timer.pack, identity):
             bounds = []  # the hooks as the tracked step has them: the same ops run
             last_pass(lambda: _bound(sync, bounds, timer))
         clear_grads(model, opt)
