@@ -38,7 +38,8 @@ class ModuleTracker(_ModuleTracker):
     the hook, and a tensor the forward then drops unused lived until the tracker exited.  Hugging Face's
     `kernels` make functions such modules; from transformers 5.25 Mamba's mixer hands one, `mamba_inner_fn`,
     an `A` that the CPU's path never uses: 4 KiB per layer, counted to the step's end and past its peak, and
-    a checkpoint's input held with it (`tests/test_dead_branches.py`, 2026-12-07).
+    a checkpoint's input held with it (`benchmarks/unseen_models.py`, 2026-12-07; against the process, an 8 MiB
+    tensor so handed: `tests/test_dead_branches.py`).
     """
 
     def __init__(self, root: str | None = None) -> None:

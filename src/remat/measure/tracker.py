@@ -179,10 +179,10 @@ class StorageRecord:
 
 class Packed(NamedTuple):
     """What `Tracker.mark_saved` gives autograd.  NOTE [What remat's pack keeps]: an alias (`detach()`), not the tensor:
-    an op saving its own output (exp, softmax) is that output's `grad_fn`, the two held each other through C++ unseen
-    by Python's collector, and an output the forward dropped unused outlived the step: three unused `-exp(w)` of 16 KiB
-    were counted to the step's end (328,712 bytes for 279,560) and stayed allocated after `remat.profile` returned
-    (2026-12-07, `tests/test_dead_branches.py`).  The model's own object goes when the model lets go of it."""
+    an op saving its own output (exp, sigmoid) is that output's `grad_fn`, the two held each other through C++ unseen
+    by Python's collector, and an output the forward dropped unused outlived the step: three dropped 8 MiB sigmoids
+    put a step the process measured at 77,796,380 bytes at 86,254,620 (now 77,866,012) and stayed allocated after
+    `remat.profile` returned (2026-12-07, `tests/test_dead_branches.py`).  The model's object goes as the model drops it."""
 
     tensor: torch.Tensor
     record: StorageRecord
