@@ -168,6 +168,72 @@ def test_a_view_op_needs_no_scratch_measurement(monkeypatch):
     assert scratch.known([detach]) == [0] and scratch.known([detach, mm]) is None
 
 
+def _measured_in_a_copy(model, inputs, loss_fn) -> None:
+    """NOTE [Kernel scratch], Rule 2 for a step of any size: each op's scratch, measured in a copy of this process."""
+    with pytest.MonkeyPatch.context() as small:
+        small.setattr(scratch, "MEASURED_FROM_BYTES", 0)
+        remat.profile(model, inputs, loss_fn, optimizer=_adam, timed=False)
+
+
+def test_a_rise_of_the_mark_while_a_view_runs_is_not_taken_as_its_scratch(monkeypatch):
+    """NOTE [Kernel scratch], Rule 4: a view is never measured.  Here the mark reads 2 MiB above the resident set
+    throughout the copy that measures: each kernel takes the 2 MiB, each view nothing.  A `t` measured at 1 MiB in
+    one test of a full run gave every later step's `t` that 1 MiB: the LoRA Mistral of tests/test_rerun_moment.py,
+    profiled next, read 2,188,640 bytes for its plan over layer 0 where its step takes 1,303,904."""
+    from remat import procmem
+
+    monkeypatch.setattr(scratch, "MEASURED", {})
+    monkeypatch.setattr(procmem, "high_water_mark_bytes", lambda: procmem.resident_bytes() + (2 << 20))
+    monkeypatch.setattr(procmem, "reset_high_water_mark", lambda: None)
+    torch.manual_seed(0)
+    mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
+    _measured_in_a_copy(mlp, torch.randn(32, 64), lambda out: out.square().mean())
+    views = {sig: b for sig, b in scratch.MEASURED.items() if sig[1:] == (scratch.NO_KERNEL,)}
+    kernels = {sig: b for sig, b in scratch.MEASURED.items() if sig[1:] != (scratch.NO_KERNEL,)}
+    assert ("t", scratch.NO_KERNEL) in views and set(views.values()) == {0}, views
+    assert set(kernels.values()) == {2 << 20}, kernels  # the copy saw the rise
+
+
+KEPT: list[bytes] = []
+"""What `remat_tests::keeps_2mib` keeps, as a library keeps a cache."""
+
+
+@torch.library.custom_op("remat_tests::keeps_2mib", mutates_args=())
+def _keeps_2mib(x: torch.Tensor) -> torch.Tensor:
+    KEPT.append(b"k" * (2 << 20))  # written, so resident, and still so after the op
+    return x * 2
+
+
+@torch.library.custom_op("remat_tests::takes_2mib", mutates_args=())
+def _takes_2mib(x: torch.Tensor) -> torch.Tensor:
+    work = b"t" * (2 << 20)  # resident while the op runs, given back before it returns
+    return x * (len(work) > 0)
+
+
+_keeps_2mib.register_autograd(lambda ctx, grad: grad * 2)
+_takes_2mib.register_autograd(lambda ctx, grad: grad)
+
+
+class KeepsAndTakes(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(64, 64)
+
+    def forward(self, x):
+        return _takes_2mib(_keeps_2mib(self.linear(x)))
+
+
+def test_memory_an_op_keeps_is_not_its_scratch_and_memory_it_gives_back_is(monkeypatch):
+    """NOTE [Kernel scratch], Rule 2: an op's scratch is the rise of the mark it gave back before returning.
+    Memory it keeps (a cache, the heap's growth) would be taken by every later op of its signature in the process,
+    small ones that every model runs too (backward's `ones_like`, the optimizer's step count's `add_`): seen once
+    as a 3 MiB `addmm`."""
+    monkeypatch.setattr(scratch, "MEASURED", {})
+    _measured_in_a_copy(KeepsAndTakes(), torch.randn(32, 64), lambda out: out.square().mean())
+    by_op = {sig[0]: b for sig, b in scratch.MEASURED.items() if "2mib" in sig[0]}
+    assert by_op == {"keeps_2mib": 0, "takes_2mib": 2 << 20}, by_op
+
+
 def test_scratch_measured_on_ops_the_tracked_step_did_not_run_is_reported_not_placed(monkeypatch):
     from remat.measure import scratch
 

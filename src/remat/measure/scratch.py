@@ -12,8 +12,13 @@ NOTE [Kernel scratch]
           set, reset the high-water mark to it (only when the mark is over a quarter of
           SCRATCH_FLOOR above it: a reset walks every page of the process), run the op, read
           the mark; the op's scratch is what the mark rose by beyond the new storages the op
-          returned.  Rises under SCRATCH_FLOOR are noise (interpreter objects, small heap
-          growth) and count as 0.
+          returned, and no more than it gave back before it returned (the mark less the resident
+          set then): memory still resident after the op is no scratch of it but a lasting growth
+          of the process (the interpreter's heap, a library's cache; an `addmm` kept 3 MiB so).
+          Counted as that op's scratch, it was taken by every later op of its signature in the
+          process (Rule 5), small ones shared by all models too (the optimizer's step count's
+          `add_`, backward's `ones_like`).  Rises under SCRATCH_FLOOR are noise (interpreter
+          objects, small heap growth) and count as 0.
           It runs after the tracked step, with the model and optimizer restored, for steps of
           MEASURED_FROM_BYTES or more.
   Rule 3. In fake mode, and for a smaller real step, it is estimated per op from measurements remat ships (`SCRATCH_MODELS`:
@@ -23,7 +28,10 @@ NOTE [Kernel scratch]
   Rule 4. A measurement belongs to the op's signature (`signature`: the op, the dtype, shape
           and stride of each tensor argument, the other arguments): a kernel given the same
           arguments asks for the same scratch.  A view op allocates nothing: its signature is its
-          name and NO_KERNEL, known to need none without a measurement.  A measurement is rounded
+          name and NO_KERNEL, known to need none and never measured: the mark can rise while one runs
+          (the interpreter's heap grows), and a `t` once measured at 1 MiB gave each `t` of every later step
+          in the process 1 MiB (a LoRA Mistral's plan read 2,188,640 bytes for a 1,303,904-byte step,
+          `tests/test_truth.py`).  A measurement is rounded
           to SCRATCH_GRAIN, so that the tens of KiB by which the mark wanders between runs give the
           same figure every run.
           The copy runs on one thread (a forked process hangs on its parent's OpenMP pool):
@@ -141,6 +149,9 @@ class ScratchMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops.append(signature(func, args, kwargs))
+        if self.ops[-1][1:] == (NO_KERNEL,):  # Rule 4: never measured; a rise of the mark meanwhile is not its own
+            self.scratch.append(0)
+            return func(*args, **kwargs)
         before = procmem.resident_bytes()
         if procmem.high_water_mark_bytes() - before > SCRATCH_FLOOR // 4:  # else the mark is already near enough
             procmem.reset_high_water_mark()
@@ -149,8 +160,8 @@ class ScratchMeter(TorchDispatchMode):
         if op_name(func) in UNINITIALIZED:  # Rule 6: its pages are the process's from here, not the next writer's
             for t in made:
                 t.untyped_storage().fill_(0)
-        rise = procmem.high_water_mark_bytes() - before
-        extra = rise - storage_bytes(made)
+        mark = procmem.high_water_mark_bytes()
+        extra = min(mark - before - storage_bytes(made), mark - procmem.resident_bytes())  # Rule 2: given back
         self.scratch.append(round(extra / SCRATCH_GRAIN) * SCRATCH_GRAIN if extra >= SCRATCH_FLOOR else 0)
         return out
 
