@@ -240,15 +240,39 @@ def test_auto_says_which_compiled_peaks_it_measured_when_none_fits():
     torch._dynamo.reset()
     model, x = zoo.gpt2(n_layer=2, n_embd=128, n_head=2, seq=128, batch=16, vocab=512)
     compiled = torch.compile(model)
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    held = 2 * sum(p.numel() * p.element_size() for p in model.parameters())  # the weights and their gradients
     with pytest.raises(
         remat.InfeasibleBudget,
         match=r"^remat: no plan tried fits the compiled step in .*peaked at .*"
         r"Fix: a budget of .* or more",
     ) as e:
-        remat.auto(compiled, x, params)  # the weights alone
-    assert e.value.min_bytes > params and e.value.budget_bytes == params
+        remat.auto(compiled, x, held + (1 << 20))
+    assert e.value.min_bytes > held + (1 << 20) and e.value.budget_bytes == held + (1 << 20)
     assert applied(model) is None
+
+
+def test_a_budget_under_what_every_step_holds_is_refused_before_any_candidate_compiles(monkeypatch):
+    """NOTE [Plans for a compiled step], Rule 8: parameters, gradients and Adam's state are held at the optimizer
+    step whatever is recomputed, compiled or not; a budget under them is refused without a search (which compiled
+    its candidates first).  The floor is the profile's own figures; the eager planner refuses the budget too."""
+    model, x = zoo.chain_report001(width=128, blocks=8, batch=512)
+    opt = torch.optim.Adam(model.parameters())
+    prof = remat.profile(model, x, optimizer=opt, timed=False)
+    prof = dataclasses.replace(prof, compiled_peak_bytes=prof.peak_bytes, compiled_step_s=1.0)
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    held = prof.param_bytes + prof.grad_bytes + prof.optimizer_bytes + prof.buffer_bytes
+    assert 0 <= held - 4 * params < 1024  # the weights, their gradients, Adam's two moments (and its step counts)
+    monkeypatch.setattr(compiled_mod, "measure_compiled", lambda *a: pytest.fail("a candidate was compiled"))
+    with pytest.raises(
+        remat.InfeasibleBudget,
+        match=rf"^remat: no plan fits the budget of .* \({held - 1} bytes\): parameters \+ gradients \+ optimizer "
+        rf"state are .* \({held} bytes\), held at the optimizer step .* Fix: give a budget of more than {held} bytes",
+    ) as e:
+        compiled_mod.plan_for(model, (x, None, opt), prof, held - 1)
+    assert (e.value.min_bytes, e.value.budget_bytes) == (held, held - 1)
+    with pytest.raises(remat.InfeasibleBudget) as eager:
+        remat.plan(prof, held - 1)
+    assert eager.value.min_bytes > held
 
 
 def test_auto_says_the_uncompiled_step_fits_where_no_compiled_candidate_does(monkeypatch):

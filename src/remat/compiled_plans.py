@@ -15,6 +15,7 @@ from remat.applier import apply, remove
 from remat.errors import InfeasibleBudget, RematError, listing
 from remat.measure.loop import Loop
 from remat.planner import plan
+from remat.planner.api import check_above_held
 from remat.planner.result import keep_all
 from remat.progress import Progress, say
 from remat.report.text import fmt_bytes
@@ -80,6 +81,8 @@ from remat.verifier.verify import independent_step
 #         predicted on the eager step (its peak and seconds): the compiled step can keep more than the eager one
 #         at the least memory (the peers' default GPT-2 at batch 4, remat's least-memory plan: 38.6 MiB eager,
 #         40.5 MiB compiled, 2026-12-06), and a user who asked for that budget is better told the way that reaches it.
+#         A budget under what every step holds (`held_bytes`: parameters, gradients, optimizer state) is refused
+#         before any candidate compiles (a 2-layer GPT-2 given its weights alone: 6 compiled first).
 # Rule 9: a step that draws random numbers (dropout) gets candidates of torch.compile's budget too: remat's
 #         budget keeps what each random op drew (NOTE [The compiler's budget as a plan], Rule 5), where torch's
 #         own re-draws it in backward and changes the gradients silently.  From 2026-12-06 until the keeping
@@ -129,6 +132,7 @@ def plan_for(
     compiled = prof.compiled_peak_bytes
     if not compiled or budget >= min(compiled * (1 + COMPILED_PEAK_MARGIN), prof.peak_bytes):
         return plan(prof, budget, **plan_options)
+    check_above_held(prof, budget)  # Rule 8: a budget no candidate can meet compiles none
     said = _teller(progress, most_candidates(trials))
     try:
         tried = _remat_candidates(model, step, prof, budget, trials, plan_options, said=said)

@@ -27,7 +27,9 @@ class UnsupportedOp(RematError):
 
 
 class InfeasibleBudget(RematError):
-    """No plan reaches the budget. `.min_bytes` is the smallest budget that one does."""
+    """No plan reaches the budget. `.min_bytes` is the smallest budget that one does; for a budget under what
+    every step holds (parameters, gradients, optimizer state), refused before a compiled search, it is that: a
+    bound under the least."""
 
     def __init__(self, message: str, min_bytes: int, budget_bytes: int):
         super().__init__(message)

@@ -319,7 +319,7 @@ def _infeasible(
 ) -> InfeasibleBudget:
     least = _min_bytes(problem, solver, time_limit_s)
     workspaces = profile.at_peak.workspaces_bytes
-    fixed = profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes + workspaces
+    fixed = held_bytes(profile) + workspaces
     share = fixed / least if least else 0.0
     parts = "parameters + gradients + optimizer state" + (" + cuBLAS's workspaces" if workspaces else "")
     fix = ""
@@ -349,3 +349,25 @@ def _infeasible(
         min_bytes=least,
         budget_bytes=budget,
     )
+
+
+def held_bytes(profile: StepProfile) -> int:
+    """What a step holds at its optimizer step whatever a plan recomputes, compiled or not: parameters, buffers,
+    gradients and optimizer state."""
+    return profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes
+
+
+def check_above_held(profile: StepProfile, budget: int) -> None:
+    """Refuses a budget under `held_bytes`, which no plan reaches, without a plan: before a search that compiles
+    its candidates (NOTE [Plans for a compiled step], Rule 8).  The error's `.min_bytes` is that floor, a bound:
+    the least a plan reaches is above it."""
+    held = held_bytes(profile)
+    if budget < held:
+        raise InfeasibleBudget(
+            f"remat: no plan fits the budget of {budget / MIB:,.1f} MiB ({budget} bytes): parameters + gradients + "
+            f"optimizer state are {held / MIB:,.1f} MiB ({held} bytes), held at the optimizer step whatever a plan "
+            "recomputes, compiled or not. Expected a budget above that. Fix: give a budget of more than "
+            f"{held} bytes; to go lower, see sharding, mixed precision or a smaller optimizer.",
+            min_bytes=held,
+            budget_bytes=budget,
+        )
