@@ -252,8 +252,8 @@ def test_auto_says_which_compiled_peaks_it_measured_when_none_fits():
 
 
 def test_a_budget_under_what_every_step_holds_is_refused_before_any_candidate_compiles(monkeypatch):
-    """NOTE [Plans for a compiled step], Rule 8: parameters, gradients and Adam's state are held at the optimizer
-    step whatever is recomputed, compiled or not; a budget under them is refused without a search (which compiled
+    """NOTE [Plans for a compiled step], Rule 8: parameters, gradients and Adam's state are all live after backward
+    whatever is recomputed, compiled or not; a budget under them is refused without a search (which compiled
     its candidates first).  The floor is the profile's own figures; the eager planner refuses the budget too."""
     model, x = zoo.chain_report001(width=128, blocks=8, batch=512)
     opt = torch.optim.Adam(model.parameters())
@@ -266,7 +266,7 @@ def test_a_budget_under_what_every_step_holds_is_refused_before_any_candidate_co
     with pytest.raises(
         remat.InfeasibleBudget,
         match=rf"^remat: no plan fits the budget of .* \({held - 1} bytes\): parameters \+ gradients \+ optimizer "
-        rf"state are .* \({held} bytes\), held at the optimizer step .* Fix: give a budget of more than {held} bytes",
+        rf"state are .* \({held} bytes\), all live after backward .* Fix: give a budget of more than {held} bytes",
     ) as e:
         compiled_mod.plan_for(model, (x, None, opt), prof, held - 1)
     assert (e.value.min_bytes, e.value.budget_bytes) == (held, held - 1)

@@ -30,8 +30,8 @@ NOTE [Kernel scratch]
           arguments asks for the same scratch.  A view op allocates nothing: its signature is its
           name and NO_KERNEL, known to need none and never measured: the mark can rise while one runs
           (the interpreter's heap grows), and a `t` once measured at 1 MiB gave each `t` of every later step
-          in the process 1 MiB (a LoRA Mistral's plan read 2,188,640 bytes for a 1,303,904-byte step,
-          `tests/test_truth.py`).  A measurement is rounded
+          in the process 1 MiB (the LoRA Mistral of `tests/test_rerun_moment.py` then read 2,188,640
+          bytes for a plan whose step takes 1,303,904; `tests/test_truth.py` holds the rule).  A measurement is rounded
           to SCRATCH_GRAIN, so that the tens of KiB by which the mark wanders between runs give the
           same figure every run.
           The copy runs on one thread (a forked process hangs on its parent's OpenMP pool):

@@ -352,8 +352,8 @@ def _infeasible(
 
 
 def held_bytes(profile: StepProfile) -> int:
-    """What a step holds at its optimizer step whatever a plan recomputes, compiled or not: parameters, buffers,
-    gradients and optimizer state."""
+    """What a step holds all at once after backward whatever a plan recomputes, compiled or not: parameters,
+    buffers, gradients and optimizer state."""
     return profile.param_bytes + profile.grad_bytes + profile.optimizer_bytes + profile.buffer_bytes
 
 
@@ -365,7 +365,7 @@ def check_above_held(profile: StepProfile, budget: int) -> None:
     if budget < held:
         raise InfeasibleBudget(
             f"remat: no plan fits the budget of {budget / MIB:,.1f} MiB ({budget} bytes): parameters + gradients + "
-            f"optimizer state are {held / MIB:,.1f} MiB ({held} bytes), held at the optimizer step whatever a plan "
+            f"optimizer state are {held / MIB:,.1f} MiB ({held} bytes), all live after backward whatever a plan "
             "recomputes, compiled or not. Expected a budget above that. Fix: give a budget of more than "
             f"{held} bytes; to go lower, see sharding, mixed precision or a smaller optimizer.",
             min_bytes=held,
