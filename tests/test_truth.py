@@ -188,8 +188,8 @@ def test_a_rise_of_the_mark_while_a_view_runs_is_not_taken_as_its_scratch(monkey
     torch.manual_seed(0)
     mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 64))
     _measured_in_a_copy(mlp, torch.randn(32, 64), lambda out: out.square().mean())
-    views = {sig: b for sig, b in scratch.MEASURED.items() if sig[1:] == (scratch.NO_KERNEL,)}
-    kernels = {sig: b for sig, b in scratch.MEASURED.items() if sig[1:] != (scratch.NO_KERNEL,)}
+    views = {sig: b for sig, b in scratch.MEASURED.items() if scratch.is_view(sig)}
+    kernels = {sig: b for sig, b in scratch.MEASURED.items() if not scratch.is_view(sig)}
     assert ("t", scratch.NO_KERNEL) in views and set(views.values()) == {0}, views
     assert set(kernels.values()) == {2 << 20}, kernels  # the copy saw the rise
 
@@ -229,7 +229,10 @@ def test_memory_an_op_keeps_is_not_its_scratch_and_memory_it_gives_back_is(monke
     small ones that every model runs too (backward's `ones_like`, the optimizer's step count's `add_`): seen once
     as a 3 MiB `addmm`."""
     monkeypatch.setattr(scratch, "MEASURED", {})
-    _measured_in_a_copy(KeepsAndTakes(), torch.randn(32, 64), lambda out: out.square().mean())
+    try:
+        _measured_in_a_copy(KeepsAndTakes(), torch.randn(32, 64), lambda out: out.square().mean())
+    finally:
+        KEPT.clear()  # the steps this process ran kept theirs too
     by_op = {sig[0]: b for sig, b in scratch.MEASURED.items() if "2mib" in sig[0]}
     assert by_op == {"keeps_2mib": 0, "takes_2mib": 2 << 20}, by_op
 

@@ -112,9 +112,14 @@ def signature(func, args, kwargs) -> Signature:
     return tuple(parts)
 
 
+def is_view(sig: Signature) -> bool:
+    """Rule 4: the signature of a view, which needs no scratch and is never measured."""
+    return sig[1:] == (NO_KERNEL,)
+
+
 def known(signatures: list[Signature]) -> list[int] | None:
     """Rule 5: the scratch of each op from earlier measurements, if every op has one."""
-    if not all(s in MEASURED or s[1:] == (NO_KERNEL,) for s in signatures):
+    if not all(s in MEASURED or is_view(s) for s in signatures):
         return None
     return [MEASURED.get(s, 0) for s in signatures]
 
@@ -149,7 +154,7 @@ class ScratchMeter(TorchDispatchMode):
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self.ops.append(signature(func, args, kwargs))
-        if self.ops[-1][1:] == (NO_KERNEL,):  # Rule 4: never measured; a rise of the mark meanwhile is not its own
+        if is_view(self.ops[-1]):  # Rule 4: never measured; a rise of the mark meanwhile is not its own
             self.scratch.append(0)
             return func(*args, **kwargs)
         before = procmem.resident_bytes()
