@@ -3,6 +3,8 @@
 import copy
 import gc
 import dataclasses
+import importlib
+import math
 import warnings
 import weakref
 
@@ -648,7 +650,66 @@ def test_verify_runs_a_step_again_when_gradients_differ_and_judges_none_that_doe
     else:
         assert "does not replay itself" not in text and report.grad_noise == 0.0
         assert report.ok is (verdict_starts == "Verdict: the plan holds"), text
+        changed = verdict_starts == "Verdict: the plan does NOT hold"  # judged again with deterministic kernels
+        assert (report.grad_deterministic_diff or 0.0) > 0 if changed else report.grad_deterministic_diff is None
+        assert ("so the plan changes the gradients" in " ".join(text.split())) is changed
         assert report.ok is verdict(report).endswith("; the plan has no budget).")  # a frontier's plan
+
+
+class _SumsInAnyOrder(nn.Module):
+    """An identity whose backward moves its gradient's first row by a last bit while `noisy`, as a CPU kernel that
+    sums in the order its threads reach each element does now and then (the backward of an index with repeated
+    indices); never with torch's deterministic kernels."""
+
+    noisy = False
+
+    def forward(self, x):
+        return _LastBit.apply(x).tanh()
+
+
+class _LastBit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        if _SumsInAnyOrder.noisy and not torch.are_deterministic_algorithms_enabled():
+            grad = grad.clone()
+            grad[0] = torch.nextafter(grad[0], torch.full_like(grad[0], math.inf))
+        return grad
+
+
+def test_gradients_a_kernels_sum_order_moved_are_judged_again_with_deterministic_kernels(monkeypatch):
+    """Rule 3 of NOTE [A step that does not replay itself]: on CPU a planned step whose gradients moved by a last bit
+    while the unplanned step, run again, replayed itself bit for bit, is judged by both steps run again with torch's
+    deterministic kernels: equal there, the plan holds (before: MISMATCH).  A plan that changes the gradients stays
+    a MISMATCH there (the parametrized test above, `_Counts`)."""
+    verifying = importlib.import_module("remat.verifier.verify")  # the module (the package exports its function)
+    torch.manual_seed(0)
+    blocks = [nn.Sequential(nn.Linear(64, 64), _SumsInAnyOrder(), nn.Linear(64, 64), nn.Tanh()) for _ in range(4)]
+    model, x = nn.Sequential(*blocks, nn.Linear(64, 8)), torch.randn(2048, 64)
+    plan = architectures.least_plan(remat.profile(model, x))
+    runs, run = [], verifying._run
+
+    def the_planned_run_meets_the_noise(*args):
+        _SumsInAnyOrder.noisy = len(runs) == 1  # without the plan, with it, without again, then both deterministic
+        runs.append(torch.are_deterministic_algorithms_enabled())
+        try:
+            return run(*args)
+        finally:
+            _SumsInAnyOrder.noisy = False
+
+    monkeypatch.setattr(verifying, "_run", the_planned_run_meets_the_noise)
+    report = remat.verify(model, x, plan, time_rounds=0)
+    assert runs == [False, False, False, True, True], runs
+    assert max(report.grad_max_abs_diff.values()) > 0 and report.grad_noise == 0.0 and report.unplanned_reproducible
+    assert report.grad_deterministic_diff == 0.0 and report.grads_equal and report.ok, str(report)
+    text = " ".join(str(report).split())
+    assert "<= 0 (deterministic: 0)" in text, text
+    assert "Both steps ran again with torch.use_deterministic_algorithms(True): their gradients are equal" in text
+    assert "so the first difference was a kernel that sums in another order from run to run" in text
+    assert not torch.are_deterministic_algorithms_enabled()  # put back
 
 
 def test_a_step_replays_itself_within_bfloat16_rounding_judged_over_all_parameters_together():

@@ -264,8 +264,8 @@ def test_a_block_that_writes_a_kept_output_in_place_gets_no_selective_checkpoint
 
 
 def test_hugging_faces_funnel_transformer_writes_its_layers_matmul_outputs_in_place_and_is_marked_so():
-    """A real model with such blocks (of the 39 configurations in benchmarks/unseen_models.py, the only one, its
-    configuration here; 2026-12-07): the Funnel Transformer's layers write a matmul's output in place.  The matmul policy around one of them fails as
+    """A real model with such blocks (of the 45 configurations in benchmarks/unseen_models.py, the only one, its
+    configuration here; 2026-12-07, and with six more on 2026-12-08): the Funnel Transformer's layers write a matmul's output in place.  The matmul policy around one of them fails as
     torch says; the profile marks them, and the planner offers them no such policy."""
     import transformers
 

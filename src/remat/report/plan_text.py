@@ -190,6 +190,8 @@ def _time_rows(table: Table, report) -> None:
 def _grad_expected(report) -> str:
     """The gradient check's bound: the tolerance, or on CUDA the unplanned step's run-to-run difference times
     GRAD_NOISE_FACTOR where that is larger."""
+    if report.grad_deterministic_diff is not None:
+        return f"<= {report.tolerance:g} (deterministic: {report.grad_deterministic_diff:.3g})"
     if report.grad_tolerance > report.tolerance:
         return f"<= {report.grad_tolerance:.3g} ({GRAD_NOISE_FACTOR}x run to run)"
     return f"<= {report.tolerance:g}"
@@ -288,7 +290,12 @@ def render_verify(report) -> str:
     if report.timed:
         _time_rows(table, report)
     console.print(table)
-    return out.getvalue().rstrip() + "\n" + _not_replayed(report) + _cuda_verdict(report)
+    return out.getvalue().rstrip() + "\n" + _after_table(report)
+
+
+def _after_table(report) -> str:
+    """The lines below the verify table: gradients not judged, or judged again, and the CUDA verdict."""
+    return _not_replayed(report) + _judged_deterministic(report) + _cuda_verdict(report)
 
 
 def _not_replayed(report) -> str:
@@ -303,6 +310,26 @@ def _not_replayed(report) -> str:
         " Reformer does, in training), numpy or Python's random. Fix: verify with that randomness fixed (dropout 0,"
         " fixed seeds: Reformer's hash_seed) or the calls taken out; the plan's checkpoints replay torch's generator"
         " as the forward drew from it, not a seed taken from the OS inside a checkpointed module."
+    )
+    return textwrap.fill(line, REPORT_WIDTH) + "\n"
+
+
+def _judged_deterministic(report) -> str:
+    """After the table, where the gradients were judged again with torch's deterministic kernels: why, and what
+    those runs said (NOTE [A step that does not replay itself], Rule 3)."""
+    again = report.grad_deterministic_diff
+    if again is None:
+        return ""
+    worst = max(report.grad_max_abs_diff, key=report.grad_max_abs_diff.get)
+    line = (
+        f"Gradients: with the plan they differed by {report.grad_max_abs_diff[worst]:.3g} (at {worst}), where the"
+        " step without it replayed itself. Both steps ran again with torch.use_deterministic_algorithms(True): "
+        + (
+            "their gradients are equal, so the first difference was a kernel that sums in another order from run to"
+            " run (on CPU, the backward of indexing with repeated indices), not the plan."
+            if report.grads_equal
+            else f"they differ by {again:.3g}, so the plan changes the gradients."
+        )
     )
     return textwrap.fill(line, REPORT_WIDTH) + "\n"
 

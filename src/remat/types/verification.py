@@ -69,13 +69,19 @@ class VerifyReport:
     """The plan's prediction of it: `Plan.extra_fraction` (0.0 for a plan of an untimed profile)."""
     grad_noise: float = 0.0
     """The largest |difference| between the gradients of two runs of the unplanned step from the same RNG state:
-    on CUDA, non-deterministic kernels; 0.0 where it was not measured (CPU, whose kernels are deterministic, when
-    the gradients with the plan are equal)."""
+    on CUDA, non-deterministic kernels (on CPU, the few that are: `grad_deterministic_diff`); 0.0 where it was not
+    measured (CPU, when the gradients with the plan are equal)."""
     unplanned_reproducible: bool = True
     """The step without the plan, run again from the same RNG state, replayed its first run (checked on CUDA always,
     on CPU where the gradients differ; NOTE [A step that does not replay itself] in `remat.verifier.replay`).
     False: it draws random numbers a seed does not replay (`torch.seed()` in its forward, numpy), and the gradients
     cannot show what the plan changed: `ok` is False and the report says how to make the step replay."""
+    grad_deterministic_diff: float | None = None
+    """On CPU, where the gradients with the plan were not judged equal and the step replayed itself: the largest
+    |difference| with the plan when both steps ran again with `torch.use_deterministic_algorithms(True)`, which
+    judges the gradients instead (a kernel that sums in another order each run, the backward of an index with
+    repeated indices, differs now and then on a busy machine: NOTE [A step that does not replay itself], Rule 3).
+    None where they did not run."""
     cuda: CudaCheck | None = None
     """On CUDA, the planned step run again in a process capped at the budget, with `max_memory_allocated` and
     `max_memory_reserved` (NOTE [The budget is the GPU's memory] in `remat.verifier.verify`); None on CPU."""
@@ -106,6 +112,8 @@ class VerifyReport:
 
     @property
     def grads_equal(self) -> bool:
+        if self.grad_deterministic_diff is not None:
+            return self.grad_deterministic_diff <= self.tolerance
         return all(d <= self.grad_tolerance for d in self.grad_max_abs_diff.values())
 
     @property

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import warnings
+from collections.abc import Iterator
+
 import torch
 
 # NOTE [A step that does not replay itself]
@@ -22,8 +26,35 @@ import torch
 # Rule 2: a step that did not replay itself leaves the gradients unjudged: `report.ok` is False, the tolerance is
 #         not widened by its difference, and the report says why and how to make the step replay (fixed seeds,
 #         dropout 0) -- never "the plan changed the gradients", which nobody measured.
+# Rule 3: on CPU a step that replayed itself can still differ from run to run now and then: the backward of an
+#         index with repeated indices (`index_put_` accumulating, gpt-oss's expert biases gathered per token) adds
+#         into each element from several threads at once, in the order they reach it, and a busy machine changes
+#         that order (2026-12-08, `B[ids]` of 128 ids into 4 rows on 2 cores with a second process spinning: 2,264
+#         of 3,000 backwards differed from the first, none under `torch.use_deterministic_algorithms(True)`).  A
+#         second unplanned run can then agree with the first by chance while the planned one did not: a 3-layer
+#         gpt-oss verified at its least plan said MISMATCH in 2 of 12 runs under load (9.3e-10 and 1.9e-9, one
+#         expert bias), and its unplanned step run 30 times differed from its first run in 13.  So on CPU, where
+#         the gradients with the plan are not judged equal and the step replayed itself, both steps run once more
+#         with torch's deterministic kernels (`deterministic_kernels`), and those two runs judge the plan
+#         (`VerifyReport.grad_deterministic_diff`): the plan's recomputation runs the same kernels as the forward,
+#         so a plan that changes the gradients changes them there too.  Not on CUDA, whose cuBLAS takes its
+#         deterministic setting from the environment before its first call (Rule 1 judges it).
 
 KERNEL_NOISE_AT_MOST = 1e-2
+
+
+@contextlib.contextmanager
+def deterministic_kernels() -> Iterator[None]:
+    """Rule 3: torch's deterministic kernels for the runs inside, its setting put back after.  An op with none runs
+    its usual kernel (`warn_only`), its warning not shown: the two runs it serves are compared with each other."""
+    was, warn_only = torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled()
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            yield
+    finally:
+        torch.use_deterministic_algorithms(was, warn_only=warn_only)
 
 
 def replayed(first: dict[str, torch.Tensor], again: dict[str, torch.Tensor]) -> bool:

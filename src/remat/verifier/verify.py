@@ -34,7 +34,7 @@ from remat.measure.step import (
 from remat.progress import resolve, say
 from remat.verifier.cuda_cap import cuda_check
 from remat.verifier.process import ProcessPeak, cuda_peak_bytes, forked_peak_bytes
-from remat.verifier.replay import max_diff, replayed
+from remat.verifier.replay import deterministic_kernels, max_diff, replayed
 from remat.types import Plan, VerifyReport
 
 
@@ -63,7 +63,7 @@ def verify(
         >>> report.ok, report.grad_max_abs_diff, report.independent_peak_bytes
 
     The model is left as it was (planned or not).  `tolerance` is the largest gradient difference accepted: 0.0
-    (bit-exact) for deterministic CPU kernels, plus 10x the step's own noise on CUDA (`_run_to_run`).  The planned
+    (bit-exact, judged again with deterministic kernels on CPU), plus 10x the step's own noise on CUDA.  The planned
     step's peak is measured twice: by remat's tracker, and by a counter that is not remat's
     (NOTE [Measuring a step by the process]): on CPU the high-water mark of a forked copy of this process running
     the loop (`step`, `accumulate`, `keep_output` as in `remat.profile`), on CUDA `max_memory_allocated`.  Of a
@@ -113,7 +113,11 @@ def _compared(
         say(progress, f"timing {rounds} round{'s' if rounds > 1 else ''} of a step without and one with the plan")
     times = interleaved_times(compiled, step_args, plan, loop, rounds)
     report = _report(plan, tolerance, base, planned, independent, loop, times=times)
-    return replace(report, unplanned_reproducible=replays), noise
+    report = replace(report, unplanned_reproducible=replays, grad_noise=noise)
+    if replays and not report.grads_equal and not any(p.is_cuda for p in model.parameters()):
+        say(progress, "both steps again, with torch's deterministic kernels")
+        report = replace(report, grad_deterministic_diff=_deterministic_diff(compiled, model, inputs, loss_fn, plan))
+    return report, noise
 
 
 def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, progress=None):
@@ -144,6 +148,19 @@ def _run_to_run(
     say(progress, "the step without the plan again, to see what differs from run to run")
     again = _run(model, inputs, loss_fn).grads
     return max_diff(base.grads, again), replayed(base.grads, again)
+
+
+def _deterministic_diff(compiled: nn.Module, model: nn.Module, inputs: Any, loss_fn, plan: Plan) -> float:
+    """The largest |difference| of the gradients with `plan` and without, both steps run with torch's deterministic
+    kernels (NOTE [A step that does not replay itself], Rule 3)."""
+    with deterministic_kernels():
+        base = _run(model, inputs, loss_fn).grads
+        apply(compiled, plan)
+        try:
+            planned = _run(model, inputs, loss_fn).grads
+        finally:
+            remove(compiled)
+    return max_diff(base, planned)
 
 
 def _report(
