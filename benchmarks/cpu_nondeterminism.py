@@ -88,7 +88,7 @@ def gpt_oss_verifies(times: int) -> tuple[int, int, list[float]]:
     for _ in range(times):
         report = remat.verify(model, inputs, plan, time_rounds=0)
         ok += report.ok
-        if report.grad_deterministic_diff is not None:
+        if getattr(report, "grad_deterministic_diff", None) is not None:  # remat before fe85e11 has none
             again += 1
             moved.append(max(report.grad_max_abs_diff.values()))
     return again, ok, moved

@@ -4,7 +4,7 @@ transformers), each profiled in real and in fake mode (the fake step's peak agai
 its least peak and half way to the unplanned peak, and each plan checked by `remat.verify` (gradients equal, extra
 FLOPs counted by FlopCounterMode equal to the plan's, the step's peak by remat's tracker against the budget).
 
-    python benchmarks/unseen_models.py                 # ~3.5 min on 2 cores
+    python benchmarks/unseen_models.py                 # ~5 min on 2 cores
     python benchmarks/unseen_models.py --models bart,swin --no-write
     python benchmarks/unseen_models.py --autocast      # each forward under CPU bf16 autocast, as a bf16 step runs
     python benchmarks/unseen_models.py --lora --autocast --models mistral,qwen2   # peft LoRA on every Linear too

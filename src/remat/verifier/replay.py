@@ -28,14 +28,15 @@ import torch
 #         dropout 0) -- never "the plan changed the gradients", which nobody measured.
 # Rule 3: on CPU a step that replayed itself can still differ from run to run now and then: the backward of an
 #         index with repeated indices (`index_put_` accumulating, gpt-oss's expert biases gathered per token) adds
-#         into each element from several threads at once, in the order they reach it, and a busy machine changes
-#         that order (2026-12-08, `B[ids]` of 128 ids into 4 rows on 2 cores with a second process spinning: 2,264
-#         of 3,000 backwards differed from the first, none under `torch.use_deterministic_algorithms(True)`).  A
-#         second unplanned run can then agree with the first by chance while the planned one did not: a 3-layer
-#         gpt-oss verified at its least plan said MISMATCH in 2 of 12 runs under load (9.3e-10 and 1.9e-9, one
-#         expert bias), and its unplanned step run 30 times differed from its first run in 13.  So on CPU, where
-#         the gradients with the plan are not judged equal and the step replayed itself, both steps run once more
-#         with torch's deterministic kernels (`deterministic_kernels`), and those two runs judge the plan
+#         into each element from several threads at once, in the order they reach it.  On 2 cores, 2026-12-08
+#         (`python benchmarks/cpu_nondeterminism.py`): `B[ids]`, 128 ids into 4 rows, gave 2,999 of 2,999 backwards
+#         other gradients than its first, none under `torch.use_deterministic_algorithms(True)`; a 3-layer gpt-oss's
+#         step 1 of 29 idle, 29 of 29 beside a second process spinning.  A second unplanned run can then agree
+#         with the first by chance while the planned one did not: that gpt-oss's least plan, verified 12 times idle
+#         and 12 beside the spinning process, was a MISMATCH in 3 and 1 at 9fda7f8 (the same script, that commit's
+#         src first on PYTHONPATH); since, ok in all 24, one judged again (its first runs 4.7e-10 apart).  So on CPU,
+#         where the gradients with the plan are not judged equal and the step replayed itself, both steps run once
+#         more with torch's deterministic kernels (`deterministic_kernels`), and those two runs judge the plan
 #         (`VerifyReport.grad_deterministic_diff`): the plan's recomputation runs the same kernels as the forward,
 #         so a plan that changes the gradients changes them there too.  Not on CUDA, whose cuBLAS takes its
 #         deterministic setting from the environment before its first call (Rule 1 judges it).
