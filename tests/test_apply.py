@@ -680,14 +680,26 @@ class _LastBit(torch.autograd.Function):
         return grad
 
 
-def test_gradients_a_kernels_sum_order_moved_are_judged_again_with_deterministic_kernels(monkeypatch):
+class _NoDeterministicRun(nn.Module):
+    """A forward that cannot run with torch's deterministic kernels (as a user's code may refuse to)."""
+
+    def forward(self, x):
+        if torch.are_deterministic_algorithms_enabled():
+            raise RuntimeError("this step is not meant to run deterministically")
+        return x
+
+
+@pytest.mark.parametrize("refuses", [False, True], ids=["runs deterministically", "refuses to"])
+def test_gradients_a_kernels_sum_order_moved_are_judged_again_with_deterministic_kernels(monkeypatch, refuses):
     """Rule 3 of NOTE [A step that does not replay itself]: on CPU a planned step whose gradients moved by a last bit
     while the unplanned step, run again, replayed itself bit for bit, is judged by both steps run again with torch's
-    deterministic kernels: equal there, the plan holds (before: MISMATCH).  A plan that changes the gradients stays
-    a MISMATCH there (the parametrized test above, `_Counts`)."""
+    deterministic kernels: equal there, the plan holds (before: MISMATCH).  A step that cannot run so is judged as
+    first measured.  A plan that changes the gradients stays a MISMATCH there (the parametrized test above,
+    `_Counts`)."""
     verifying = importlib.import_module("remat.verifier.verify")  # the module (the package exports its function)
     torch.manual_seed(0)
-    blocks = [nn.Sequential(nn.Linear(64, 64), _SumsInAnyOrder(), nn.Linear(64, 64), nn.Tanh()) for _ in range(4)]
+    middle = nn.Sequential(_SumsInAnyOrder(), _NoDeterministicRun()) if refuses else _SumsInAnyOrder()
+    blocks = [nn.Sequential(nn.Linear(64, 64), copy.deepcopy(middle), nn.Linear(64, 64), nn.Tanh()) for _ in range(4)]
     model, x = nn.Sequential(*blocks, nn.Linear(64, 8)), torch.randn(2048, 64)
     plan = architectures.least_plan(remat.profile(model, x))
     runs, run = [], verifying._run
@@ -702,14 +714,17 @@ def test_gradients_a_kernels_sum_order_moved_are_judged_again_with_deterministic
 
     monkeypatch.setattr(verifying, "_run", the_planned_run_meets_the_noise)
     report = remat.verify(model, x, plan, time_rounds=0)
-    assert runs == [False, False, False, True, True], runs
+    assert not torch.are_deterministic_algorithms_enabled()  # put back
+    assert runs == [False, False, False, True] + [True] * (not refuses), runs
     assert max(report.grad_max_abs_diff.values()) > 0 and report.grad_noise == 0.0 and report.unplanned_reproducible
+    if refuses:
+        assert report.grad_deterministic_diff is None and not report.grads_equal and "ran again" not in str(report)
+        return
     assert report.grad_deterministic_diff == 0.0 and report.grads_equal and report.ok, str(report)
     text = " ".join(str(report).split())
     assert "<= 0 (deterministic: 0)" in text, text
     assert "Both steps ran again with torch.use_deterministic_algorithms(True): their gradients are equal" in text
     assert "so the first difference was a kernel that sums in another order from run to run" in text
-    assert not torch.are_deterministic_algorithms_enabled()  # put back
 
 
 def test_a_step_replays_itself_within_bfloat16_rounding_judged_over_all_parameters_together():

@@ -189,7 +189,8 @@ def _time_rows(table: Table, report) -> None:
 
 def _grad_expected(report) -> str:
     """The gradient check's bound: the tolerance, or on CUDA the unplanned step's run-to-run difference times
-    GRAD_NOISE_FACTOR where that is larger."""
+    GRAD_NOISE_FACTOR where that is larger; on CPU, where both steps ran again with deterministic kernels, the
+    difference those runs gave."""
     if report.grad_deterministic_diff is not None:
         return f"<= {report.tolerance:g} (deterministic: {report.grad_deterministic_diff:.3g})"
     if report.grad_tolerance > report.tolerance:

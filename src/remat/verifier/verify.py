@@ -150,17 +150,19 @@ def _run_to_run(
     return max_diff(base.grads, again), replayed(base.grads, again)
 
 
-def _deterministic_diff(compiled: nn.Module, model: nn.Module, inputs: Any, loss_fn, plan: Plan) -> float:
+def _deterministic_diff(compiled: nn.Module, model: nn.Module, inputs: Any, loss_fn, plan: Plan) -> float | None:
     """The largest |difference| of the gradients with `plan` and without, both steps run with torch's deterministic
-    kernels (NOTE [A step that does not replay itself], Rule 3)."""
-    with deterministic_kernels():
+    kernels (NOTE [A step that does not replay itself], Rule 3); None where a step cannot run so (the gradients are
+    then judged as first measured)."""
+    with deterministic_kernels(), contextlib.suppress(RematError):
         base = _run(model, inputs, loss_fn).grads
         apply(compiled, plan)
         try:
             planned = _run(model, inputs, loss_fn).grads
         finally:
             remove(compiled)
-    return max_diff(base, planned)
+        return max_diff(base, planned)
+    return None
 
 
 def _report(
