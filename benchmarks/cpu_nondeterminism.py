@@ -1,7 +1,7 @@
 """How often a CPU step's gradients differ from run to run, and what `remat.verify` says of a plan then
 (NOTE [A step that does not replay itself], Rule 3, in `remat.verifier.replay`).
 
-    python benchmarks/cpu_nondeterminism.py                # ~3 min on 2 cores
+    python benchmarks/cpu_nondeterminism.py                # ~4 min on 2 cores
     python benchmarks/cpu_nondeterminism.py --verifies 4 --no-write
 
 The backward of an index with repeated indices (`index_put_` accumulating) adds into each element from several
