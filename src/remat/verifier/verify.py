@@ -84,13 +84,13 @@ def verify(
     check_optimizer(optimizer, model)
     rounds, progress = TIME_ROUNDS if time_rounds is None else time_rounds, resolve(progress, "verify")
     with _unplanned(compiled, plan):  # applied through the wrapper: a `compiler_budget` plan sets the compiled call
-        report, noise = _compared(
+        report = _compared(
             compiled, (inputs, loss_fn, optimizer), plan, loop, tolerance=tolerance, rounds=rounds, progress=progress
         )
         if any(p.is_cuda for p in model.parameters()):
             say(progress, "the planned step capped at the budget, in a fresh process")
         report = _with_cuda_check(report, compiled, (inputs, loss_fn, optimizer), plan, loop, target=target)
-    return replace(report, compiled=is_compiled(compiled), grad_noise=noise)
+    return replace(report, compiled=is_compiled(compiled))
 
 
 def _check_plan(plan) -> None:
@@ -100,8 +100,8 @@ def _check_plan(plan) -> None:
 
 def _compared(
     compiled: nn.Module, step_args: tuple, plan: Plan, loop: Loop, *, tolerance: float, rounds: int, progress
-) -> tuple[VerifyReport, float]:
-    """The report of the unplanned and planned steps (without the capped CUDA runs), and the gradients' noise.
+) -> VerifyReport:
+    """The report of the unplanned and planned steps (without the capped CUDA runs), the gradients' noise in it.
     Their gradients are let go on return: on a GPU they would count against a cap set in this process."""
     model, (inputs, loss_fn, optimizer) = uncompiled(compiled), step_args
     say(progress, "the step without the plan")
@@ -117,7 +117,7 @@ def _compared(
     if replays and not report.grads_equal and not any(p.is_cuda for p in model.parameters()):
         say(progress, "both steps again, with torch's deterministic kernels")
         report = replace(report, grad_deterministic_diff=_deterministic_diff(compiled, model, inputs, loss_fn, plan))
-    return report, noise
+    return report
 
 
 def _planned(compiled: nn.Module, model: nn.Module, step_args: tuple, plan: Plan, loop: Loop, progress=None):
